@@ -1,0 +1,168 @@
+//! The one argument parser: a cursor over a command's arguments that reads
+//! keys, integers, durations and option words, and whose [`Cursor::finish`]
+//! rejects anything left over. It is generic over the argument type so the
+//! same code parses Redis strings in the server and `&str` in tests.
+
+use super::errors::ArgError;
+
+/// A cursor over `args` (argument 0 is the command name).
+pub struct Cursor<'a, A> {
+    args: &'a [A],
+    pos: usize,
+    command: &'static str,
+}
+
+impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
+    /// A cursor at the first argument after the command name.
+    pub fn new(command: &'static str, args: &'a [A]) -> Self {
+        Cursor { args, pos: 1, command }
+    }
+
+    /// The name of the command, for error texts.
+    pub fn command(&self) -> &'static str {
+        self.command
+    }
+
+    fn next(&mut self, what: &'static str) -> Result<&'a [u8], ArgError> {
+        let arg = self.args.get(self.pos).ok_or(ArgError::Missing { command: self.command, what })?;
+        self.pos += 1;
+        Ok(arg.as_ref())
+    }
+
+    /// A key: returns its position in the argument list.
+    pub fn key(&mut self, what: &'static str) -> Result<usize, ArgError> {
+        self.next(what)?;
+        Ok(self.pos - 1)
+    }
+
+    /// A whole number in `min..=max`.
+    pub fn integer(&mut self, what: &'static str, min: u64, max: u64) -> Result<u64, ArgError> {
+        let bytes = self.next(what)?;
+        parse_integer(bytes)
+            .filter(|v| (min..=max).contains(v))
+            .ok_or(ArgError::Integer { what, min, max })
+    }
+
+    /// A duration in seconds, returned in milliseconds.
+    pub fn duration_ms(&mut self, what: &'static str, zero_allowed: bool) -> Result<u64, ArgError> {
+        let bytes = self.next(what)?;
+        parse_duration_ms(bytes)
+            .filter(|&ms| zero_allowed || ms > 0)
+            .ok_or(ArgError::Duration { what, zero_allowed })
+    }
+
+    /// The next argument as a word (an option or subcommand), if any.
+    pub fn word(&mut self) -> Option<&'a [u8]> {
+        let arg = self.args.get(self.pos)?;
+        self.pos += 1;
+        Some(arg.as_ref())
+    }
+
+    /// The raw bytes of the argument at `pos`.
+    pub fn bytes_at(&self, pos: usize) -> &'a [u8] {
+        self.args.get(pos).map_or(&[], |a| a.as_ref())
+    }
+
+    /// Ok when every argument has been read.
+    pub fn finish(&self) -> Result<(), ArgError> {
+        if self.pos < self.args.len() {
+            Err(ArgError::Extra { command: self.command })
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Set an option that may be given once.
+pub fn set_once<T>(slot: &mut Option<T>, option: &'static str, value: T) -> Result<(), ArgError> {
+    if slot.is_some() {
+        return Err(ArgError::Repeated { option });
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// Whether `word` is `keyword`, ignoring ASCII case.
+pub fn is(word: &[u8], keyword: &str) -> bool {
+    word.eq_ignore_ascii_case(keyword.as_bytes())
+}
+
+/// A plain unsigned decimal integer: ASCII digits only, no sign, no
+/// spaces, no overflow.
+pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || bytes.len() > 20 {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |acc, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        acc.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// Seconds as a plain decimal (`60`, `0.25`, `1.5`), with at most
+/// millisecond precision (more decimals are accepted only when they are
+/// zeros), returned in milliseconds, at most
+/// [`crate::core::limits::MAX_DURATION_MS`].
+pub fn parse_duration_ms(bytes: &[u8]) -> Option<u64> {
+    let (whole, fraction) = match bytes.iter().position(|&b| b == b'.') {
+        Some(dot) => (&bytes[..dot], &bytes[dot + 1..]),
+        None => (bytes, &[][..]),
+    };
+    if whole.is_empty() || (bytes.contains(&b'.') && fraction.is_empty()) {
+        return None;
+    }
+    if fraction.len() > 3 && fraction[3..].iter().any(|&b| b != b'0') {
+        return None;
+    }
+    let mut millis = [b'0'; 3];
+    for (slot, &b) in millis.iter_mut().zip(fraction) {
+        *slot = b;
+    }
+    let extra_ok = fraction.iter().all(u8::is_ascii_digit);
+    let seconds = parse_integer(whole)?;
+    let ms = parse_integer(&millis).filter(|_| extra_ok)?;
+    seconds
+        .checked_mul(1000)?
+        .checked_add(ms)
+        .filter(|&v| v <= crate::core::limits::MAX_DURATION_MS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers() {
+        assert_eq!(parse_integer(b"0"), Some(0));
+        assert_eq!(parse_integer(b"3000"), Some(3000));
+        assert_eq!(parse_integer(b"18446744073709551615"), Some(u64::MAX));
+        for bad in ["", "-1", "+1", " 1", "1 ", "1.0", "1e3", "18446744073709551616", "nan", "0x10"] {
+            assert_eq!(parse_integer(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ms(b"60"), Some(60_000));
+        assert_eq!(parse_duration_ms(b"0.25"), Some(250));
+        assert_eq!(parse_duration_ms(b"0.001"), Some(1));
+        assert_eq!(parse_duration_ms(b"1.5000"), Some(1500));
+        assert_eq!(parse_duration_ms(b"0"), Some(0));
+        for bad in ["", ".5", "5.", "0.0001", "-1", "1e3", "inf", "nan", "1.2.3", "1.a", "3153600001", "99999999999999999999"] {
+            assert_eq!(parse_duration_ms(bad.as_bytes()), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cursor_reads_and_finishes() {
+        let args = ["RL.X", "k", "5", "0.5", "EXTRA"];
+        let mut c = Cursor::new("rl.x", &args[..]);
+        assert_eq!(c.key("key"), Ok(1));
+        assert_eq!(c.integer("n", 1, 10), Ok(5));
+        assert_eq!(c.duration_ms("d", false), Ok(500));
+        assert_eq!(c.finish(), Err(ArgError::Extra { command: "rl.x" }));
+        assert_eq!(c.word(), Some(&b"EXTRA"[..]));
+        assert_eq!(c.finish(), Ok(()));
+        assert_eq!(c.integer("n", 1, 10), Err(ArgError::Missing { command: "rl.x", what: "n" }));
+    }
+}

@@ -1,0 +1,83 @@
+//! Every error text the module replies with, in one place. Each names the
+//! argument at fault; Redis's own wording is kept where it has one.
+
+use std::fmt;
+
+use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS};
+
+/// Redis's own text for a key of another type.
+pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
+
+/// Reply to an internal command called by a client.
+pub const INTERNAL_ONLY: &str =
+    "ERR RL.APPLY is internal: it is accepted only from the replication link or an AOF being loaded";
+
+/// Reply to a replicated payload that cannot be decoded.
+pub const BAD_PAYLOAD: &str = "ERR RL.APPLY payload is not a valid rl value";
+
+/// Reply when a bug was caught instead of crashing the server.
+pub const INTERNAL: &str = "ERR rl internal error (caught, the server keeps running)";
+
+/// What is wrong with a command's arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgError {
+    /// A required argument is missing (`what` names it).
+    Missing { command: &'static str, what: &'static str },
+    /// Arguments are left over after a complete command.
+    Extra { command: &'static str },
+    /// An option word this command does not know.
+    UnknownOption { command: &'static str },
+    /// An option given twice.
+    Repeated { option: &'static str },
+    /// A whole number outside `min..=max` or not a number.
+    Integer { what: &'static str, min: u64, max: u64 },
+    /// A duration in seconds that is not a plain decimal in range.
+    Duration { what: &'static str, zero_allowed: bool },
+    /// `COST` above the capacity of bucket `index` (0 = first key).
+    CostAboveCapacity { index: usize },
+    /// An option that needs `STRIKES` given without it.
+    NeedsStrikes { option: &'static str },
+    /// More `ALSO` clauses than the cap.
+    TooManyBuckets,
+    /// The same key twice in one call.
+    DuplicateKey,
+    /// A subcommand this command does not know.
+    UnknownSubcommand { command: &'static str },
+}
+
+impl fmt::Display for ArgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ArgError::Missing { command, what } => {
+                write!(f, "ERR wrong number of arguments for '{command}' command (missing {what})")
+            }
+            ArgError::Extra { command } => {
+                write!(f, "ERR wrong number of arguments for '{command}' command (unexpected extra argument)")
+            }
+            ArgError::UnknownOption { command } => write!(f, "ERR unknown option for '{command}'"),
+            ArgError::Repeated { option } => write!(f, "ERR {option} is given more than once"),
+            ArgError::Integer { what, min, max } => {
+                write!(f, "ERR {what} must be an integer from {min} to {max}")
+            }
+            ArgError::Duration { what, zero_allowed } => {
+                let low = if *zero_allowed { "from 0" } else { "greater than 0" };
+                let max_s = MAX_DURATION_MS / 1000;
+                write!(f, "ERR {what} must be seconds {low} up to {max_s}, with at most 3 decimals")
+            }
+            ArgError::CostAboveCapacity { index: 0 } => {
+                write!(f, "ERR COST is above the capacity of the first key's bucket")
+            }
+            ArgError::CostAboveCapacity { index } => {
+                write!(f, "ERR COST is above the capacity of ALSO bucket {index}")
+            }
+            ArgError::NeedsStrikes { option } => write!(f, "ERR {option} requires STRIKES"),
+            ArgError::TooManyBuckets => {
+                write!(f, "ERR ALSO may be given at most {} times", MAX_BUCKETS - 1)
+            }
+            ArgError::DuplicateKey => write!(f, "ERR ALSO key repeats a key of the same call"),
+            ArgError::UnknownSubcommand { command } => {
+                write!(f, "ERR unknown subcommand for '{command}'")
+            }
+        }
+    }
+}

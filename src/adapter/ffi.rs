@@ -1,0 +1,123 @@
+//! The few raw Redis module API calls the adapter makes, each wrapped once.
+//! Every entry point from Redis into Rust goes through [`guard`] so that a
+//! panic can never unwind across the FFI boundary.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_long, c_longlong};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::raw;
+
+/// A Redis call context.
+pub type Ctx = *mut raw::RedisModuleCtx;
+/// A Redis string (command argument or key name).
+pub type RStr = *mut raw::RedisModuleString;
+
+/// Call a Redis API function pointer, which Redis fills in before any
+/// command runs; a missing one is a broken server and panics (caught by
+/// [`guard`]).
+macro_rules! api {
+    ($name:ident) => {
+        {
+            #[allow(unused_unsafe)]
+            let f = unsafe { redis_module::raw::$name };
+            match f {
+                Some(f) => f,
+                None => panic!(concat!("Redis module API ", stringify!($name), " is missing")),
+            }
+        }
+    };
+}
+pub(crate) use api;
+
+/// Run `body`, turning a panic into `fallback` (and a log line) instead of
+/// unwinding into Redis.
+pub fn guard<T>(fallback: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => fallback,
+    }
+}
+
+/// One command argument, readable as bytes without copying.
+#[derive(Clone, Copy)]
+pub struct Arg(pub RStr);
+
+impl AsRef<[u8]> for Arg {
+    fn as_ref(&self) -> &[u8] {
+        let mut len = 0usize;
+        let ptr = unsafe { api!(RedisModule_StringPtrLen)(self.0, &mut len) };
+        if ptr.is_null() {
+            return &[];
+        }
+        // Redis keeps the argument alive for the whole command.
+        unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
+    }
+}
+
+/// The arguments of a command call, as given by Redis.
+pub fn args<'a>(argv: *mut RStr, argc: c_int) -> &'a [Arg] {
+    let len = usize::try_from(argc).unwrap_or(0);
+    if argv.is_null() || len == 0 {
+        return &[];
+    }
+    // `Arg` is a transparent wrapper of the pointer; Redis keeps argv alive.
+    unsafe { std::slice::from_raw_parts(argv.cast::<Arg>(), len) }
+}
+
+/// The server clock in milliseconds since the epoch.
+pub fn now_ms(_ctx: Ctx) -> i64 {
+    unsafe { api!(RedisModule_Milliseconds)() }
+}
+
+/// Reply with an array of integers.
+pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
+    unsafe {
+        api!(RedisModule_ReplyWithArray)(ctx, values.len() as c_long);
+        for v in values {
+            api!(RedisModule_ReplyWithLongLong)(ctx, *v as c_longlong);
+        }
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Reply with an integer.
+pub fn reply_int(ctx: Ctx, value: i64) -> c_int {
+    unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, value as c_longlong) }
+}
+
+/// Reply with a simple string.
+pub fn reply_simple(ctx: Ctx, text: &CStr) -> c_int {
+    unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx, text.as_ptr()) }
+}
+
+/// Reply with an error (the text must start with an error code such as
+/// `ERR` and hold no line break).
+pub fn reply_error(ctx: Ctx, text: &str) -> c_int {
+    let mut buf = Vec::with_capacity(text.len() + 1);
+    buf.extend(text.bytes().map(|b| if b == b'\r' || b == b'\n' || b == 0 { b' ' } else { b }));
+    buf.push(0);
+    unsafe { api!(RedisModule_ReplyWithError)(ctx, buf.as_ptr().cast::<c_char>()) }
+}
+
+/// The context flags (`REDISMODULE_CTX_FLAGS_*`).
+pub fn context_flags(ctx: Ctx) -> u32 {
+    unsafe { api!(RedisModule_GetContextFlags)(ctx) as u32 }
+}
+
+/// Whether this call only asks which arguments are keys (the getkeys API).
+pub fn is_keys_request(ctx: Ctx) -> bool {
+    unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) != 0 }
+}
+
+/// Declare argument `pos` a key, answering a getkeys request.
+pub fn declare_key(ctx: Ctx, pos: usize) {
+    unsafe { api!(RedisModule_KeyAtPos)(ctx, pos as c_int) }
+}
+
+/// Announce `event` on `key` to keyspace-notification subscribers.
+pub fn notify(ctx: Ctx, event: &CStr, key: RStr) {
+    unsafe {
+        api!(RedisModule_NotifyKeyspaceEvent)(ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), key);
+    }
+}

@@ -1,0 +1,158 @@
+//! The module type `rl-record`: one type for every RL key. Its callbacks
+//! persist a [`Record`] through the versioned codec (RDB, AOF rewrite,
+//! `DUMP`/`RESTORE`), report memory, digest it for `DEBUG DIGEST`, copy and
+//! free it. Every callback runs under [`guard`]; a corrupt payload is
+//! refused (Redis then reports the error), never trusted.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use redis_module::raw;
+
+use super::ffi::{api, guard, Ctx, RStr};
+use crate::core::codec;
+use crate::core::penalty::Penalty;
+use crate::core::record::Record;
+
+/// The type name Redis shows in `TYPE` (exactly 9 characters).
+pub const TYPE_NAME: &CStr = c"rl-record";
+
+/// The RDB encoding version of the type.
+pub const ENCODING_VERSION: c_int = 1;
+
+static TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+
+/// The registered type (null before [`register`]).
+pub fn rl_type() -> *mut raw::RedisModuleType {
+    TYPE.load(Ordering::Relaxed)
+}
+
+/// Register the type with Redis; call once from `OnLoad`.
+pub fn register(ctx: Ctx) -> bool {
+    let mut methods = raw::RedisModuleTypeMethods {
+        version: u64::from(raw::REDISMODULE_TYPE_METHOD_VERSION),
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: Some(copy),
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    };
+    let created = unsafe {
+        api!(RedisModule_CreateDataType)(ctx, TYPE_NAME.as_ptr(), ENCODING_VERSION, &mut methods)
+    };
+    TYPE.store(created, Ordering::Relaxed);
+    !created.is_null()
+}
+
+/// Hand a record to Redis as a type value.
+pub fn into_raw(record: Record) -> *mut c_void {
+    Box::into_raw(Box::new(record)).cast::<c_void>()
+}
+
+/// The record behind a value pointer Redis gives back.
+///
+/// # Safety
+/// `value` must come from [`into_raw`] and still be owned by Redis.
+pub unsafe fn from_raw<'a>(value: *mut c_void) -> Option<&'a mut Record> {
+    unsafe { value.cast::<Record>().as_mut() }
+}
+
+extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guard(ptr::null_mut(), || {
+        if encver != ENCODING_VERSION {
+            return ptr::null_mut();
+        }
+        let mut len = 0usize;
+        let buf = unsafe { api!(RedisModule_LoadStringBuffer)(rdb, &mut len) };
+        let io_error = unsafe { api!(RedisModule_IsIOError)(rdb) } != 0;
+        if buf.is_null() {
+            return ptr::null_mut();
+        }
+        let decoded = if io_error {
+            None
+        } else {
+            let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+            codec::decode(bytes).ok()
+        };
+        unsafe { api!(RedisModule_Free)(buf.cast::<c_void>()) };
+        decoded.map_or(ptr::null_mut(), into_raw)
+    })
+}
+
+extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guard((), || {
+        if let Some(record) = unsafe { from_raw(value) } {
+            let bytes = codec::encode(record);
+            unsafe { api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast::<c_char>(), bytes.len()) };
+        }
+    })
+}
+
+extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: RStr, value: *mut c_void) {
+    guard((), || {
+        if let Some(record) = unsafe { from_raw(value) } {
+            let bytes = codec::encode(record);
+            unsafe {
+                api!(RedisModule_EmitAOF)(
+                    aof,
+                    c"RL.APPLY".as_ptr(),
+                    c"sb".as_ptr(),
+                    key,
+                    bytes.as_ptr().cast::<c_char>(),
+                    bytes.len(),
+                );
+            }
+        }
+    })
+}
+
+extern "C" fn mem_usage(value: *const c_void) -> usize {
+    guard(0, || match unsafe { from_raw(value.cast_mut()) } {
+        Some(record) => {
+            std::mem::size_of::<Record>() + record.penalty.as_ref().map_or(0, |_| std::mem::size_of::<Penalty>())
+        }
+        None => 0,
+    })
+}
+
+extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    guard((), || {
+        if let Some(record) = unsafe { from_raw(value) } {
+            let bytes = codec::encode(record);
+            unsafe {
+                api!(RedisModule_DigestAddStringBuffer)(md, bytes.as_ptr().cast::<c_char>(), bytes.len());
+                api!(RedisModule_DigestEndSequence)(md);
+            }
+        }
+    })
+}
+
+extern "C" fn copy(_from: RStr, _to: RStr, value: *const c_void) -> *mut c_void {
+    guard(ptr::null_mut(), || match unsafe { from_raw(value.cast_mut()) } {
+        Some(record) => into_raw(record.clone()),
+        None => ptr::null_mut(),
+    })
+}
+
+extern "C" fn free(value: *mut c_void) {
+    guard((), || {
+        if !value.is_null() {
+            drop(unsafe { Box::from_raw(value.cast::<Record>()) });
+        }
+    })
+}

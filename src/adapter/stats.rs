@@ -1,0 +1,95 @@
+//! The counters of `INFO rl`, since the module was loaded (per process:
+//! a master and its replica count their own calls).
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redis_module::raw;
+
+use super::ffi::api;
+use crate::core::reply::Status;
+
+/// One counter.
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    const fn new() -> Self {
+        Counter(AtomicU64::new(0))
+    }
+
+    /// Add one.
+    pub fn incr(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Calls and outcomes of one limiter command.
+pub struct Outcomes {
+    /// Calls answered with a decision.
+    pub calls: Counter,
+    /// Status 1.
+    pub allowed: Counter,
+    /// Status 0.
+    pub throttled: Counter,
+    /// Status -1.
+    pub boxed: Counter,
+}
+
+impl Outcomes {
+    const fn new() -> Self {
+        Outcomes { calls: Counter::new(), allowed: Counter::new(), throttled: Counter::new(), boxed: Counter::new() }
+    }
+
+    /// Count one decided call.
+    pub fn record(&self, status: Status) {
+        self.calls.incr();
+        match status {
+            Status::Allowed => self.allowed.incr(),
+            Status::Throttled => self.throttled.incr(),
+            Status::Boxed => self.boxed.incr(),
+        }
+    }
+}
+
+/// `RL.TAKE` outcomes.
+pub static TAKE: Outcomes = Outcomes::new();
+/// Box trips by level (index 0 = level 1), automatic and manual.
+pub static TRIPS: [Counter; 3] = [Counter::new(), Counter::new(), Counter::new()];
+/// Manual trips (`RL.BOX TRIP`), also counted in [`TRIPS`].
+pub static MANUAL_TRIPS: Counter = Counter::new();
+/// Boxes lifted by `RL.BOX RELEASE`.
+pub static RELEASES: Counter = Counter::new();
+
+/// Count a trip at `level` (1..=3).
+pub fn trip(level: u8) {
+    if let Some(c) = TRIPS.get(usize::from(level).wrapping_sub(1)) {
+        c.incr();
+    }
+}
+
+/// The `INFO` callback: one section named after the module (`INFO rl`).
+pub extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: std::os::raw::c_int) {
+    super::ffi::guard((), || {
+        let fields: [(&CStr, &Counter); 9] = [
+            (c"take_calls", &TAKE.calls),
+            (c"take_allowed", &TAKE.allowed),
+            (c"take_throttled", &TAKE.throttled),
+            (c"take_boxed", &TAKE.boxed),
+            (c"box_trips_level1", &TRIPS[0]),
+            (c"box_trips_level2", &TRIPS[1]),
+            (c"box_trips_level3", &TRIPS[2]),
+            (c"box_trips_manual", &MANUAL_TRIPS),
+            (c"box_releases", &RELEASES),
+        ];
+        unsafe {
+            api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr());
+            for (name, counter) in &fields {
+                api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), counter.get());
+            }
+        }
+    })
+}

@@ -1,0 +1,235 @@
+//! A cost-weighted token bucket as a GCRA (generic cell rate algorithm),
+//! exact in integers.
+//!
+//! Time inside a bucket is counted in *ticks* of `1/tokens` millisecond, so
+//! one point refills in exactly `period_ms` ticks and the burst tolerance is
+//! `capacity * period_ms` ticks: no division, no rounding, no drift. The
+//! state is the theoretical arrival time (TAT): the instant at which the
+//! bucket is full again. The *debt* of a bucket at `now` is `TAT - now` in
+//! ticks (never below zero); a request of `cost` points fits when
+//! `debt + cost * period_ms <= capacity * period_ms`.
+//!
+//! With every input inside [`crate::core::limits`], the largest product is
+//! below 10^34, far inside `i128`; arithmetic is saturating anyway so that
+//! corrupt stored bytes can never overflow.
+
+use serde::{Deserialize, Serialize};
+
+use super::time::{ceil_div, clamp_i64};
+
+/// The stored state of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Whole milliseconds of the TAT (the instant the bucket is full again).
+    pub tat_ms: i64,
+    /// Remainder of the TAT in ticks; invariant: `tat_frac < tokens`.
+    pub tat_frac: u64,
+    /// The `tokens` of the rate that last charged the bucket (the tick scale).
+    pub tokens: u64,
+    /// The `period` in ms of the rate that last charged the bucket.
+    pub period_ms: u64,
+}
+
+/// The parameters of one bucket in a call: `capacity` points, refilled at
+/// `tokens` points per `period_ms` milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// Burst size in points (>= 1).
+    pub capacity: u64,
+    /// Points refilled per period (>= 1).
+    pub tokens: u64,
+    /// Refill period in milliseconds (>= 1).
+    pub period_ms: u64,
+}
+
+impl Rate {
+    /// The burst tolerance in ticks.
+    fn tolerance(&self) -> i128 {
+        i128::from(self.capacity).saturating_mul(i128::from(self.period_ms))
+    }
+
+    /// Ticks that `cost` points take to refill.
+    fn cost_ticks(&self, cost: u64) -> i128 {
+        i128::from(cost).saturating_mul(i128::from(self.period_ms))
+    }
+
+    /// Ticks per millisecond.
+    fn ticks_per_ms(&self) -> i128 {
+        i128::from(self.tokens.max(1))
+    }
+}
+
+impl Bucket {
+    /// Whether `tat_frac < tokens` and the scale is non-zero: what a decoded
+    /// bucket must satisfy.
+    pub fn is_valid(&self) -> bool {
+        self.tokens >= 1 && self.period_ms >= 1 && self.tat_frac < self.tokens
+    }
+
+    /// The first millisecond at which the bucket is full again.
+    pub fn full_at_ms(&self) -> i64 {
+        if self.tat_frac > 0 {
+            self.tat_ms.saturating_add(1)
+        } else {
+            self.tat_ms
+        }
+    }
+}
+
+/// The debt of `bucket` at `now`, in ticks of `rate` (0 for a missing or
+/// full bucket). When the stored scale differs from `rate` (the caller
+/// changed the parameters), the points already spent are kept and the
+/// result is rounded up, so a change never grants a fraction of a point.
+pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
+    let Some(b) = bucket else { return 0 };
+    let stored = (i128::from(b.tat_ms) - i128::from(now))
+        .saturating_mul(i128::from(b.tokens.max(1)))
+        .saturating_add(i128::from(b.tat_frac));
+    if stored <= 0 {
+        return 0;
+    }
+    if b.period_ms == rate.period_ms {
+        // One point is `period_ms` ticks whatever the tick size: spent
+        // points are the same number of ticks.
+        return stored;
+    }
+    mul_div_ceil(stored, i128::from(rate.period_ms), i128::from(b.period_ms.max(1)))
+}
+
+/// `ceil(a * m / d)` for `a >= 0`, `m >= 0`, `d >= 1`, saturating.
+fn mul_div_ceil(a: i128, m: i128, d: i128) -> i128 {
+    let whole = (a / d).saturating_mul(m);
+    let part = ceil_div((a % d).saturating_mul(m), d);
+    whole.saturating_add(part)
+}
+
+/// Whether `cost` points fit in a bucket with this `debt`.
+pub fn fits(debt: i128, cost: u64, rate: &Rate) -> bool {
+    debt.saturating_add(rate.cost_ticks(cost)) <= rate.tolerance()
+}
+
+/// Milliseconds until `cost` points fit (0 when they fit now). Exact: at
+/// `now + wait` they fit, at `now + wait - 1` they do not.
+pub fn wait_ms(debt: i128, cost: u64, rate: &Rate) -> i64 {
+    let excess = debt
+        .saturating_add(rate.cost_ticks(cost))
+        .saturating_sub(rate.tolerance());
+    if excess <= 0 {
+        0
+    } else {
+        clamp_i64(ceil_div(excess, rate.ticks_per_ms()))
+    }
+}
+
+/// Whole points left in a bucket with this `debt`.
+pub fn remaining(debt: i128, rate: &Rate) -> i64 {
+    let room = rate.tolerance().saturating_sub(debt);
+    if room <= 0 {
+        0
+    } else {
+        clamp_i64(room / i128::from(rate.period_ms.max(1)))
+    }
+}
+
+/// Milliseconds until a bucket with this `debt` is full.
+pub fn reset_ms(debt: i128, rate: &Rate) -> i64 {
+    clamp_i64(ceil_div(debt.max(0), rate.ticks_per_ms()))
+}
+
+/// The state after charging `cost` points to a bucket with this `debt` at
+/// `now`, and the new debt.
+pub fn charge(debt: i128, cost: u64, rate: &Rate, now: i64) -> (Bucket, i128) {
+    let new_debt = debt.saturating_add(rate.cost_ticks(cost));
+    let ticks = rate.ticks_per_ms();
+    let tat = i128::from(now).saturating_mul(ticks).saturating_add(new_debt);
+    let bucket = Bucket {
+        tat_ms: clamp_i64(tat.div_euclid(ticks)),
+        // Below `tokens`, which is a u64.
+        tat_frac: u64::try_from(tat.rem_euclid(ticks)).unwrap_or(0),
+        tokens: rate.tokens.max(1),
+        period_ms: rate.period_ms.max(1),
+    };
+    (bucket, new_debt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
+        Rate { capacity, tokens, period_ms }
+    }
+
+    #[test]
+    fn a_new_bucket_is_full() {
+        let r = rate(10, 10, 1000);
+        let d = debt(None, &r, NOW);
+        assert_eq!(d, 0);
+        assert_eq!(remaining(d, &r), 10);
+        assert_eq!(reset_ms(d, &r), 0);
+        assert!(fits(d, 10, &r));
+        assert!(!fits(d, 11, &r));
+    }
+
+    #[test]
+    fn three_per_second_refills_exactly_after_one_second() {
+        let r = rate(3, 3, 1000);
+        let (b, d) = charge(0, 3, &r, NOW);
+        assert_eq!(remaining(d, &r), 0);
+        assert_eq!(reset_ms(d, &r), 1000);
+        assert_eq!(wait_ms(d, 1, &r), 334); // one point every 333.33 ms
+        let d = debt(Some(&b), &r, NOW + 333);
+        assert!(!fits(d, 1, &r));
+        let d = debt(Some(&b), &r, NOW + 334);
+        assert!(fits(d, 1, &r));
+        let d = debt(Some(&b), &r, NOW + 1000);
+        assert_eq!(d, 0);
+        assert_eq!(remaining(d, &r), 3);
+    }
+
+    #[test]
+    fn growth_tier_cost_ten() {
+        let r = rate(3000, 3000, 60_000);
+        let (b, d) = charge(0, 10, &r, NOW);
+        assert_eq!(remaining(d, &r), 2990);
+        assert_eq!(reset_ms(d, &r), 200);
+        assert_eq!(b.full_at_ms(), NOW + 200);
+    }
+
+    #[test]
+    fn a_backward_clock_step_grants_nothing() {
+        let r = rate(5, 1, 1000);
+        let (b, _) = charge(0, 5, &r, NOW);
+        let later = debt(Some(&b), &r, NOW + 500);
+        let earlier = debt(Some(&b), &r, NOW - 3_600_000);
+        assert!(earlier > later);
+        assert_eq!(remaining(earlier, &r), 0);
+    }
+
+    #[test]
+    fn a_tier_upgrade_keeps_the_points_spent() {
+        let growth = rate(3000, 3000, 60_000);
+        let (b, _) = charge(0, 100, &growth, NOW);
+        let enterprise = rate(6000, 6000, 60_000);
+        let d = debt(Some(&b), &enterprise, NOW);
+        assert_eq!(remaining(d, &enterprise), 5900);
+        // Same budget expressed per second instead of per minute.
+        let per_second = rate(3000, 50, 1000);
+        let d = debt(Some(&b), &per_second, NOW);
+        assert_eq!(remaining(d, &per_second), 2900);
+        assert_eq!(reset_ms(d, &per_second), 2000);
+    }
+
+    #[test]
+    fn extreme_inputs_do_not_overflow() {
+        use crate::core::limits::{MAX_DURATION_MS, MAX_POINTS};
+        let r = rate(MAX_POINTS, 1, MAX_DURATION_MS);
+        let (b, d) = charge(0, MAX_POINTS, &r, i64::MAX - 1);
+        assert!(fits(0, MAX_POINTS, &r));
+        assert_eq!(remaining(d, &r), 0);
+        assert!(wait_ms(d, MAX_POINTS, &r) > 0);
+        let _ = debt(Some(&b), &rate(1, MAX_POINTS, 1), i64::MIN);
+    }
+}

@@ -1,0 +1,25 @@
+//! Bounds on every number a caller can give. Keeping inputs inside these
+//! bounds is what lets the core do exact integer arithmetic in `i128`
+//! without overflow (see the module docs of [`crate::core::bucket`]).
+
+/// Largest capacity, token count or cost accepted (10^15 points).
+pub const MAX_POINTS: u64 = 1_000_000_000_000_000;
+
+/// Largest duration accepted for any argument given in seconds: 100 years,
+/// in milliseconds.
+pub const MAX_DURATION_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// Largest strike threshold accepted.
+pub const MAX_THRESHOLD: u64 = 1_000_000_000;
+
+/// Most buckets one `RL.TAKE` call may name: the first key plus 15 `ALSO`.
+pub const MAX_BUCKETS: usize = 16;
+
+/// Largest box level.
+pub const MAX_BOX_LEVEL: u8 = 3;
+
+/// Default offense memory, `OFFENSES 86400`.
+pub const DEFAULT_OFFENSES_TTL_MS: u64 = 86_400_000;
+
+/// Default box durations, `BOX 300 3600 86400`.
+pub const DEFAULT_BOX_MS: [u64; 3] = [300_000, 3_600_000, 86_400_000];

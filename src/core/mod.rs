@@ -1,0 +1,16 @@
+//! The pure core: every algorithm as plain data and functions of
+//! `(state, parameters, now)`, with no Redis types. Time is always an
+//! argument (milliseconds since the epoch), so everything here is tested
+//! with explicit times.
+
+pub mod bucket;
+pub mod codec;
+pub mod limits;
+pub mod penalty;
+pub mod record;
+pub mod reply;
+pub mod take;
+pub mod time;
+
+#[cfg(test)]
+mod proptests;

@@ -1,0 +1,97 @@
+//! What one RL key holds: each part is present only while it matters.
+
+use serde::{Deserialize, Serialize};
+
+use super::bucket::Bucket;
+use super::penalty::{Penalty, MANUAL};
+use super::time::Millis;
+
+/// The value of one key of the module type.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The `RL.TAKE` bucket.
+    pub bucket: Option<Bucket>,
+    /// Strikes, offenses and box (boxed to keep bucket-only keys small).
+    pub penalty: Option<Box<Penalty>>,
+}
+
+/// How long a key must be kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retention {
+    /// Nothing in it matters any more: delete the key.
+    Delete,
+    /// Keep it until this absolute time (ms), then let it expire.
+    Until(Millis),
+    /// Keep it without a TTL (a manual box).
+    Forever,
+}
+
+impl Record {
+    /// Whether every part satisfies its invariants.
+    pub fn is_valid(&self) -> bool {
+        self.bucket.as_ref().is_none_or(Bucket::is_valid)
+            && self.penalty.as_deref().is_none_or(Penalty::is_valid)
+    }
+
+    /// The penalty state, or an empty one.
+    pub fn penalty_or_default(&self) -> Penalty {
+        self.penalty.as_deref().copied().unwrap_or_default()
+    }
+
+    /// Store `penalty`, dropping it when nothing in it is live at `now`.
+    pub fn set_penalty(&mut self, mut penalty: Penalty, now: Millis) {
+        self.penalty = penalty.prune(now).then(|| Box::new(penalty));
+    }
+
+    /// Drop the parts that no longer matter at `now`, and say how long the
+    /// rest must be kept.
+    pub fn prune(&mut self, now: Millis) -> Retention {
+        let mut until: Option<Millis> = None;
+        if let Some(b) = &self.bucket {
+            if b.full_at_ms() > now {
+                until = Some(b.full_at_ms());
+            } else {
+                self.bucket = None;
+            }
+        }
+        if let Some(p) = self.penalty.as_deref_mut() {
+            let keep = p.retain_until(now);
+            if p.prune(now) {
+                until = until.max(keep);
+            } else {
+                self.penalty = None;
+            }
+        }
+        match until {
+            None => Retention::Delete,
+            Some(MANUAL) => Retention::Forever,
+            Some(t) => Retention::Until(t),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::bucket::{charge, Rate};
+
+    const NOW: Millis = 1_700_000_000_000;
+
+    #[test]
+    fn retention_follows_the_longest_part() {
+        let rate = Rate { capacity: 10, tokens: 10, period_ms: 1000 };
+        let mut r = Record { bucket: Some(charge(0, 5, &rate, NOW).0), penalty: None };
+        assert_eq!(r.prune(NOW), Retention::Until(NOW + 500));
+        let mut p = Penalty::default();
+        p.trip(1, 60_000, NOW);
+        r.set_penalty(p, NOW);
+        assert_eq!(r.prune(NOW), Retention::Until(NOW + 86_400_000));
+        p.trip(3, 0, NOW);
+        r.set_penalty(p, NOW);
+        assert_eq!(r.prune(NOW), Retention::Forever);
+        assert_eq!(r.prune(NOW + 1000).ne(&Retention::Delete), true);
+        let mut empty = Record { bucket: Some(charge(0, 5, &rate, NOW).0), penalty: None };
+        assert_eq!(empty.prune(NOW + 500), Retention::Delete);
+        assert_eq!(empty, Record::default());
+    }
+}

@@ -1,0 +1,244 @@
+//! `RL.TAKE`: several buckets charged all-or-nothing, behind the penalty
+//! box of the first key.
+
+use super::bucket::{self, Bucket, Rate};
+use super::limits::MAX_BUCKETS;
+use super::penalty::{ActiveBox, Penalty, PenaltyPolicy, Strike};
+use super::reply::{boxed_reply, jittered, Reply, Status};
+use super::time::Millis;
+
+/// One `RL.TAKE` call, parsed: the buckets' rates (first key first, then
+/// each `ALSO` in order), the cost and the options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TakeRequest {
+    /// One rate per key, at most [`MAX_BUCKETS`].
+    pub rates: Vec<Rate>,
+    /// Points the request spends; 0 is a probe.
+    pub cost: u64,
+    /// `STRIKES` and its companions, when given.
+    pub penalty: Option<PenaltyPolicy>,
+    /// `JITTER` percent, 0 to 100.
+    pub jitter_percent: u8,
+}
+
+/// What a call changed, for the adapter to store and replicate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Effects {
+    /// Every bucket was charged (the call was allowed with a cost > 0).
+    pub buckets_changed: bool,
+    /// The first key's penalty state changed (a strike or a trip).
+    pub penalty_changed: bool,
+    /// The box this call tripped.
+    pub tripped: Option<ActiveBox>,
+}
+
+/// Decide a call at `now` and apply it to `buckets` (one per rate, `None`
+/// for a key that holds no bucket yet) and to the first key's `penalty`.
+/// Nothing is changed unless [`Effects`] says so. `random` is a uniformly
+/// random number, used only for `JITTER`.
+pub fn take(
+    buckets: &mut [Option<Bucket>],
+    penalty: &mut Penalty,
+    req: &TakeRequest,
+    now: Millis,
+    random: u64,
+) -> (Reply, Effects) {
+    let first_capacity = req.rates.first().map_or(0, |r| r.capacity);
+    if let Some(active) = penalty.active_box(now) {
+        return (boxed_reply(first_capacity, &active, now), Effects::default());
+    }
+    let n = req.rates.len().min(buckets.len()).min(MAX_BUCKETS);
+    let mut debts = [0i128; MAX_BUCKETS];
+    for i in 0..n {
+        debts[i] = bucket::debt(buckets[i].as_ref(), &req.rates[i], now);
+    }
+    let strikes_left = |p: &Penalty| req.penalty.as_ref().map_or(-1, |pol| to_i64(p.strikes_remaining(pol, now)));
+
+    // Throttled: the bucket that needs the longest wait binds.
+    let mut binding = None;
+    let mut longest = 0;
+    for i in 0..n {
+        let wait = if bucket::fits(debts[i], req.cost, &req.rates[i]) {
+            0
+        } else {
+            bucket::wait_ms(debts[i], req.cost, &req.rates[i]).max(1)
+        };
+        if wait > longest {
+            longest = wait;
+            binding = Some(i);
+        }
+    }
+    if let Some(i) = binding {
+        let rate = &req.rates[i];
+        let mut effects = Effects::default();
+        if let (Some(policy), true) = (req.penalty.as_ref(), req.cost > 0) {
+            effects.penalty_changed = true;
+            if let Strike::Tripped(active) = penalty.strike(policy, now) {
+                effects.tripped = Some(active);
+                return (boxed_reply(first_capacity, &active, now), effects);
+            }
+        }
+        let reply = Reply {
+            status: Status::Throttled,
+            limit: to_i64(rate.capacity),
+            remaining: bucket::remaining(debts[i], rate),
+            reset_ms: bucket::reset_ms(debts[i], rate),
+            retry_after_ms: jittered(longest, req.jitter_percent, random),
+            box_level: 0,
+            strikes_remaining: strikes_left(penalty),
+            binding: i as i64,
+        };
+        return (reply, effects);
+    }
+
+    // Allowed: charge every bucket; the one with the fewest points left binds.
+    let mut effects = Effects::default();
+    if req.cost > 0 {
+        for i in 0..n {
+            let (charged, debt) = bucket::charge(debts[i], req.cost, &req.rates[i], now);
+            buckets[i] = Some(charged);
+            debts[i] = debt;
+        }
+        effects.buckets_changed = true;
+    }
+    let mut binding = 0;
+    let mut fewest = i64::MAX;
+    for i in 0..n {
+        let left = bucket::remaining(debts[i], &req.rates[i]);
+        if left < fewest {
+            fewest = left;
+            binding = i;
+        }
+    }
+    let reply = Reply {
+        status: Status::Allowed,
+        limit: to_i64(req.rates.get(binding).map_or(0, |r| r.capacity)),
+        remaining: fewest.max(0),
+        reset_ms: bucket::reset_ms(debts[binding], &req.rates[binding]),
+        retry_after_ms: 0,
+        box_level: 0,
+        strikes_remaining: strikes_left(penalty),
+        binding: binding as i64,
+    };
+    (reply, effects)
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::penalty::MANUAL;
+
+    const NOW: Millis = 1_700_000_000_000;
+
+    fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
+        Rate { capacity, tokens, period_ms }
+    }
+
+    fn req(rates: &[Rate], cost: u64) -> TakeRequest {
+        TakeRequest { rates: rates.to_vec(), cost, penalty: None, jitter_percent: 0 }
+    }
+
+    fn strikes(threshold: u64) -> Option<PenaltyPolicy> {
+        Some(PenaltyPolicy { threshold, window_ms: 60_000, box_ms: [300_000, 3_600_000, 0], offenses_ttl_ms: 86_400_000 })
+    }
+
+    #[test]
+    fn table_of_single_bucket_calls() {
+        // (ms after start, cost, expected reply)
+        let r = rate(10, 1, 1000);
+        let rows: &[(i64, u64, [i64; 8])] = &[
+            (0, 4, [1, 10, 6, 4000, 0, 0, -1, 0]),
+            (0, 6, [1, 10, 0, 10000, 0, 0, -1, 0]),
+            (0, 1, [0, 10, 0, 10000, 1000, 0, -1, 0]),
+            (999, 1, [0, 10, 0, 9001, 1, 0, -1, 0]),
+            (1000, 1, [1, 10, 0, 10000, 0, 0, -1, 0]),
+            (1000, 0, [1, 10, 0, 10000, 0, 0, -1, 0]),
+            (4000, 3, [1, 10, 0, 10000, 0, 0, -1, 0]),
+            (24000, 0, [1, 10, 10, 0, 0, 0, -1, 0]),
+        ];
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        for (at, cost, expected) in rows {
+            let (reply, _) = take(&mut buckets, &mut penalty, &req(&[r], *cost), NOW + at, 0);
+            assert_eq!(reply.to_array(), *expected, "at +{at} ms, cost {cost}");
+        }
+    }
+
+    #[test]
+    fn all_or_nothing_across_buckets_and_the_stricter_binds() {
+        let key = rate(100, 100, 60_000);
+        let tenant = rate(10, 10, 60_000);
+        let mut buckets = [None, None];
+        let mut penalty = Penalty::default();
+        let r = req(&[key, tenant], 6);
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(reply.to_array(), [1, 10, 4, 36000, 0, 0, -1, 1]);
+        assert!(fx.buckets_changed);
+        let before = buckets;
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(reply.to_array(), [0, 10, 4, 36000, 12000, 0, -1, 1]);
+        assert_eq!(fx, Effects::default());
+        assert_eq!(buckets, before, "a throttled call takes nothing from any bucket");
+    }
+
+    #[test]
+    fn strikes_then_box_then_status_minus_one() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut r = req(&[rate(1, 1, 60_000)], 1);
+        r.penalty = strikes(2);
+        let (reply, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(reply.to_array(), [1, 1, 0, 60000, 0, 0, 2, 0]);
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 1, 0);
+        assert_eq!(reply.to_array(), [0, 1, 0, 59999, 59999, 0, 1, 0]);
+        assert!(fx.penalty_changed && fx.tripped.is_none());
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 2, 0);
+        assert_eq!(reply.to_array(), [-1, 1, 0, 300000, 300000, 1, 0, 0]);
+        assert_eq!(fx.tripped.map(|b| b.level), Some(1));
+        // Boxed: nothing is read or charged, even when the bucket is full.
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 120_000, 0);
+        assert_eq!(reply.to_array(), [-1, 1, 0, 180002, 180002, 1, 0, 0]);
+        assert_eq!(fx, Effects::default());
+    }
+
+    #[test]
+    fn a_manual_box_answers_minus_one() {
+        let mut penalty = Penalty::default();
+        penalty.trip(3, 0, NOW);
+        assert_eq!(penalty.box_until, MANUAL);
+        let (reply, _) = take(&mut [None], &mut penalty, &req(&[rate(5, 5, 1000)], 1), NOW, 0);
+        assert_eq!(reply.to_array(), [-1, 5, 0, -1, -1, 3, 0, 0]);
+    }
+
+    #[test]
+    fn a_probe_writes_nothing_and_counts_no_strike() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut r = req(&[rate(2, 1, 1000)], 2);
+        r.penalty = strikes(1);
+        take(&mut buckets, &mut penalty, &r, NOW, 0);
+        r.cost = 0;
+        let before = (buckets, penalty);
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(reply.to_array(), [1, 2, 0, 2000, 0, 0, 1, 0]);
+        assert_eq!(fx, Effects::default());
+        assert_eq!((buckets, penalty), before);
+    }
+
+    #[test]
+    fn jitter_stretches_the_wait_within_its_bound() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut r = req(&[rate(1, 1, 10_000)], 1);
+        take(&mut buckets, &mut penalty, &r, NOW, 0);
+        r.jitter_percent = 50;
+        let (low, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        let (high, _) = take(&mut buckets, &mut penalty, &r, NOW, u64::MAX);
+        assert_eq!(low.retry_after_ms, 10_000);
+        assert_eq!(high.retry_after_ms, 15_000);
+    }
+}

@@ -1,0 +1,28 @@
+//! rl: rate limiting as a native Redis module. The pure algorithms live in
+//! [`core`]; [`adapter`] connects them to Redis. This file only declares
+//! the module to Redis.
+
+pub mod adapter;
+pub mod core;
+
+/// Declare the module with the given global allocator: Redis's in the
+/// server (so `used_memory` counts rl's values), the system one in tests
+/// and benchmarks, which run without Redis.
+macro_rules! declare_module {
+    ($alloc:ty, $init:expr) => {
+        redis_module::redis_module! {
+            name: "rl",
+            version: 1,
+            allocator: ($alloc, $init),
+            data_types: [],
+            init: init,
+        }
+    };
+}
+
+use adapter::init;
+
+#[cfg(not(any(test, feature = "system-alloc")))]
+declare_module!(redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc);
+#[cfg(any(test, feature = "system-alloc"))]
+declare_module!(std::alloc::System, std::alloc::System);
