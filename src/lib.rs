@@ -23,6 +23,9 @@ macro_rules! declare_module {
 use adapter::init;
 
 #[cfg(not(any(test, feature = "system-alloc")))]
-declare_module!(redis_module::alloc::RedisAlloc, redis_module::alloc::RedisAlloc);
+declare_module!(
+    redis_module::alloc::RedisAlloc,
+    redis_module::alloc::RedisAlloc
+);
 #[cfg(any(test, feature = "system-alloc"))]
 declare_module!(std::alloc::System, std::alloc::System);

@@ -15,7 +15,11 @@ pub struct Cursor<'a, A> {
 impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
     /// A cursor at the first argument after the command name.
     pub fn new(command: &'static str, args: &'a [A]) -> Self {
-        Cursor { args, pos: 1, command }
+        Cursor {
+            args,
+            pos: 1,
+            command,
+        }
     }
 
     /// The name of the command, for error texts.
@@ -24,7 +28,10 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
     }
 
     fn next(&mut self, what: &'static str) -> Result<&'a [u8], ArgError> {
-        let arg = self.args.get(self.pos).ok_or(ArgError::Missing { command: self.command, what })?;
+        let arg = self.args.get(self.pos).ok_or(ArgError::Missing {
+            command: self.command,
+            what,
+        })?;
         self.pos += 1;
         Ok(arg.as_ref())
     }
@@ -66,7 +73,9 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
     /// Ok when every argument has been read.
     pub fn finish(&self) -> Result<(), ArgError> {
         if self.pos < self.args.len() {
-            Err(ArgError::Extra { command: self.command })
+            Err(ArgError::Extra {
+                command: self.command,
+            })
         } else {
             Ok(())
         }
@@ -136,7 +145,18 @@ mod tests {
         assert_eq!(parse_integer(b"0"), Some(0));
         assert_eq!(parse_integer(b"3000"), Some(3000));
         assert_eq!(parse_integer(b"18446744073709551615"), Some(u64::MAX));
-        for bad in ["", "-1", "+1", " 1", "1 ", "1.0", "1e3", "18446744073709551616", "nan", "0x10"] {
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            " 1",
+            "1 ",
+            "1.0",
+            "1e3",
+            "18446744073709551616",
+            "nan",
+            "0x10",
+        ] {
             assert_eq!(parse_integer(bad.as_bytes()), None, "{bad:?}");
         }
     }
@@ -148,7 +168,20 @@ mod tests {
         assert_eq!(parse_duration_ms(b"0.001"), Some(1));
         assert_eq!(parse_duration_ms(b"1.5000"), Some(1500));
         assert_eq!(parse_duration_ms(b"0"), Some(0));
-        for bad in ["", ".5", "5.", "0.0001", "-1", "1e3", "inf", "nan", "1.2.3", "1.a", "3153600001", "99999999999999999999"] {
+        for bad in [
+            "",
+            ".5",
+            "5.",
+            "0.0001",
+            "-1",
+            "1e3",
+            "inf",
+            "nan",
+            "1.2.3",
+            "1.a",
+            "3153600001",
+            "99999999999999999999",
+        ] {
             assert_eq!(parse_duration_ms(bad.as_bytes()), None, "{bad:?}");
         }
     }
@@ -163,6 +196,12 @@ mod tests {
         assert_eq!(c.finish(), Err(ArgError::Extra { command: "rl.x" }));
         assert_eq!(c.word(), Some(&b"EXTRA"[..]));
         assert_eq!(c.finish(), Ok(()));
-        assert_eq!(c.integer("n", 1, 10), Err(ArgError::Missing { command: "rl.x", what: "n" }));
+        assert_eq!(
+            c.integer("n", 1, 10),
+            Err(ArgError::Missing {
+                command: "rl.x",
+                what: "n"
+            })
+        );
     }
 }

@@ -22,17 +22,30 @@ pub const INTERNAL: &str = "ERR rl internal error (caught, the server keeps runn
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArgError {
     /// A required argument is missing (`what` names it).
-    Missing { command: &'static str, what: &'static str },
+    Missing {
+        command: &'static str,
+        what: &'static str,
+    },
     /// Arguments are left over after a complete command.
     Extra { command: &'static str },
-    /// An option word this command does not know.
-    UnknownOption { command: &'static str },
+    /// An option word this command does not know (shown sanitised).
+    UnknownOption { command: &'static str, word: String },
     /// An option given twice.
     Repeated { option: &'static str },
     /// A whole number outside `min..=max` or not a number.
-    Integer { what: &'static str, min: u64, max: u64 },
+    Integer {
+        what: &'static str,
+        min: u64,
+        max: u64,
+    },
     /// A duration in seconds that is not a plain decimal in range.
-    Duration { what: &'static str, zero_allowed: bool },
+    Duration {
+        what: &'static str,
+        zero_allowed: bool,
+    },
+    /// A bucket that would take longer than the longest duration to refill
+    /// (`capacity x period / tokens`), bucket `index` (0 = first key).
+    FillTooLong { index: usize },
     /// `COST` above the capacity of bucket `index` (0 = first key).
     CostAboveCapacity { index: usize },
     /// An option that needs `STRIKES` given without it.
@@ -45,30 +58,66 @@ pub enum ArgError {
     UnknownSubcommand { command: &'static str },
 }
 
+impl ArgError {
+    /// An unknown option, quoting at most 32 printable characters of it.
+    pub fn unknown_option(command: &'static str, word: &[u8]) -> ArgError {
+        let word = word
+            .iter()
+            .take(32)
+            .map(|&b| if b.is_ascii_graphic() { b as char } else { '?' })
+            .collect();
+        ArgError::UnknownOption { command, word }
+    }
+}
+
 impl fmt::Display for ArgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ArgError::Missing { command, what } => {
-                write!(f, "ERR wrong number of arguments for '{command}' command (missing {what})")
+                write!(
+                    f,
+                    "ERR wrong number of arguments for '{command}' command (missing {what})"
+                )
             }
             ArgError::Extra { command } => {
                 write!(f, "ERR wrong number of arguments for '{command}' command (unexpected extra argument)")
             }
-            ArgError::UnknownOption { command } => write!(f, "ERR unknown option for '{command}'"),
+            ArgError::UnknownOption { command, word } => {
+                write!(f, "ERR unknown option '{word}' for '{command}'")
+            }
             ArgError::Repeated { option } => write!(f, "ERR {option} is given more than once"),
             ArgError::Integer { what, min, max } => {
                 write!(f, "ERR {what} must be an integer from {min} to {max}")
             }
             ArgError::Duration { what, zero_allowed } => {
-                let low = if *zero_allowed { "from 0" } else { "greater than 0" };
+                let low = if *zero_allowed {
+                    "from 0"
+                } else {
+                    "greater than 0"
+                };
                 let max_s = MAX_DURATION_MS / 1000;
-                write!(f, "ERR {what} must be seconds {low} up to {max_s}, with at most 3 decimals")
+                write!(
+                    f,
+                    "ERR {what} must be seconds {low} up to {max_s}, with at most 3 decimals"
+                )
             }
             ArgError::CostAboveCapacity { index: 0 } => {
-                write!(f, "ERR COST is above the capacity of the first key's bucket")
+                write!(
+                    f,
+                    "ERR COST is above the capacity of the first key's bucket"
+                )
             }
             ArgError::CostAboveCapacity { index } => {
                 write!(f, "ERR COST is above the capacity of ALSO bucket {index}")
+            }
+            ArgError::FillTooLong { index } => {
+                let which = if *index == 0 {
+                    "the first key's bucket".to_string()
+                } else {
+                    format!("ALSO bucket {index}")
+                };
+                let max_s = MAX_DURATION_MS / 1000;
+                write!(f, "ERR capacity x period / tokens (the time to refill {which}) must be at most {max_s} seconds")
             }
             ArgError::NeedsStrikes { option } => write!(f, "ERR {option} requires STRIKES"),
             ArgError::TooManyBuckets => {

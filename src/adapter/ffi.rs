@@ -8,25 +8,41 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
-/// A Redis call context.
-pub type Ctx = *mut raw::RedisModuleCtx;
-/// A Redis string (command argument or key name).
+/// A Redis call context, valid for the duration of one callback.
+#[derive(Clone, Copy)]
+pub struct Ctx(*mut raw::RedisModuleCtx);
+
+impl Ctx {
+    /// Wrap the context Redis passed to a callback.
+    pub(crate) fn new(raw: *mut raw::RedisModuleCtx) -> Ctx {
+        Ctx(raw)
+    }
+
+    /// The raw pointer, for a Redis API call.
+    pub(crate) fn ptr(self) -> *mut raw::RedisModuleCtx {
+        self.0
+    }
+}
+
+/// A raw Redis string (command argument or key name).
 pub type RStr = *mut raw::RedisModuleString;
 
 /// Call a Redis API function pointer, which Redis fills in before any
 /// command runs; a missing one is a broken server and panics (caught by
 /// [`guard`]).
 macro_rules! api {
-    ($name:ident) => {
-        {
-            #[allow(unused_unsafe)]
-            let f = unsafe { redis_module::raw::$name };
-            match f {
-                Some(f) => f,
-                None => panic!(concat!("Redis module API ", stringify!($name), " is missing")),
-            }
+    ($name:ident) => {{
+        #[allow(unused_unsafe)]
+        let f = unsafe { redis_module::raw::$name };
+        match f {
+            Some(f) => f,
+            None => panic!(concat!(
+                "Redis module API ",
+                stringify!($name),
+                " is missing"
+            )),
         }
-    };
+    }};
 }
 pub(crate) use api;
 
@@ -39,9 +55,10 @@ pub fn guard<T>(fallback: T, body: impl FnOnce() -> T) -> T {
     }
 }
 
-/// One command argument, readable as bytes without copying.
+/// One command argument (or key name), readable as bytes without copying.
 #[derive(Clone, Copy)]
-pub struct Arg(pub RStr);
+#[repr(transparent)]
+pub struct Arg(pub(crate) RStr);
 
 impl AsRef<[u8]> for Arg {
     fn as_ref(&self) -> &[u8] {
@@ -56,7 +73,11 @@ impl AsRef<[u8]> for Arg {
 }
 
 /// The arguments of a command call, as given by Redis.
-pub fn args<'a>(argv: *mut RStr, argc: c_int) -> &'a [Arg] {
+///
+/// # Safety
+/// `argv` must point to `argc` strings that outlive `'a` (Redis keeps a
+/// command's arguments alive while the command runs).
+pub unsafe fn args<'a>(argv: *mut RStr, argc: c_int) -> &'a [Arg] {
     let len = usize::try_from(argc).unwrap_or(0);
     if argv.is_null() || len == 0 {
         return &[];
@@ -73,9 +94,9 @@ pub fn now_ms(_ctx: Ctx) -> i64 {
 /// Reply with an array of integers.
 pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
     unsafe {
-        api!(RedisModule_ReplyWithArray)(ctx, values.len() as c_long);
+        api!(RedisModule_ReplyWithArray)(ctx.0, values.len() as c_long);
         for v in values {
-            api!(RedisModule_ReplyWithLongLong)(ctx, *v as c_longlong);
+            api!(RedisModule_ReplyWithLongLong)(ctx.0, *v as c_longlong);
         }
     }
     raw::REDISMODULE_OK as c_int
@@ -83,41 +104,52 @@ pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
 
 /// Reply with an integer.
 pub fn reply_int(ctx: Ctx, value: i64) -> c_int {
-    unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, value as c_longlong) }
+    unsafe { api!(RedisModule_ReplyWithLongLong)(ctx.0, value as c_longlong) }
 }
 
 /// Reply with a simple string.
 pub fn reply_simple(ctx: Ctx, text: &CStr) -> c_int {
-    unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx, text.as_ptr()) }
+    unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx.0, text.as_ptr()) }
 }
 
 /// Reply with an error (the text must start with an error code such as
 /// `ERR` and hold no line break).
 pub fn reply_error(ctx: Ctx, text: &str) -> c_int {
     let mut buf = Vec::with_capacity(text.len() + 1);
-    buf.extend(text.bytes().map(|b| if b == b'\r' || b == b'\n' || b == 0 { b' ' } else { b }));
+    buf.extend(text.bytes().map(|b| {
+        if b == b'\r' || b == b'\n' || b == 0 {
+            b' '
+        } else {
+            b
+        }
+    }));
     buf.push(0);
-    unsafe { api!(RedisModule_ReplyWithError)(ctx, buf.as_ptr().cast::<c_char>()) }
+    unsafe { api!(RedisModule_ReplyWithError)(ctx.0, buf.as_ptr().cast::<c_char>()) }
 }
 
 /// The context flags (`REDISMODULE_CTX_FLAGS_*`).
 pub fn context_flags(ctx: Ctx) -> u32 {
-    unsafe { api!(RedisModule_GetContextFlags)(ctx) as u32 }
+    unsafe { api!(RedisModule_GetContextFlags)(ctx.0) as u32 }
 }
 
 /// Whether this call only asks which arguments are keys (the getkeys API).
 pub fn is_keys_request(ctx: Ctx) -> bool {
-    unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx) != 0 }
+    unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx.0) != 0 }
 }
 
 /// Declare argument `pos` a key, answering a getkeys request.
 pub fn declare_key(ctx: Ctx, pos: usize) {
-    unsafe { api!(RedisModule_KeyAtPos)(ctx, pos as c_int) }
+    unsafe { api!(RedisModule_KeyAtPos)(ctx.0, pos as c_int) }
 }
 
 /// Announce `event` on `key` to keyspace-notification subscribers.
-pub fn notify(ctx: Ctx, event: &CStr, key: RStr) {
+pub fn notify(ctx: Ctx, event: &CStr, key: Arg) {
     unsafe {
-        api!(RedisModule_NotifyKeyspaceEvent)(ctx, raw::REDISMODULE_NOTIFY_MODULE, event.as_ptr(), key);
+        api!(RedisModule_NotifyKeyspaceEvent)(
+            ctx.0,
+            raw::REDISMODULE_NOTIFY_MODULE,
+            event.as_ptr(),
+            key.0,
+        );
     }
 }

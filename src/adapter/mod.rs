@@ -17,13 +17,15 @@ use ffi::api;
 /// commands, the options and the `INFO` section.
 pub fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let raw_ctx = ctx.ctx;
+    let rl_ctx = ffi::Ctx::new(raw_ctx);
     let ok = ffi::guard(false, || {
-        let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+        let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+            | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
         unsafe {
             api!(RedisModule_SetModuleOptions)(raw_ctx, options as i32);
             api!(RedisModule_RegisterInfoFunc)(raw_ctx, Some(stats::info));
         }
-        rtype::register(raw_ctx) && commands::register(raw_ctx)
+        rtype::register(rl_ctx) && commands::register(rl_ctx)
     });
     if ok {
         Status::Ok

@@ -53,7 +53,12 @@ pub fn register(ctx: Ctx) -> bool {
         aux_save2: None,
     };
     let created = unsafe {
-        api!(RedisModule_CreateDataType)(ctx, TYPE_NAME.as_ptr(), ENCODING_VERSION, &mut methods)
+        api!(RedisModule_CreateDataType)(
+            ctx.ptr(),
+            TYPE_NAME.as_ptr(),
+            ENCODING_VERSION,
+            &mut methods,
+        )
     };
     TYPE.store(created, Ordering::Relaxed);
     !created.is_null()
@@ -98,7 +103,13 @@ extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard((), || {
         if let Some(record) = unsafe { from_raw(value) } {
             let bytes = codec::encode(record);
-            unsafe { api!(RedisModule_SaveStringBuffer)(rdb, bytes.as_ptr().cast::<c_char>(), bytes.len()) };
+            unsafe {
+                api!(RedisModule_SaveStringBuffer)(
+                    rdb,
+                    bytes.as_ptr().cast::<c_char>(),
+                    bytes.len(),
+                )
+            };
         }
     })
 }
@@ -124,7 +135,11 @@ extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: RStr, value: *mut c
 extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard(0, || match unsafe { from_raw(value.cast_mut()) } {
         Some(record) => {
-            std::mem::size_of::<Record>() + record.penalty.as_ref().map_or(0, |_| std::mem::size_of::<Penalty>())
+            std::mem::size_of::<Record>()
+                + record
+                    .penalty
+                    .as_ref()
+                    .map_or(0, |_| std::mem::size_of::<Penalty>())
         }
         None => 0,
     })
@@ -135,7 +150,11 @@ extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
         if let Some(record) = unsafe { from_raw(value) } {
             let bytes = codec::encode(record);
             unsafe {
-                api!(RedisModule_DigestAddStringBuffer)(md, bytes.as_ptr().cast::<c_char>(), bytes.len());
+                api!(RedisModule_DigestAddStringBuffer)(
+                    md,
+                    bytes.as_ptr().cast::<c_char>(),
+                    bytes.len(),
+                );
                 api!(RedisModule_DigestEndSequence)(md);
             }
         }
@@ -143,9 +162,11 @@ extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
 }
 
 extern "C" fn copy(_from: RStr, _to: RStr, value: *const c_void) -> *mut c_void {
-    guard(ptr::null_mut(), || match unsafe { from_raw(value.cast_mut()) } {
-        Some(record) => into_raw(record.clone()),
-        None => ptr::null_mut(),
+    guard(ptr::null_mut(), || {
+        match unsafe { from_raw(value.cast_mut()) } {
+            Some(record) => into_raw(record.clone()),
+            None => ptr::null_mut(),
+        }
     })
 }
 

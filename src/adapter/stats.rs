@@ -41,7 +41,12 @@ pub struct Outcomes {
 
 impl Outcomes {
     const fn new() -> Self {
-        Outcomes { calls: Counter::new(), allowed: Counter::new(), throttled: Counter::new(), boxed: Counter::new() }
+        Outcomes {
+            calls: Counter::new(),
+            allowed: Counter::new(),
+            throttled: Counter::new(),
+            boxed: Counter::new(),
+        }
     }
 
     /// Count one decided call.
@@ -72,7 +77,10 @@ pub fn trip(level: u8) {
 }
 
 /// The `INFO` callback: one section named after the module (`INFO rl`).
-pub extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: std::os::raw::c_int) {
+pub(crate) extern "C" fn info(
+    ctx: *mut raw::RedisModuleInfoCtx,
+    _for_crash_report: std::os::raw::c_int,
+) {
     super::ffi::guard((), || {
         let fields: [(&CStr, &Counter); 9] = [
             (c"take_calls", &TAKE.calls),

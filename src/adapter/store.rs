@@ -9,7 +9,7 @@ use std::os::raw::{c_char, c_int, c_longlong};
 
 use redis_module::raw;
 
-use super::ffi::{api, Ctx, RStr};
+use super::ffi::{api, Arg, Ctx};
 use super::rtype::{from_raw, into_raw, rl_type};
 use crate::core::codec;
 use crate::core::record::{Record, Retention};
@@ -32,23 +32,41 @@ pub enum Access {
 pub struct RlKey {
     raw: *mut raw::RedisModuleKey,
     /// The key name as Redis gave it.
-    pub name: RStr,
+    pub name: Arg,
 }
 
 impl RlKey {
     /// Open `name` in the selected database.
-    pub fn open(ctx: Ctx, name: RStr, access: Access) -> RlKey {
+    pub fn open(ctx: Ctx, name: Arg, access: Access) -> RlKey {
         let mode = match access {
             Access::Read => raw::REDISMODULE_READ,
             Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
         };
-        let raw = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode as c_int) };
+        let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
         RlKey { raw, name }
     }
 
     /// The record held by the key: `None` when the key does not exist,
     /// `WrongType` when it holds another type.
-    pub fn record(&self) -> Result<Option<&mut Record>, WrongType> {
+    pub fn record(&self) -> Result<Option<&Record>, WrongType> {
+        self.value().map(|v| v.map(|r| &*r))
+    }
+
+    /// A copy of the record to change and [`commit`] (empty when the key
+    /// holds nothing).
+    pub fn working_copy(&self) -> Record {
+        self.record().ok().flatten().cloned().unwrap_or_default()
+    }
+
+    /// The record, writable in place.
+    fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
+        self.value()
+    }
+
+    /// The value pointer behind the key. Private: callers get `&Record`
+    /// from [`RlKey::record`], or `&mut` through `&mut self`.
+    #[allow(clippy::mut_from_ref)]
+    fn value(&self) -> Result<Option<&mut Record>, WrongType> {
         if self.raw.is_null() {
             return Ok(None);
         }
@@ -56,7 +74,9 @@ impl RlKey {
         if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
             return Ok(None);
         }
-        if kind != raw::REDISMODULE_KEYTYPE_MODULE || unsafe { api!(RedisModule_ModuleTypeGetType)(self.raw) } != rl_type() {
+        if kind != raw::REDISMODULE_KEYTYPE_MODULE
+            || unsafe { api!(RedisModule_ModuleTypeGetType)(self.raw) } != rl_type()
+        {
             return Err(WrongType);
         }
         Ok(unsafe { from_raw(api!(RedisModule_ModuleTypeGetValue)(self.raw)) })
@@ -64,8 +84,8 @@ impl RlKey {
 
     /// Put `record` in the key, in place when it already holds one (which
     /// keeps its TTL until the caller sets a new one).
-    fn store(&self, record: Record) {
-        match self.record() {
+    fn store(&mut self, record: Record) {
+        match self.record_mut() {
             Ok(Some(existing)) => *existing = record,
             _ => unsafe {
                 api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), into_raw(record));
@@ -94,7 +114,9 @@ impl RlKey {
     }
 
     fn persist(&self) {
-        unsafe { api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t) };
+        unsafe {
+            api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t)
+        };
     }
 
     fn delete(&self) {
@@ -102,7 +124,7 @@ impl RlKey {
     }
 
     fn signal_modified(&self, ctx: Ctx) {
-        unsafe { api!(RedisModule_SignalModifiedKey)(ctx, self.name) };
+        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.ptr(), self.name.0) };
     }
 }
 
@@ -117,7 +139,7 @@ impl Drop for RlKey {
 /// Store `record` as the state of `key` at `now`: drop what no longer
 /// matters, delete the key when nothing does, otherwise set the value and
 /// the TTL of its longest-lived part; replicate exactly that.
-pub fn commit(ctx: Ctx, key: &RlKey, mut record: Record, now: Millis) {
+pub fn commit(ctx: Ctx, key: &mut RlKey, mut record: Record, now: Millis) {
     let retention = record.prune(now);
     if retention == Retention::Delete {
         if matches!(key.record(), Ok(Some(_))) {
@@ -136,7 +158,11 @@ pub fn commit(ctx: Ctx, key: &RlKey, mut record: Record, now: Millis) {
 
 /// Apply a replicated payload on a replica or during AOF loading: the
 /// value only; the `PEXPIREAT`/`PERSIST` that follows sets the TTL.
-pub fn apply_replicated(ctx: Ctx, key: &RlKey, payload: &[u8]) -> Result<(), codec::CodecError> {
+pub fn apply_replicated(
+    ctx: Ctx,
+    key: &mut RlKey,
+    payload: &[u8],
+) -> Result<(), codec::CodecError> {
     let record = codec::decode(payload)?;
     key.store(record);
     key.signal_modified(ctx);
@@ -148,7 +174,13 @@ fn set_retention(ctx: Ctx, key: &RlKey, retention: Retention) {
         Retention::Until(at) => {
             key.expire_at(at);
             unsafe {
-                api!(RedisModule_Replicate)(ctx, c"PEXPIREAT".as_ptr(), c"sl".as_ptr(), key.name, at as c_longlong);
+                api!(RedisModule_Replicate)(
+                    ctx.ptr(),
+                    c"PEXPIREAT".as_ptr(),
+                    c"sl".as_ptr(),
+                    key.name.0,
+                    at as c_longlong,
+                );
             }
         }
         Retention::Forever => {
@@ -159,18 +191,18 @@ fn set_retention(ctx: Ctx, key: &RlKey, retention: Retention) {
     }
 }
 
-fn replicate(ctx: Ctx, command: &std::ffi::CStr, key: RStr, payload: Option<&[u8]>) {
+fn replicate(ctx: Ctx, command: &std::ffi::CStr, key: Arg, payload: Option<&[u8]>) {
     unsafe {
         match payload {
             Some(bytes) => api!(RedisModule_Replicate)(
-                ctx,
+                ctx.ptr(),
                 command.as_ptr(),
                 c"sb".as_ptr(),
-                key,
+                key.0,
                 bytes.as_ptr().cast::<c_char>(),
                 bytes.len(),
             ),
-            None => api!(RedisModule_Replicate)(ctx, command.as_ptr(), c"s".as_ptr(), key),
+            None => api!(RedisModule_Replicate)(ctx.ptr(), command.as_ptr(), c"s".as_ptr(), key.0),
         };
     }
 }

@@ -53,6 +53,13 @@ impl Rate {
         i128::from(cost).saturating_mul(i128::from(self.period_ms))
     }
 
+    /// Milliseconds a bucket takes to refill from empty to full (rounded
+    /// up, saturating): the longest a bucket's state can matter.
+    pub fn fill_ms(&self) -> u64 {
+        let ms = ceil_div(self.tolerance(), self.ticks_per_ms());
+        u64::try_from(ms).unwrap_or(u64::MAX)
+    }
+
     /// Ticks per millisecond.
     fn ticks_per_ms(&self) -> i128 {
         i128::from(self.tokens.max(1))
@@ -80,7 +87,25 @@ impl Bucket {
 /// full bucket). When the stored scale differs from `rate` (the caller
 /// changed the parameters), the points already spent are kept and the
 /// result is rounded up, so a change never grants a fraction of a point.
+/// A debt is never more than an empty bucket: when a lowered capacity is
+/// below what was spent, the bucket counts as empty.
 pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
+    stored_debt(bucket, rate, now).min(rate.tolerance())
+}
+
+/// Whether the stored `bucket` no longer says what [`debt`] reads from it
+/// under `rate` at `now`, and must be rewritten even by a call that
+/// charges nothing: it was written with another tokens/period (its ticks
+/// are converted), or it holds more debt than an empty bucket (a lowered
+/// capacity, or a backward clock step, which is capped at empty so that
+/// `retry_after_ms` stays true).
+pub fn needs_rewrite(bucket: &Bucket, rate: &Rate, now: i64) -> bool {
+    bucket.tokens != rate.tokens
+        || bucket.period_ms != rate.period_ms
+        || stored_debt(Some(bucket), rate, now) > rate.tolerance()
+}
+
+fn stored_debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
     let Some(b) = bucket else { return 0 };
     let stored = (i128::from(b.tat_ms) - i128::from(now))
         .saturating_mul(i128::from(b.tokens.max(1)))
@@ -93,7 +118,11 @@ pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
         // points are the same number of ticks.
         return stored;
     }
-    mul_div_ceil(stored, i128::from(rate.period_ms), i128::from(b.period_ms.max(1)))
+    mul_div_ceil(
+        stored,
+        i128::from(rate.period_ms),
+        i128::from(b.period_ms.max(1)),
+    )
 }
 
 /// `ceil(a * m / d)` for `a >= 0`, `m >= 0`, `d >= 1`, saturating.
@@ -141,7 +170,9 @@ pub fn reset_ms(debt: i128, rate: &Rate) -> i64 {
 pub fn charge(debt: i128, cost: u64, rate: &Rate, now: i64) -> (Bucket, i128) {
     let new_debt = debt.saturating_add(rate.cost_ticks(cost));
     let ticks = rate.ticks_per_ms();
-    let tat = i128::from(now).saturating_mul(ticks).saturating_add(new_debt);
+    let tat = i128::from(now)
+        .saturating_mul(ticks)
+        .saturating_add(new_debt);
     let bucket = Bucket {
         tat_ms: clamp_i64(tat.div_euclid(ticks)),
         // Below `tokens`, which is a u64.
@@ -159,7 +190,11 @@ mod tests {
     const NOW: i64 = 1_700_000_000_000;
 
     fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
-        Rate { capacity, tokens, period_ms }
+        Rate {
+            capacity,
+            tokens,
+            period_ms,
+        }
     }
 
     #[test]

@@ -24,8 +24,11 @@ pub struct TakeRequest {
 /// What a call changed, for the adapter to store and replicate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
-    /// Every bucket was charged (the call was allowed with a cost > 0).
-    pub buckets_changed: bool,
+    /// Bit `i` is set when bucket `i` changed: every bucket when the call
+    /// was allowed with a cost > 0; on a throttled call, only a bucket
+    /// that [`bucket::needs_rewrite`], rewritten with the same points spent
+    /// at the new rate (so that it refills at that rate from now on).
+    pub buckets_changed: u32,
     /// The first key's penalty state changed (a strike or a trip).
     pub penalty_changed: bool,
     /// The box this call tripped.
@@ -45,23 +48,30 @@ pub fn take(
 ) -> (Reply, Effects) {
     let first_capacity = req.rates.first().map_or(0, |r| r.capacity);
     if let Some(active) = penalty.active_box(now) {
-        return (boxed_reply(first_capacity, &active, now), Effects::default());
+        return (
+            boxed_reply(first_capacity, &active, now),
+            Effects::default(),
+        );
     }
     let n = req.rates.len().min(buckets.len()).min(MAX_BUCKETS);
     let mut debts = [0i128; MAX_BUCKETS];
-    for i in 0..n {
-        debts[i] = bucket::debt(buckets[i].as_ref(), &req.rates[i], now);
+    for ((debt, stored), rate) in debts.iter_mut().zip(buckets.iter()).zip(&req.rates) {
+        *debt = bucket::debt(stored.as_ref(), rate, now);
     }
-    let strikes_left = |p: &Penalty| req.penalty.as_ref().map_or(-1, |pol| to_i64(p.strikes_remaining(pol, now)));
+    let strikes_left = |p: &Penalty| {
+        req.penalty
+            .as_ref()
+            .map_or(-1, |pol| to_i64(p.strikes_remaining(pol, now)))
+    };
 
     // Throttled: the bucket that needs the longest wait binds.
     let mut binding = None;
     let mut longest = 0;
-    for i in 0..n {
-        let wait = if bucket::fits(debts[i], req.cost, &req.rates[i]) {
+    for (i, (&debt, rate)) in debts[..n].iter().zip(&req.rates).enumerate() {
+        let wait = if bucket::fits(debt, req.cost, rate) {
             0
         } else {
-            bucket::wait_ms(debts[i], req.cost, &req.rates[i]).max(1)
+            bucket::wait_ms(debt, req.cost, rate).max(1)
         };
         if wait > longest {
             longest = wait;
@@ -71,6 +81,9 @@ pub fn take(
     if let Some(i) = binding {
         let rate = &req.rates[i];
         let mut effects = Effects::default();
+        if req.cost > 0 {
+            effects.buckets_changed = rescale(buckets, &debts, req, now);
+        }
         if let (Some(policy), true) = (req.penalty.as_ref(), req.cost > 0) {
             effects.penalty_changed = true;
             if let Strike::Tripped(active) = penalty.strike(policy, now) {
@@ -94,17 +107,17 @@ pub fn take(
     // Allowed: charge every bucket; the one with the fewest points left binds.
     let mut effects = Effects::default();
     if req.cost > 0 {
-        for i in 0..n {
-            let (charged, debt) = bucket::charge(debts[i], req.cost, &req.rates[i], now);
-            buckets[i] = Some(charged);
-            debts[i] = debt;
+        for ((slot, debt), rate) in buckets.iter_mut().zip(&mut debts[..n]).zip(&req.rates) {
+            let (charged, after) = bucket::charge(*debt, req.cost, rate, now);
+            *slot = Some(charged);
+            *debt = after;
         }
-        effects.buckets_changed = true;
+        effects.buckets_changed = (1u32 << n) - 1;
     }
     let mut binding = 0;
     let mut fewest = i64::MAX;
-    for i in 0..n {
-        let left = bucket::remaining(debts[i], &req.rates[i]);
+    for (i, (&debt, rate)) in debts[..n].iter().zip(&req.rates).enumerate() {
+        let left = bucket::remaining(debt, rate);
         if left < fewest {
             fewest = left;
             binding = i;
@@ -123,6 +136,22 @@ pub fn take(
     (reply, effects)
 }
 
+/// Rewrite every stored bucket that [`bucket::needs_rewrite`] (changed
+/// parameters, or more debt than an empty bucket), keeping its points
+/// spent; returns the bit set of rewritten buckets.
+fn rescale(buckets: &mut [Option<Bucket>], debts: &[i128], req: &TakeRequest, now: Millis) -> u32 {
+    let mut changed = 0;
+    for (i, (slot, rate)) in buckets.iter_mut().zip(&req.rates).enumerate() {
+        if let Some(b) = slot {
+            if bucket::needs_rewrite(b, rate, now) {
+                *slot = Some(bucket::charge(debts[i], 0, rate, now).0);
+                changed |= 1 << i;
+            }
+        }
+    }
+    changed
+}
+
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -135,15 +164,29 @@ mod tests {
     const NOW: Millis = 1_700_000_000_000;
 
     fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
-        Rate { capacity, tokens, period_ms }
+        Rate {
+            capacity,
+            tokens,
+            period_ms,
+        }
     }
 
     fn req(rates: &[Rate], cost: u64) -> TakeRequest {
-        TakeRequest { rates: rates.to_vec(), cost, penalty: None, jitter_percent: 0 }
+        TakeRequest {
+            rates: rates.to_vec(),
+            cost,
+            penalty: None,
+            jitter_percent: 0,
+        }
     }
 
     fn strikes(threshold: u64) -> Option<PenaltyPolicy> {
-        Some(PenaltyPolicy { threshold, window_ms: 60_000, box_ms: [300_000, 3_600_000, 0], offenses_ttl_ms: 86_400_000 })
+        Some(PenaltyPolicy {
+            threshold,
+            window_ms: 60_000,
+            box_ms: [300_000, 3_600_000, 0],
+            offenses_ttl_ms: 86_400_000,
+        })
     }
 
     #[test]
@@ -177,12 +220,15 @@ mod tests {
         let r = req(&[key, tenant], 6);
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
         assert_eq!(reply.to_array(), [1, 10, 4, 36000, 0, 0, -1, 1]);
-        assert!(fx.buckets_changed);
+        assert_eq!(fx.buckets_changed, 0b11);
         let before = buckets;
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
         assert_eq!(reply.to_array(), [0, 10, 4, 36000, 12000, 0, -1, 1]);
         assert_eq!(fx, Effects::default());
-        assert_eq!(buckets, before, "a throttled call takes nothing from any bucket");
+        assert_eq!(
+            buckets, before,
+            "a throttled call takes nothing from any bucket"
+        );
     }
 
     #[test]
@@ -210,7 +256,13 @@ mod tests {
         let mut penalty = Penalty::default();
         penalty.trip(3, 0, NOW);
         assert_eq!(penalty.box_until, MANUAL);
-        let (reply, _) = take(&mut [None], &mut penalty, &req(&[rate(5, 5, 1000)], 1), NOW, 0);
+        let (reply, _) = take(
+            &mut [None],
+            &mut penalty,
+            &req(&[rate(5, 5, 1000)], 1),
+            NOW,
+            0,
+        );
         assert_eq!(reply.to_array(), [-1, 5, 0, -1, -1, 3, 0, 0]);
     }
 
@@ -240,5 +292,37 @@ mod tests {
         let (high, _) = take(&mut buckets, &mut penalty, &r, NOW, u64::MAX);
         assert_eq!(low.retry_after_ms, 10_000);
         assert_eq!(high.retry_after_ms, 15_000);
+    }
+}
+
+#[cfg(test)]
+mod clock_step_tests {
+    use super::*;
+
+    #[test]
+    fn a_backward_step_caps_the_bucket_at_empty_and_it_refills_from_there() {
+        let now = 1_700_000_000_000;
+        let rate = Rate {
+            capacity: 5,
+            tokens: 5,
+            period_ms: 10_000,
+        };
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut req = TakeRequest {
+            rates: vec![rate],
+            cost: 5,
+            penalty: None,
+            jitter_percent: 0,
+        };
+        take(&mut buckets, &mut penalty, &req, now, 0);
+        req.cost = 1;
+        let back = now - 3_600_000;
+        let (reply, fx) = take(&mut buckets, &mut penalty, &req, back, 0);
+        assert_eq!(reply.to_array(), [0, 5, 0, 10_000, 2_000, 0, -1, 0]);
+        assert_eq!(fx.buckets_changed, 1);
+        req.cost = 5;
+        let (reply, _) = take(&mut buckets, &mut penalty, &req, back + 10_000, 0);
+        assert_eq!(reply.status, Status::Allowed);
     }
 }

@@ -19,13 +19,16 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
         return reply_error(ctx, errors::INTERNAL_ONLY);
     }
     let mut c = Cursor::new("rl.apply", args);
-    let parsed = c.key("key").and_then(|key| Ok((key, c.key("payload")?))).and_then(|kp| c.finish().map(|_| kp));
+    let parsed = c
+        .key("key")
+        .and_then(|key| Ok((key, c.key("payload")?)))
+        .and_then(|kp| c.finish().map(|_| kp));
     let (key, payload) = match parsed {
         Ok(positions) => positions,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let key = RlKey::open(ctx, args[key].0, Access::Write);
-    match apply_replicated(ctx, &key, args[payload].as_ref()) {
+    let mut key = RlKey::open(ctx, args[key], Access::Write);
+    match apply_replicated(ctx, &mut key, args[payload].as_ref()) {
         Ok(()) => reply_simple(ctx, c"OK"),
         Err(_) => reply_error(ctx, errors::BAD_PAYLOAD),
     }

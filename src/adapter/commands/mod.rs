@@ -23,14 +23,16 @@ type Body = fn(Ctx, &[Arg]) -> c_int;
 
 /// Run a command body under [`guard`]: a panic becomes an error reply
 /// instead of a crash.
-fn run(ctx: Ctx, argv: *mut RStr, argc: c_int, body: Body) -> c_int {
-    let args = args(argv, argc);
+fn run(ctx: *mut raw::RedisModuleCtx, argv: *mut RStr, argc: c_int, body: Body) -> c_int {
+    let ctx = Ctx::new(ctx);
+    // Redis keeps argv alive for the whole call.
+    let args = unsafe { args(argv, argc) };
     guard(None, || Some(body(ctx, args))).unwrap_or_else(|| reply_error(ctx, errors::INTERNAL))
 }
 
 macro_rules! entry {
     ($name:ident, $body:path) => {
-        extern "C" fn $name(ctx: Ctx, argv: *mut RStr, argc: c_int) -> c_int {
+        extern "C" fn $name(ctx: *mut raw::RedisModuleCtx, argv: *mut RStr, argc: c_int) -> c_int {
             run(ctx, argv, argc, $body)
         }
     };
@@ -42,8 +44,25 @@ entry!(box_status_entry, box_cmd::status);
 entry!(box_trip_entry, box_cmd::trip);
 entry!(box_release_entry, box_cmd::release);
 
-fn create(ctx: Ctx, name: &CStr, func: raw::RedisModuleCmdFunc, flags: &CStr, first: c_int, last: c_int) -> bool {
-    let status = unsafe { api!(RedisModule_CreateCommand)(ctx, name.as_ptr(), func, flags.as_ptr(), first, last, 1) };
+fn create(
+    ctx: Ctx,
+    name: &CStr,
+    func: raw::RedisModuleCmdFunc,
+    flags: &CStr,
+    first: c_int,
+    last: c_int,
+) -> bool {
+    let status = unsafe {
+        api!(RedisModule_CreateCommand)(
+            ctx.ptr(),
+            name.as_ptr(),
+            func,
+            flags.as_ptr(),
+            first,
+            last,
+            1,
+        )
+    };
     status == raw::REDISMODULE_OK as c_int
 }
 
@@ -54,21 +73,40 @@ fn create_sub(
     func: raw::RedisModuleCmdFunc,
     flags: &CStr,
 ) -> bool {
-    let parent = unsafe { api!(RedisModule_GetCommand)(ctx, parent.as_ptr()) };
+    let parent = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), parent.as_ptr()) };
     if parent.is_null() {
         return false;
     }
-    let status =
-        unsafe { api!(RedisModule_CreateSubcommand)(parent, name.as_ptr(), func, flags.as_ptr(), 2, 2, 1) };
+    let status = unsafe {
+        api!(RedisModule_CreateSubcommand)(parent, name.as_ptr(), func, flags.as_ptr(), 2, 2, 1)
+    };
     status == raw::REDISMODULE_OK as c_int
 }
 
 /// Register every command; false if Redis refused one.
 pub fn register(ctx: Ctx) -> bool {
-    create(ctx, c"rl.take", Some(take_entry), c"write deny-oom getkeys-api", 1, 1)
-        && create(ctx, c"rl.apply", Some(apply_entry), c"write", 1, 1)
+    create(
+        ctx,
+        c"rl.take",
+        Some(take_entry),
+        c"write deny-oom getkeys-api",
+        1,
+        1,
+    ) && create(ctx, c"rl.apply", Some(apply_entry), c"write", 1, 1)
         && create(ctx, c"rl.box", None, c"", 0, 0)
-        && create_sub(ctx, c"rl.box", c"status", Some(box_status_entry), c"readonly fast")
+        && create_sub(
+            ctx,
+            c"rl.box",
+            c"status",
+            Some(box_status_entry),
+            c"readonly fast",
+        )
         && create_sub(ctx, c"rl.box", c"trip", Some(box_trip_entry), c"write fast")
-        && create_sub(ctx, c"rl.box", c"release", Some(box_release_entry), c"write fast")
+        && create_sub(
+            ctx,
+            c"rl.box",
+            c"release",
+            Some(box_release_entry),
+            c"write fast",
+        )
 }

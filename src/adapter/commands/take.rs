@@ -9,11 +9,16 @@ use std::os::raw::c_int;
 
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx};
+use crate::adapter::ffi::{
+    declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx,
+};
 use crate::adapter::stats;
 use crate::adapter::store::{commit, Access, RlKey, WrongType};
 use crate::core::bucket::{Bucket, Rate};
-use crate::core::limits::{DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_POINTS, MAX_THRESHOLD};
+use crate::core::limits::{
+    DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_DURATION_MS, MAX_POINTS,
+    MAX_THRESHOLD,
+};
 use crate::core::penalty::PenaltyPolicy;
 use crate::core::take::{take, TakeRequest};
 
@@ -25,7 +30,7 @@ const NAME: &str = "rl.take";
 pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRequest, ArgError> {
     let mut c = Cursor::new(NAME, args);
     keys.push(c.key("key")?);
-    let mut rates = vec![rate(&mut c)?];
+    let mut rates = vec![rate(&mut c, FIRST)?];
     let mut cost = None;
     let mut strikes = None;
     let mut boxes = None;
@@ -39,7 +44,7 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRe
                 return Err(ArgError::TooManyBuckets);
             }
             keys.push(c.key("ALSO key")?);
-            rates.push(rate(&mut c)?);
+            rates.push(rate(&mut c, ALSO)?);
         } else if is(word, "STRIKES") {
             let threshold = c.integer("STRIKES threshold", 1, MAX_THRESHOLD)?;
             let window = c.duration_ms("STRIKES window", false)?;
@@ -50,17 +55,24 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRe
             let d3 = c.duration_ms("BOX d3", true)?;
             set_once(&mut boxes, "BOX", [d1, d2, d3])?;
         } else if is(word, "OFFENSES") {
-            set_once(&mut offenses, "OFFENSES", c.duration_ms("OFFENSES ttl", false)?)?;
+            set_once(
+                &mut offenses,
+                "OFFENSES",
+                c.duration_ms("OFFENSES ttl", false)?,
+            )?;
         } else if is(word, "JITTER") {
             set_once(&mut jitter, "JITTER", c.integer("JITTER percent", 0, 100)?)?;
         } else {
-            return Err(ArgError::UnknownOption { command: NAME });
+            return Err(ArgError::unknown_option(NAME, word));
         }
     }
     c.finish()?;
     let cost = cost.unwrap_or(1);
     if let Some(index) = rates.iter().position(|r| cost > r.capacity) {
         return Err(ArgError::CostAboveCapacity { index });
+    }
+    if let Some(index) = rates.iter().position(|r| r.fill_ms() > MAX_DURATION_MS) {
+        return Err(ArgError::FillTooLong { index });
     }
     for (i, &a) in keys.iter().enumerate() {
         if keys[..i].iter().any(|&b| c.bytes_at(a) == c.bytes_at(b)) {
@@ -86,11 +98,19 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRe
     })
 }
 
-fn rate<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>) -> Result<Rate, ArgError> {
+/// The argument names of a bucket's three numbers, as errors name them.
+type RateNames = [&'static str; 3];
+const FIRST: RateNames = ["capacity", "tokens", "period"];
+const ALSO: RateNames = ["ALSO capacity", "ALSO tokens", "ALSO period"];
+
+fn rate<A: AsRef<[u8]>>(
+    c: &mut Cursor<'_, A>,
+    [capacity, tokens, period]: RateNames,
+) -> Result<Rate, ArgError> {
     Ok(Rate {
-        capacity: c.integer("capacity", 1, MAX_POINTS)?,
-        tokens: c.integer("tokens", 1, MAX_POINTS)?,
-        period_ms: c.duration_ms("period", false)?,
+        capacity: c.integer(capacity, 1, MAX_POINTS)?,
+        tokens: c.integer(tokens, 1, MAX_POINTS)?,
+        period_ms: c.duration_ms(period, false)?,
     })
 }
 
@@ -106,8 +126,15 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
         Ok(req) => req,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let access = if req.cost == 0 { Access::Read } else { Access::Write };
-    let keys: Vec<RlKey> = key_positions.iter().map(|&pos| RlKey::open(ctx, args[pos].0, access)).collect();
+    let access = if req.cost == 0 {
+        Access::Read
+    } else {
+        Access::Write
+    };
+    let mut keys: Vec<RlKey> = key_positions
+        .iter()
+        .map(|&pos| RlKey::open(ctx, args[pos], access))
+        .collect();
     let mut buckets: [Option<Bucket>; MAX_BUCKETS] = [None; MAX_BUCKETS];
     for (slot, key) in buckets.iter_mut().zip(&keys) {
         match key.record() {
@@ -121,13 +148,14 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let random = std::hash::RandomState::new().hash_one(now);
     let (reply, effects) = take(&mut buckets[..keys.len()], &mut penalty, &req, now, random);
 
-    for (i, key) in keys.iter().enumerate() {
+    for (i, key) in keys.iter_mut().enumerate() {
         let penalty_changed = i == 0 && effects.penalty_changed;
-        if !effects.buckets_changed && !penalty_changed {
+        let bucket_changed = effects.buckets_changed & (1 << i) != 0;
+        if !bucket_changed && !penalty_changed {
             continue;
         }
-        let mut record = key.record().ok().flatten().map(|r| r.clone()).unwrap_or_default();
-        if effects.buckets_changed {
+        let mut record = key.working_copy();
+        if bucket_changed {
             record.bucket = buckets[i];
         }
         if penalty_changed {
@@ -159,15 +187,27 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(req.cost, 10);
-        assert_eq!(req.rates[1], Rate { capacity: 100, tokens: 100, period_ms: 1500 });
+        assert_eq!(
+            req.rates[1],
+            Rate {
+                capacity: 100,
+                tokens: 100,
+                period_ms: 1500
+            }
+        );
         let p = req.penalty.expect("strikes");
-        assert_eq!((p.threshold, p.window_ms, p.box_ms, p.offenses_ttl_ms), (20, 60_000, [300_000, 3_600_000, 0], 3_600_000));
+        assert_eq!(
+            (p.threshold, p.window_ms, p.box_ms, p.offenses_ttl_ms),
+            (20, 60_000, [300_000, 3_600_000, 0], 3_600_000)
+        );
         assert_eq!(req.jitter_percent, 10);
     }
 
     #[test]
     fn keys_are_found_even_in_bad_calls() {
-        let args = ["RL.TAKE", "a", "1", "1", "1", "ALSO", "b", "1", "1", "1", "ALSO", "c", "x"];
+        let args = [
+            "RL.TAKE", "a", "1", "1", "1", "ALSO", "b", "1", "1", "1", "ALSO", "c", "x",
+        ];
         let mut keys = vec![];
         assert!(parse(&args, &mut keys).is_err());
         assert_eq!(keys, vec![1, 6, 11]);
@@ -183,14 +223,31 @@ mod tests {
             ("RL.TAKE k 10 10 0", "period must be"),
             ("RL.TAKE k 10 10 nan", "period must be"),
             ("RL.TAKE k 10 10 inf", "period must be"),
-            ("RL.TAKE k 10 10 60 COST 11", "COST is above the capacity of the first key"),
-            ("RL.TAKE k 10 10 60 ALSO t 5 5 60 COST 6", "COST is above the capacity of ALSO bucket 1"),
-            ("RL.TAKE k 10 10 60 COST 1 COST 2", "COST is given more than once"),
+            (
+                "RL.TAKE k 10 10 60 COST 11",
+                "COST is above the capacity of the first key",
+            ),
+            (
+                "RL.TAKE k 10 10 60 ALSO t 5 5 60 COST 6",
+                "COST is above the capacity of ALSO bucket 1",
+            ),
+            (
+                "RL.TAKE k 10 10 60 COST 1 COST 2",
+                "COST is given more than once",
+            ),
             ("RL.TAKE k 10 10 60 BOX 1 2 3", "BOX requires STRIKES"),
-            ("RL.TAKE k 10 10 60 OFFENSES 10", "OFFENSES requires STRIKES"),
+            (
+                "RL.TAKE k 10 10 60 OFFENSES 10",
+                "OFFENSES requires STRIKES",
+            ),
             ("RL.TAKE k 10 10 60 JITTER 101", "JITTER percent must be"),
-            ("RL.TAKE k 10 10 60 STRIKES 0 60", "STRIKES threshold must be"),
-            ("RL.TAKE k 10 10 60 FOO", "unknown option"),
+            (
+                "RL.TAKE k 10 10 60 STRIKES 0 60",
+                "STRIKES threshold must be",
+            ),
+            ("RL.TAKE k 10 10 60 FOO", "unknown option 'FOO'"),
+            ("RL.TAKE k 10 10 60 ALSO t 0 1 1", "ALSO capacity"),
+            ("RL.TAKE k 1000000000 1 3153600000", "time to refill"),
             ("RL.TAKE k 10 10 60 ALSO k 1 1 1", "repeats a key"),
             ("RL.TAKE k 10 10 60 COST", "missing COST"),
             ("RL.TAKE k 99999999999999999999 10 60", "capacity must be"),

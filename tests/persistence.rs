@@ -1,0 +1,222 @@
+//! Persistence: AOF replay after kill -9 (with and without a rewrite), RDB,
+//! `DEBUG RELOAD`, and `RESTORE` of corrupt payloads.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const AOF: &[&str] = &[
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+    "--aof-use-rdb-preamble",
+    "no",
+];
+
+fn wait_rewrite_done(server: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .info_get("persistence", "aof_rewrite_in_progress")
+        .as_deref()
+        != Some("0")
+        || server
+            .info_get("persistence", "aof_rewrite_scheduled")
+            .as_deref()
+            != Some("0")
+    {
+        assert!(Instant::now() < deadline, "AOF rewrite did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn aof_replay_after_kill_9_restores_identical_state() {
+    let server = Server::start(AOF);
+    let mut con = server.client();
+    mixed_workload(&mut con, 30);
+    let before = snapshot(&mut con);
+    server.kill9();
+    server.restart();
+    assert_eq!(
+        snapshot(&mut server.client()),
+        before,
+        "after replaying the AOF"
+    );
+
+    let _: () = redis::cmd("BGREWRITEAOF")
+        .query(&mut server.client())
+        .unwrap_or(());
+    wait_rewrite_done(&server);
+    let mut con = server.client();
+    mixed_workload(&mut con, 5);
+    let before = snapshot(&mut con);
+    server.kill9();
+    server.restart();
+    assert_eq!(
+        snapshot(&mut server.client()),
+        before,
+        "after BGREWRITEAOF and more writes"
+    );
+}
+
+#[test]
+fn a_box_that_expired_before_the_restart_is_not_tripped_again() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), AOF);
+    let mut con = server.client();
+    let line = "RL.TAKE login 1 1 1000 STRIKES 1 60 BOX 5 10 20";
+    ints(&mut con, line);
+    assert_eq!(ints(&mut con, line)[0], -1);
+    clock.advance_ms(6_000);
+    server.kill9();
+    server.restart();
+    let mut con = server.client();
+    assert_eq!(
+        ints(&mut con, "RL.BOX STATUS login"),
+        [0, 0, 1, 0],
+        "box over, offense remembered"
+    );
+    assert_eq!(
+        ints(&mut con, "RL.TAKE login 1 1 1000")[0],
+        0,
+        "the bucket is empty, not boxed"
+    );
+}
+
+#[test]
+fn rdb_save_and_debug_reload_restore_identical_state() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    mixed_workload(&mut con, 30);
+    let before = snapshot(&mut con);
+    let _: () = redis::cmd("DEBUG")
+        .arg("RELOAD")
+        .query(&mut con)
+        .expect("DEBUG RELOAD");
+    assert_eq!(snapshot(&mut con), before, "after DEBUG RELOAD");
+    server.shutdown(true);
+    server.restart();
+    assert_eq!(
+        snapshot(&mut server.client()),
+        before,
+        "after SHUTDOWN SAVE and a restart"
+    );
+}
+
+#[test]
+fn copy_and_restore_round_trip() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    ints(&mut con, "RL.TAKE a 10 1 100 COST 4 STRIKES 3 100");
+    ints(&mut con, "RL.BOX TRIP a 2 100");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("a").query(&mut con).expect("DUMP");
+    let _: () = redis::cmd("RESTORE")
+        .arg("b")
+        .arg(0)
+        .arg(&dump[..])
+        .query(&mut con)
+        .expect("RESTORE");
+    let _: i64 = redis::cmd("COPY")
+        .arg("a")
+        .arg("c")
+        .query(&mut con)
+        .expect("COPY");
+    for k in ["b", "c"] {
+        let copy: Vec<u8> = redis::cmd("DUMP").arg(k).query(&mut con).expect("DUMP");
+        assert_eq!(copy, dump, "{k}");
+    }
+    let usage: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("a")
+        .query(&mut con)
+        .expect("MEMORY USAGE");
+    assert!(usage > 0 && usage < 300, "MEMORY USAGE {usage}");
+}
+
+/// Redis's CRC-64 (Jones polynomial, reflected), which ends every DUMP.
+fn crc64(data: &[u8]) -> u64 {
+    let mut crc = 0u64;
+    for &b in data {
+        crc ^= u64::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc
+}
+
+/// A DUMP payload with `body` (type byte + value) and a valid trailer.
+fn with_trailer(body: &[u8], version: &[u8]) -> Vec<u8> {
+    let mut out = body.to_vec();
+    out.extend_from_slice(version);
+    out.extend_from_slice(&crc64(&out).to_le_bytes());
+    out
+}
+
+#[test]
+fn corrupt_and_truncated_restore_payloads_are_errors_not_crashes() {
+    assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    ints(&mut con, "RL.TAKE src 10 1 100 COST 4 STRIKES 3 100");
+    ints(&mut con, "RL.TAKE src 10 1 100 COST 9 STRIKES 3 100");
+    ints(&mut con, "RL.BOX TRIP src 3 0");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("src").query(&mut con).expect("DUMP");
+    let (body, trailer) = dump.split_at(dump.len() - 10);
+    let version = &trailer[..2];
+    assert_eq!(
+        with_trailer(body, version),
+        dump,
+        "the trailer is rebuilt exactly"
+    );
+
+    let mut candidates = vec![];
+    for len in 0..body.len() {
+        candidates.push(body[..len].to_vec());
+    }
+    for i in 0..body.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut m = body.to_vec();
+            m[i] ^= flip;
+            candidates.push(m);
+        }
+    }
+    let (mut errors, mut accepted) = (0, 0);
+    for body in &candidates {
+        let payload = with_trailer(body, version);
+        let r: redis::RedisResult<()> = redis::cmd("RESTORE")
+            .arg("dst")
+            .arg(0)
+            .arg(&payload[..])
+            .arg("REPLACE")
+            .query(&mut con);
+        match r {
+            Err(_) => errors += 1,
+            Ok(()) => {
+                accepted += 1;
+                // Whatever was accepted is a value Redis can use.
+                let _: redis::Value = redis::cmd("DUMP")
+                    .arg("dst")
+                    .query(&mut con)
+                    .expect("DUMP of accepted");
+            }
+        }
+    }
+    assert!(
+        server.is_alive(),
+        "the server survived {} payloads",
+        candidates.len()
+    );
+    assert!(
+        errors > candidates.len() / 2,
+        "{errors} errors, {accepted} accepted"
+    );
+    assert_eq!(value_str(&call(&mut con, "PING").expect("PING")), "PONG");
+}

@@ -1,0 +1,139 @@
+//! Replication of effects: a replica ends byte-identical to its master
+//! (`DUMP` and `PEXPIRETIME` of every key, `DEBUG DIGEST`), a promoted
+//! replica keeps every bucket, strike and box, and the internal apply
+//! command is refused to ordinary clients.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn a_replica_is_byte_identical_to_its_master() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    mixed_workload(&mut con, 40);
+    wait_replica(&mut con, 1, 5000);
+    let on_master = snapshot(&mut con);
+    let on_replica = snapshot(&mut replica.client());
+    assert!(
+        on_master.len() >= 40,
+        "the workload left keys: {}",
+        on_master.len()
+    );
+    assert_eq!(on_master, on_replica);
+    let digest =
+        |s: &Server| value_str(&call(&mut s.client(), "DEBUG DIGEST").expect("DEBUG DIGEST"));
+    assert_eq!(digest(&master), digest(&replica));
+}
+
+#[test]
+fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    ints(&mut con, "RL.TAKE bucket 10 1 1000 COST 7");
+    ints(&mut con, "RL.TAKE striker 1 1 1000 STRIKES 5 600");
+    ints(&mut con, "RL.TAKE striker 1 1 1000 STRIKES 5 600");
+    ints(&mut con, "RL.TAKE striker 1 1 1000 STRIKES 5 600");
+    ints(&mut con, "RL.BOX TRIP boxed 2 600");
+    ints(&mut con, "RL.BOX TRIP manual 3 0");
+    wait_replica(&mut con, 1, 5000);
+    master.kill9();
+
+    let mut promoted = replica.client();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut promoted)
+        .expect("REPLICAOF NO ONE");
+    assert_eq!(
+        ints(&mut promoted, "RL.TAKE bucket 10 1 1000 COST 0")[2],
+        3,
+        "spent points kept"
+    );
+    assert_eq!(
+        ints(&mut promoted, "RL.BOX STATUS striker"),
+        [0, 0, 0, 2],
+        "strikes kept"
+    );
+    let r = ints(&mut promoted, "RL.TAKE striker 1 1 1000 STRIKES 3 600");
+    assert_eq!(
+        (r[0], r[5]),
+        (-1, 1),
+        "the third strike trips: the first two were kept"
+    );
+    let r = ints(&mut promoted, "RL.BOX STATUS boxed");
+    assert_eq!((r[0], r[2]), (2, 1));
+    assert!(r[1] > 590_000, "box deadline kept: {r:?}");
+    assert_eq!(ints(&mut promoted, "RL.TAKE manual 5 5 1")[..1], [-1]);
+    assert_eq!(int(&mut promoted, "PTTL manual"), -1);
+}
+
+#[test]
+fn the_apply_command_is_refused_to_clients() {
+    let master = Server::start(&[]);
+    let mut con = master.client();
+    ints(&mut con, "RL.BOX TRIP me 3 0");
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("me").query(&mut con).expect("DUMP");
+    for attempt in [
+        redis::cmd("RL.APPLY")
+            .arg("me")
+            .arg(&payload[..])
+            .query::<redis::Value>(&mut con),
+        redis::cmd("EVAL")
+            .arg("return redis.call('RL.APPLY', KEYS[1], ARGV[1])")
+            .arg(1)
+            .arg("me")
+            .arg("x")
+            .query::<redis::Value>(&mut con),
+    ] {
+        expect_err(attempt, "internal");
+    }
+    let mut pipe = redis::pipe();
+    pipe.atomic().cmd("RL.APPLY").arg("me").arg("x");
+    expect_err(pipe.query::<redis::Value>(&mut con), "internal");
+    assert_eq!(
+        ints(&mut con, "RL.BOX STATUS me")[0],
+        3,
+        "the box is still there"
+    );
+}
+
+#[test]
+fn calls_inside_multi_and_eval_replicate_their_effects() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("RL.TAKE")
+        .arg("m")
+        .arg(5)
+        .arg(1)
+        .arg(100)
+        .arg("COST")
+        .arg(3);
+    pipe.cmd("RL.TAKE")
+        .arg("m")
+        .arg(5)
+        .arg(1)
+        .arg(100)
+        .arg("COST")
+        .arg(3)
+        .arg("STRIKES")
+        .arg(1)
+        .arg(60);
+    let _: redis::Value = pipe.query(&mut con).expect("MULTI");
+    let _: redis::Value = redis::cmd("EVAL")
+        .arg("redis.call('RL.TAKE', KEYS[1], 5, 1, 100, 'COST', 2); return redis.call('RL.BOX', 'TRIP', KEYS[2], 1, 100)")
+        .arg(2)
+        .arg("e")
+        .arg("f")
+        .query(&mut con)
+        .expect("EVAL");
+    wait_replica(&mut con, 1, 5000);
+    let on_master = snapshot(&mut con);
+    assert_eq!(on_master.len(), 3);
+    assert_eq!(on_master, snapshot(&mut replica.client()));
+}
