@@ -56,7 +56,12 @@ mod tests {
 
     fn sample() -> Record {
         Record {
-            bucket: Some(Bucket { tat_ms: 1_700_000_000_123, tat_frac: 2, tokens: 3, period_ms: 1000 }),
+            bucket: Some(Bucket {
+                tat_ms: 1_700_000_000_123,
+                tat_frac: 2,
+                tokens: 3,
+                period_ms: 1000,
+            }),
             penalty: Some(Box::new(Penalty {
                 strikes: 4,
                 strikes_until: 1_700_000_060_000,

@@ -83,7 +83,10 @@ impl Penalty {
             return None;
         }
         let until = (self.box_until != MANUAL).then_some(self.box_until);
-        Some(ActiveBox { level: self.box_level, until })
+        Some(ActiveBox {
+            level: self.box_level,
+            until,
+        })
     }
 
     /// Strikes counted in a window still open at `now`.
@@ -118,7 +121,9 @@ impl Penalty {
         }
         self.strikes = self.strikes.saturating_add(1);
         if self.strikes < policy.threshold {
-            return Strike::Counted { remaining: policy.threshold - self.strikes };
+            return Strike::Counted {
+                remaining: policy.threshold - self.strikes,
+            };
         }
         let offenses = self.record_offense(now, policy.offenses_ttl_ms);
         let level = level_for(offenses);
@@ -191,8 +196,15 @@ impl Penalty {
         self.strikes = 0;
         self.strikes_until = 0;
         self.box_level = level;
-        self.box_until = if duration_ms == 0 { MANUAL } else { after(now, duration_ms).min(MANUAL - 1) };
-        ActiveBox { level, until: (duration_ms != 0).then_some(self.box_until) }
+        self.box_until = if duration_ms == 0 {
+            MANUAL
+        } else {
+            after(now, duration_ms).min(MANUAL - 1)
+        };
+        ActiveBox {
+            level,
+            until: (duration_ms != 0).then_some(self.box_until),
+        }
     }
 }
 
@@ -223,7 +235,13 @@ mod tests {
         assert_eq!(p.strike(&pol, NOW), Strike::Counted { remaining: 2 });
         assert_eq!(p.strike(&pol, NOW + 1), Strike::Counted { remaining: 1 });
         let tripped = p.strike(&pol, NOW + 2);
-        assert_eq!(tripped, Strike::Tripped(ActiveBox { level: 1, until: Some(NOW + 2 + 300_000) }));
+        assert_eq!(
+            tripped,
+            Strike::Tripped(ActiveBox {
+                level: 1,
+                until: Some(NOW + 2 + 300_000)
+            })
+        );
         assert_eq!(p.live_strikes(NOW + 2), 0);
         assert_eq!(p.live_offenses(NOW + 2), 1);
         assert_eq!(p.active_box(NOW + 2 + 299_999).map(|b| b.level), Some(1));
@@ -236,7 +254,10 @@ mod tests {
         let pol = policy(2);
         p.strike(&pol, NOW);
         // The window closed: this strike opens a new one.
-        assert_eq!(p.strike(&pol, NOW + 60_000), Strike::Counted { remaining: 1 });
+        assert_eq!(
+            p.strike(&pol, NOW + 60_000),
+            Strike::Counted { remaining: 1 }
+        );
         assert_eq!(p.strikes_until, NOW + 120_000);
     }
 
@@ -263,7 +284,13 @@ mod tests {
         p.strike(&pol, NOW);
         let later = NOW + 86_400_000;
         assert_eq!(p.live_offenses(later), 0);
-        assert_eq!(p.strike(&pol, later), Strike::Tripped(ActiveBox { level: 1, until: Some(later + 300_000) }));
+        assert_eq!(
+            p.strike(&pol, later),
+            Strike::Tripped(ActiveBox {
+                level: 1,
+                until: Some(later + 300_000)
+            })
+        );
     }
 
     #[test]
@@ -271,7 +298,13 @@ mod tests {
         let mut p = Penalty::default();
         assert!(!p.release(false, NOW));
         p.trip(2, 0, NOW);
-        assert_eq!(p.active_box(NOW + 10_000_000_000), Some(ActiveBox { level: 2, until: None }));
+        assert_eq!(
+            p.active_box(NOW + 10_000_000_000),
+            Some(ActiveBox {
+                level: 2,
+                until: None
+            })
+        );
         assert_eq!(p.retain_until(NOW), Some(MANUAL));
         assert!(p.release(false, NOW));
         assert_eq!(p.live_offenses(NOW), 1);

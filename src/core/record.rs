@@ -79,8 +79,15 @@ mod tests {
 
     #[test]
     fn retention_follows_the_longest_part() {
-        let rate = Rate { capacity: 10, tokens: 10, period_ms: 1000 };
-        let mut r = Record { bucket: Some(charge(0, 5, &rate, NOW).0), penalty: None };
+        let rate = Rate {
+            capacity: 10,
+            tokens: 10,
+            period_ms: 1000,
+        };
+        let mut r = Record {
+            bucket: Some(charge(0, 5, &rate, NOW).0),
+            penalty: None,
+        };
         assert_eq!(r.prune(NOW), Retention::Until(NOW + 500));
         let mut p = Penalty::default();
         p.trip(1, 60_000, NOW);
@@ -90,7 +97,10 @@ mod tests {
         r.set_penalty(p, NOW);
         assert_eq!(r.prune(NOW), Retention::Forever);
         assert_eq!(r.prune(NOW + 1000).ne(&Retention::Delete), true);
-        let mut empty = Record { bucket: Some(charge(0, 5, &rate, NOW).0), penalty: None };
+        let mut empty = Record {
+            bucket: Some(charge(0, 5, &rate, NOW).0),
+            penalty: None,
+        };
         assert_eq!(empty.prune(NOW + 500), Retention::Delete);
         assert_eq!(empty, Record::default());
     }
