@@ -9,7 +9,7 @@
 use proptest::prelude::*;
 use proptest::strategy::Union;
 
-use super::bucket::{Bucket, Rate};
+use super::bucket::{self, Bucket, Rate};
 use super::codec::{decode, encode, CodecError, VERSION};
 use super::limits::{MAX_BOX_LEVEL, MAX_BUCKETS, MAX_DURATION_MS, MAX_POINTS, MAX_THRESHOLD};
 use super::penalty::{Penalty, PenaltyPolicy};
@@ -26,7 +26,11 @@ const HOUR_MS: i64 = 3_600_000;
 
 /// A config with `cases` cases and no regression files.
 fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -43,7 +47,10 @@ struct State {
 
 impl State {
     fn new(n: usize) -> Self {
-        State { buckets: vec![None; n], penalty: Penalty::default() }
+        State {
+            buckets: vec![None; n],
+            penalty: Penalty::default(),
+        }
     }
 
     /// One call with no jitter.
@@ -59,16 +66,31 @@ impl State {
     /// A `COST 0` probe of bucket `i` alone under `rate`.
     fn probe_one(&self, i: usize, rate: Rate, now: Millis) -> Reply {
         let mut buckets = [self.buckets[i]];
-        take(&mut buckets, &mut Penalty::default(), &req(&[rate], 0), now, 0).0
+        take(
+            &mut buckets,
+            &mut Penalty::default(),
+            &req(&[rate], 0),
+            now,
+            0,
+        )
+        .0
     }
 }
 
 fn req(rates: &[Rate], cost: u64) -> TakeRequest {
-    TakeRequest { rates: rates.to_vec(), cost, penalty: None, jitter_percent: 0 }
+    TakeRequest {
+        rates: rates.to_vec(),
+        cost,
+        penalty: None,
+        jitter_percent: 0,
+    }
 }
 
 fn with_strikes(rates: &[Rate], cost: u64, policy: PenaltyPolicy) -> TakeRequest {
-    TakeRequest { penalty: Some(policy), ..req(rates, cost) }
+    TakeRequest {
+        penalty: Some(policy),
+        ..req(rates, cost)
+    }
 }
 
 fn i(v: u64) -> i128 {
@@ -77,7 +99,10 @@ fn i(v: u64) -> i128 {
 
 /// Checks that hold for every reply: ranges of each field.
 fn check_reply_ranges(reply: &Reply, rates: &[Rate], n: usize) -> Result<(), TestCaseError> {
-    prop_assert!(reply.binding >= 0 && (reply.binding as usize) < n.max(1), "binding {reply:?}");
+    prop_assert!(
+        reply.binding >= 0 && (reply.binding as usize) < n.max(1),
+        "binding {reply:?}"
+    );
     let capacity = i64::try_from(rates[reply.binding as usize].capacity).unwrap_or(i64::MAX);
     match reply.status {
         Status::Allowed => {
@@ -97,7 +122,10 @@ fn check_reply_ranges(reply: &Reply, rates: &[Rate], n: usize) -> Result<(), Tes
         Status::Boxed => {
             prop_assert_eq!(reply.binding, 0);
             prop_assert_eq!(reply.remaining, 0);
-            prop_assert!((1..=i64::from(MAX_BOX_LEVEL)).contains(&reply.box_level), "{reply:?}");
+            prop_assert!(
+                (1..=i64::from(MAX_BOX_LEVEL)).contains(&reply.box_level),
+                "{reply:?}"
+            );
             prop_assert!(reply.retry_after_ms >= -1, "{reply:?}");
             prop_assert_eq!(reply.retry_after_ms, reply.reset_ms);
             prop_assert_eq!(reply.strikes_remaining, 0);
@@ -112,7 +140,11 @@ fn check_reply_ranges(reply: &Reply, rates: &[Rate], n: usize) -> Result<(), Tes
 
 /// capacity 1..=1000, tokens 1..=1000, period 1..=100_000 ms.
 fn rate() -> impl Strategy<Value = Rate> {
-    (1u64..=1000, 1u64..=1000, 1u64..=100_000).prop_map(|(capacity, tokens, period_ms)| Rate { capacity, tokens, period_ms })
+    (1u64..=1000, 1u64..=1000, 1u64..=100_000).prop_map(|(capacity, tokens, period_ms)| Rate {
+        capacity,
+        tokens,
+        period_ms,
+    })
 }
 
 /// Forward time steps on the scale of `rate`: often 0, often around the
@@ -143,9 +175,13 @@ fn min_capacity(rates: &[Rate]) -> u64 {
 }
 
 /// `n` rates and up to `len` calls `(forward step, cost 0..=max capacity)`.
-fn run(n: std::ops::RangeInclusive<usize>, len: usize) -> impl Strategy<Value = (Vec<Rate>, Vec<(u64, u64)>)> {
+fn run(
+    n: std::ops::RangeInclusive<usize>,
+    len: usize,
+) -> impl Strategy<Value = (Vec<Rate>, Vec<(u64, u64)>)> {
     prop::collection::vec(rate(), n).prop_flat_map(move |rates| {
-        let calls = prop::collection::vec((step_for_any(&rates), 0..=max_capacity(&rates)), 0..=len);
+        let calls =
+            prop::collection::vec((step_for_any(&rates), 0..=max_capacity(&rates)), 0..=len);
         (Just(rates), calls)
     })
 }
@@ -153,43 +189,82 @@ fn run(n: std::ops::RangeInclusive<usize>, len: usize) -> impl Strategy<Value = 
 /// A penalty policy on a small scale, so that boxes trip and expire.
 fn small_policy() -> impl Strategy<Value = PenaltyPolicy> {
     let box_ms = prop_oneof![1 => Just(0u64), 4 => 1u64..=100_000];
-    (1u64..=5, 1u64..=100_000, [box_ms.clone(), box_ms.clone(), box_ms], 0u64..=1_000_000).prop_map(
-        |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy { threshold, window_ms, box_ms, offenses_ttl_ms },
+    (
+        1u64..=5,
+        1u64..=100_000,
+        [box_ms.clone(), box_ms.clone(), box_ms],
+        0u64..=1_000_000,
     )
+        .prop_map(
+            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy {
+                threshold,
+                window_ms,
+                box_ms,
+                offenses_ttl_ms,
+            },
+        )
 }
 
 /// A stored bucket that satisfies [`Bucket::is_valid`], over the whole
 /// range of each field, with a bias towards the edges.
 fn any_valid_bucket() -> impl Strategy<Value = Bucket> {
     let wide = prop_oneof![Just(1u64), 1u64..=10, 1u64..=u64::MAX, Just(u64::MAX)];
-    let tat = prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(0i64), T0 - HOUR_MS..=T0 + HOUR_MS, any::<i64>()];
-    (tat, wide.clone(), wide, any::<u64>(), any::<bool>()).prop_map(|(tat_ms, tokens, period_ms, r, last)| Bucket {
-        tat_ms,
-        tat_frac: if last { tokens - 1 } else { r % tokens },
-        tokens,
-        period_ms,
-    })
-}
-
-/// A penalty that satisfies [`Penalty::is_valid`], arbitrary elsewhere.
-fn any_valid_penalty() -> impl Strategy<Value = Penalty> {
-    let time = prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(0i64), T0 - HOUR_MS..=T0 + HOUR_MS, any::<i64>()];
-    let count = prop_oneof![Just(0u64), 0u64..=10, Just(u64::MAX), any::<u64>()];
-    (count.clone(), time.clone(), count, time.clone(), 0..=MAX_BOX_LEVEL, time).prop_map(
-        |(strikes, strikes_until, offenses, offenses_until, box_level, box_until)| Penalty {
-            strikes,
-            strikes_until,
-            offenses,
-            offenses_until,
-            box_level,
-            box_until,
+    let tat = prop_oneof![
+        Just(i64::MIN),
+        Just(i64::MAX),
+        Just(0i64),
+        T0 - HOUR_MS..=T0 + HOUR_MS,
+        any::<i64>()
+    ];
+    (tat, wide.clone(), wide, any::<u64>(), any::<bool>()).prop_map(
+        |(tat_ms, tokens, period_ms, r, last)| Bucket {
+            tat_ms,
+            tat_frac: if last { tokens - 1 } else { r % tokens },
+            tokens,
+            period_ms,
         },
     )
 }
 
+/// A penalty that satisfies [`Penalty::is_valid`], arbitrary elsewhere.
+fn any_valid_penalty() -> impl Strategy<Value = Penalty> {
+    let time = prop_oneof![
+        Just(i64::MIN),
+        Just(i64::MAX),
+        Just(0i64),
+        T0 - HOUR_MS..=T0 + HOUR_MS,
+        any::<i64>()
+    ];
+    let count = prop_oneof![Just(0u64), 0u64..=10, Just(u64::MAX), any::<u64>()];
+    (
+        count.clone(),
+        time.clone(),
+        count,
+        time.clone(),
+        0..=MAX_BOX_LEVEL,
+        time,
+    )
+        .prop_map(
+            |(strikes, strikes_until, offenses, offenses_until, box_level, box_until)| Penalty {
+                strikes,
+                strikes_until,
+                offenses,
+                offenses_until,
+                box_level,
+                box_until,
+            },
+        )
+}
+
 fn any_valid_record() -> impl Strategy<Value = Record> {
-    (prop::option::of(any_valid_bucket()), prop::option::of(any_valid_penalty()))
-        .prop_map(|(bucket, penalty)| Record { bucket, penalty: penalty.map(Box::new) })
+    (
+        prop::option::of(any_valid_bucket()),
+        prop::option::of(any_valid_penalty()),
+    )
+        .prop_map(|(bucket, penalty)| Record {
+            bucket,
+            penalty: penalty.map(Box::new),
+        })
 }
 
 /// 1, the maximum, or anything in between.
@@ -199,53 +274,95 @@ fn up_to(max: u64) -> impl Strategy<Value = u64> {
 
 /// Any instant, biased to the edges of `i64`.
 fn any_now() -> impl Strategy<Value = Millis> {
-    prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(i64::MAX - 1), Just(0i64), T0 - HOUR_MS..=T0 + HOUR_MS, any::<i64>()]
+    prop_oneof![
+        Just(i64::MIN),
+        Just(i64::MAX),
+        Just(i64::MAX - 1),
+        Just(0i64),
+        T0 - HOUR_MS..=T0 + HOUR_MS,
+        any::<i64>()
+    ]
 }
 
 /// Any request whose numbers are inside [`crate::core::limits`].
 fn request_within_limits() -> impl Strategy<Value = TakeRequest> {
-    let rate = (up_to(MAX_POINTS), up_to(MAX_POINTS), up_to(MAX_DURATION_MS))
-        .prop_map(|(capacity, tokens, period_ms)| Rate { capacity, tokens, period_ms });
+    let rate = (up_to(MAX_POINTS), up_to(MAX_POINTS), up_to(MAX_DURATION_MS)).prop_map(
+        |(capacity, tokens, period_ms)| Rate {
+            capacity,
+            tokens,
+            period_ms,
+        },
+    );
     let box_ms = prop_oneof![Just(0u64), up_to(MAX_DURATION_MS)];
-    let policy = (up_to(MAX_THRESHOLD), up_to(MAX_DURATION_MS), [box_ms.clone(), box_ms.clone(), box_ms], 0..=MAX_DURATION_MS)
-        .prop_map(|(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy { threshold, window_ms, box_ms, offenses_ttl_ms });
-    let cost = prop_oneof![Just(0u64), up_to(MAX_POINTS)];
-    (prop::collection::vec(rate, 1..=MAX_BUCKETS), cost, prop::option::of(policy), 0u8..=100).prop_map(
-        |(rates, cost, penalty, jitter_percent)| TakeRequest { rates, cost, penalty, jitter_percent },
+    let policy = (
+        up_to(MAX_THRESHOLD),
+        up_to(MAX_DURATION_MS),
+        [box_ms.clone(), box_ms.clone(), box_ms],
+        0..=MAX_DURATION_MS,
     )
+        .prop_map(
+            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy {
+                threshold,
+                window_ms,
+                box_ms,
+                offenses_ttl_ms,
+            },
+        );
+    let cost = prop_oneof![Just(0u64), up_to(MAX_POINTS)];
+    (
+        prop::collection::vec(rate, 1..=MAX_BUCKETS),
+        cost,
+        prop::option::of(policy),
+        0u8..=100,
+    )
+        .prop_map(|(rates, cost, penalty, jitter_percent)| TakeRequest {
+            rates,
+            cost,
+            penalty,
+            jitter_percent,
+        })
 }
 
 // ---------------------------------------------------------------------------
 // 1. Never over-admits.
 // ---------------------------------------------------------------------------
 
-/// For every pair of admitted calls `i <= j` with a cost (times `t_i`,
-/// `t_j`, in any order), the points admitted by calls `i..=j` fit in every
-/// bucket's rate:
-/// `sum * period <= capacity * period + (t_j - t_i) * tokens`, that is
-/// `sum <= capacity + floor((t_j - t_i) * tokens / period)`. With `i` the
-/// first admitted call this is the bound from the start (a throttled first
-/// call only makes the window from the start longer).
-fn check_never_over_admits(rates: &[Rate], times_and_costs: &[(Millis, u64)]) -> Result<(), TestCaseError> {
+/// For every pair of admitted calls `i <= j` with a cost, the points
+/// admitted by calls `i..=j` fit in every bucket's rate:
+/// `sum * period <= capacity * period + travel * tokens`, that is
+/// `sum <= capacity + floor(travel * tokens / period)`, where `travel` is
+/// how far the clock went forward from call `i` to call `j` (backward steps
+/// not subtracted): `t_j - t_i` when the clock only goes forward. With `i`
+/// the first admitted call this is the bound from the start (a throttled
+/// first call only makes the window from the start longer; a probe charges
+/// nothing, so it starts no window).
+fn check_never_over_admits(
+    rates: &[Rate],
+    times_and_costs: &[(Millis, u64)],
+) -> Result<(), TestCaseError> {
     let mut state = State::new(rates.len());
-    let mut admitted: Vec<(Millis, u64)> = Vec::new();
+    // (time, forward travel so far, cost) of every admitted call with a cost.
+    let mut admitted: Vec<(Millis, i64, u64)> = Vec::new();
+    let mut travel = 0i64;
+    let mut last: Option<Millis> = None;
     for &(now, cost) in times_and_costs {
+        travel += last.map_or(0, |last| (now - last).max(0));
+        last = Some(now);
         let (reply, _) = state.call(&req(rates, cost), now);
         check_reply_ranges(&reply, rates, rates.len())?;
         if reply.status != Status::Allowed || cost == 0 {
-            // A probe charges nothing, so it cannot start a window either.
             continue;
         }
-        admitted.push((now, cost));
+        admitted.push((now, travel, cost));
         let mut sum = 0i128;
-        for &(since, c) in admitted.iter().rev() {
+        for &(since, travel_then, c) in admitted.iter().rev() {
             sum += i(c);
+            let forward = i128::from(travel - travel_then);
             for r in rates {
-                let allowance = i(r.capacity) * i(r.period_ms) + i128::from(now - since) * i(r.tokens);
+                let allowance = i(r.capacity) * i(r.period_ms) + forward * i(r.tokens);
                 prop_assert!(
                     sum * i(r.period_ms) <= allowance,
-                    "{sum} points admitted in [{since}, {now}] exceed {r:?} (from the start: {:?})",
-                    admitted.first()
+                    "{sum} points admitted from {since} to {now} ({forward} ms forward) exceed {r:?}"
                 );
             }
         }
@@ -289,68 +406,171 @@ proptest! {
 // 2. A throttled call changes nothing.
 // ---------------------------------------------------------------------------
 
+/// Whether bucket `i` is in a `buckets_changed` bit set.
+fn changed(set: u32, i: usize) -> bool {
+    set >> i & 1 == 1
+}
+
+/// Drive `calls` (a step of any sign, the index of the rate set to use,
+/// a cost) and check after each one that nothing changed that `Effects`
+/// does not report, that a throttled or boxed call takes and grants no
+/// point, that a boxed call or a `COST 0` probe changes nothing at all and
+/// that an allowed call never touches the penalty. With `same_bytes`, a
+/// throttled call must leave every bucket byte for byte as it was.
+fn check_calls_change_only_what_they_report(
+    rate_sets: &[Vec<Rate>],
+    calls: &[(i64, usize, u64)],
+    policy: Option<PenaltyPolicy>,
+    same_bytes: bool,
+) -> Result<(), TestCaseError> {
+    let n = rate_sets[0].len();
+    let mut state = State::new(n);
+    let mut now = T0;
+    for &(step, set, cost) in calls {
+        now += step;
+        let rates = &rate_sets[set];
+        let r = TakeRequest {
+            penalty: policy,
+            ..req(rates, cost)
+        };
+        let before = state.clone();
+        let (reply, fx) = state.call(&r, now);
+        check_reply_ranges(&reply, rates, n)?;
+        for k in 0..n {
+            if !changed(fx.buckets_changed, k) {
+                prop_assert_eq!(
+                    state.buckets[k],
+                    before.buckets[k],
+                    "bucket {} changed unreported",
+                    k
+                );
+            }
+        }
+        prop_assert!(
+            fx.buckets_changed >> n == 0,
+            "bits beyond {} buckets: {:?}",
+            n,
+            fx
+        );
+        if !fx.penalty_changed {
+            prop_assert_eq!(state.penalty, before.penalty);
+        }
+        if cost == 0 {
+            prop_assert_eq!(&state, &before, "a probe changed the state: {:?}", reply);
+            prop_assert_eq!(fx, Effects::default());
+        }
+        if reply.status == Status::Allowed {
+            prop_assert_eq!(
+                state.penalty,
+                before.penalty,
+                "an allowed call touched the penalty"
+            );
+            let all = if cost > 0 { (1u32 << n) - 1 } else { 0 };
+            prop_assert_eq!(fx.buckets_changed, all);
+            prop_assert!(!fx.penalty_changed && fx.tripped.is_none());
+            continue;
+        }
+        // Throttled, or boxed: no point taken or granted in any bucket.
+        for (k, rate) in rates.iter().enumerate() {
+            let was = bucket::debt(before.buckets[k].as_ref(), rate, now);
+            let is = bucket::debt(state.buckets[k].as_ref(), rate, now);
+            prop_assert_eq!(
+                was,
+                is,
+                "bucket {} went from {:?} to {:?}",
+                k,
+                before.buckets[k],
+                state.buckets[k]
+            );
+            if changed(fx.buckets_changed, k) {
+                // Rewritten at the scale of the rate it is read with.
+                let b = state.buckets[k];
+                prop_assert_eq!(
+                    b.map(|b| (b.tokens, b.period_ms)),
+                    Some((rate.tokens, rate.period_ms))
+                );
+            }
+        }
+        if same_bytes {
+            prop_assert_eq!(
+                &state.buckets,
+                &before.buckets,
+                "a throttled call rewrote a bucket"
+            );
+            prop_assert_eq!(fx.buckets_changed, 0);
+        }
+        match reply.status {
+            Status::Throttled => {
+                prop_assert!(fx.tripped.is_none());
+                if policy.is_none() {
+                    prop_assert_eq!(state.penalty, before.penalty);
+                    prop_assert!(!fx.penalty_changed);
+                }
+            }
+            _ => {
+                prop_assert!(policy.is_some(), "boxed without STRIKES");
+                if fx.tripped.is_none() {
+                    // Met an active box: nothing at all changes.
+                    prop_assert_eq!(&state, &before);
+                    prop_assert_eq!(fx, Effects::default());
+                } else {
+                    prop_assert!(cost > 0, "a probe tripped the box");
+                    prop_assert!(fx.penalty_changed);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(256))]
 
-    /// A throttled call (status 0) leaves every bucket as it was; without
-    /// `STRIKES` it also leaves the penalty alone and reports no effects.
-    /// With `STRIKES`, a throttled call (status 0, or -1 when it trips the
-    /// box) still leaves every bucket alone. More generally nothing changes
-    /// that `Effects` does not report, a boxed call changes nothing, and an
-    /// allowed call never touches the penalty.
+    /// Fixed rates and a clock going forward: a throttled call (status 0)
+    /// leaves the bucket array byte for byte as it was; without `STRIKES`
+    /// it also leaves the penalty alone and reports no effects. With
+    /// `STRIKES`, a throttled call (status 0, or -1 when it trips the box)
+    /// still leaves every bucket alone. Also: nothing changes that
+    /// `Effects` does not report, a boxed call and a `COST 0` probe change
+    /// nothing, an allowed call never touches the penalty.
     #[test]
     fn a_throttled_call_changes_no_bucket(
         (rates, calls) in prop::collection::vec(rate(), 1..=3).prop_flat_map(|rates| {
             let cap = max_capacity(&rates);
-            let calls = prop::collection::vec((step_for_any(&rates), 0..=2 * cap), 0..=100);
+            let step = step_for_any(&rates).prop_map(|s| s as i64);
+            let cost = prop_oneof![1 => Just(0u64), 4 => 0..=2 * cap];
+            let calls = prop::collection::vec((step, Just(0usize), cost), 0..=100);
             (Just(rates), calls)
         }),
         policy in prop::option::of(small_policy()),
     ) {
-        let mut state = State::new(rates.len());
-        let mut now = T0;
-        for (step, cost) in calls {
-            now += step as i64;
-            let r = TakeRequest { penalty: policy, ..req(&rates, cost) };
-            let before = state.clone();
-            let (reply, fx) = state.call(&r, now);
-            check_reply_ranges(&reply, &rates, rates.len())?;
-            if !fx.buckets_changed {
-                prop_assert_eq!(&state.buckets, &before.buckets);
-            }
-            if !fx.penalty_changed {
-                prop_assert_eq!(state.penalty, before.penalty);
-            }
-            match reply.status {
-                Status::Throttled => {
-                    prop_assert_eq!(&state.buckets, &before.buckets, "a throttled call charged a bucket");
-                    prop_assert!(!fx.buckets_changed);
-                    prop_assert!(fx.tripped.is_none());
-                    if policy.is_none() {
-                        prop_assert_eq!(state.penalty, before.penalty);
-                        prop_assert_eq!(fx, Effects::default());
-                    }
-                }
-                Status::Boxed => {
-                    prop_assert!(policy.is_some(), "boxed without STRIKES");
-                    prop_assert_eq!(&state.buckets, &before.buckets, "a boxed call charged a bucket");
-                    prop_assert!(!fx.buckets_changed);
-                    if fx.tripped.is_none() {
-                        // Met an active box: nothing at all changes.
-                        prop_assert_eq!(&state, &before);
-                        prop_assert_eq!(fx, Effects::default());
-                    } else {
-                        prop_assert!(cost > 0, "a probe tripped the box");
-                        prop_assert!(fx.penalty_changed);
-                    }
-                }
-                Status::Allowed => {
-                    prop_assert_eq!(state.penalty, before.penalty, "an allowed call touched the penalty");
-                    prop_assert_eq!(fx.buckets_changed, cost > 0);
-                    prop_assert!(!fx.penalty_changed && fx.tripped.is_none());
-                }
-            }
-        }
+        check_calls_change_only_what_they_report(&[rates], &calls, policy, true)?;
+    }
+
+    /// The same with backward clock steps (-1 hour) and each call using one
+    /// of two rate sets (tier changes): a throttled call may rewrite a
+    /// bucket (reported in `Effects`, at the scale of its new rate), but
+    /// the points spent as read under the call's rate at `now` are the same
+    /// before and after, so it takes and grants nothing.
+    #[test]
+    fn a_throttled_call_keeps_the_points_spent(
+        (rate_sets, calls) in (1usize..=3).prop_flat_map(|n| {
+            prop::collection::vec(prop::collection::vec(rate(), n), 2)
+        }).prop_flat_map(|rate_sets| {
+            let cap = max_capacity(&rate_sets[0]).max(max_capacity(&rate_sets[1]));
+            let step = prop_oneof![
+                12 => step_for_any(&rate_sets[0]).prop_map(|s| s as i64),
+                6 => step_for_any(&rate_sets[1]).prop_map(|s| s as i64),
+                1 => Just(-HOUR_MS),
+            ];
+            let set = prop_oneof![3 => Just(0usize), 1 => Just(1usize)];
+            let cost = prop_oneof![1 => Just(0u64), 4 => 0..=2 * cap];
+            let calls = prop::collection::vec((step, set, cost), 0..=100);
+            (Just(rate_sets), calls)
+        }),
+        policy in prop::option::of(small_policy()),
+    ) {
+        check_calls_change_only_what_they_report(&rate_sets, &calls, policy, false)?;
     }
 }
 
@@ -361,7 +581,12 @@ proptest! {
 /// A state reached by a random history, then a call repeated at one
 /// instant until it is throttled. Returns the state, the instant and the
 /// throttled reply.
-fn throttle(rates: &[Rate], history: &[(u64, u64)], step: u64, cost: u64) -> Result<(State, Millis, Reply), TestCaseError> {
+fn throttle(
+    rates: &[Rate],
+    history: &[(u64, u64)],
+    step: u64,
+    cost: u64,
+) -> Result<(State, Millis, Reply), TestCaseError> {
     let mut state = State::new(rates.len());
     let mut now = T0;
     for &(s, c) in history {
@@ -504,50 +729,39 @@ fn any_step() -> impl Strategy<Value = i64> {
     ]
 }
 
+/// Up to 200 calls with steps of any sign and costs up to the largest
+/// capacity, on one to three buckets.
+fn clock_steps_run() -> impl Strategy<Value = (Vec<Rate>, Vec<(Millis, u64)>)> {
+    prop::collection::vec(rate(), 1..=3)
+        .prop_flat_map(|rates| {
+            let calls = prop::collection::vec((any_step(), 0..=max_capacity(&rates)), 1..=200);
+            (Just(rates), calls)
+        })
+        .prop_map(|(rates, calls)| {
+            let mut now = T0;
+            let timed = calls
+                .into_iter()
+                .map(|(step, cost)| {
+                    now += step;
+                    (now, cost)
+                })
+                .collect();
+            (rates, timed)
+        })
+}
+
 proptest! {
     #![proptest_config(config(256))]
 
     /// With steps of any sign (including jumps of -1 hour), `take` never
-    /// panics and the total admitted never exceeds
-    /// `capacity + floor((max time seen - t0) * tokens / period_ms)` for
-    /// every bucket, `t0` being the first call that charged: a backward step
-    /// grants nothing. (The stronger window
-    /// bound of property 1, with `t_j - t_i` possibly negative, is checked
-    /// too.)
+    /// panics, replies stay in range, and the points admitted between two
+    /// admitted calls are bounded by how far the clock went *forward*
+    /// between them: `sum <= capacity + floor(travel * tokens / period_ms)`
+    /// for every bucket. A backward step is never turned into points by
+    /// itself; going forward again over time already seen refills.
     #[test]
-    fn backward_clock_steps_grant_nothing(
-        (rates, calls) in prop::collection::vec(rate(), 1..=3).prop_flat_map(|rates| {
-            let calls = prop::collection::vec((any_step(), 0..=max_capacity(&rates)), 1..=200);
-            (Just(rates), calls)
-        }),
-    ) {
-        let mut now = T0;
-        let mut timed = Vec::with_capacity(calls.len());
-        for &(step, cost) in &calls {
-            now += step;
-            timed.push((now, cost));
-        }
+    fn clock_steps_grant_nothing_beyond_forward_travel((rates, timed) in clock_steps_run()) {
         check_never_over_admits(&rates, &timed)?;
-
-        // `t0` is the first call that charged: calls before it (throttled
-        // or probes) wrote nothing, so their clock readings bind nothing.
-        let mut state = State::new(rates.len());
-        let mut t0 = None;
-        let mut latest = i64::MIN;
-        let mut total = 0i128;
-        for (now, cost) in timed {
-            latest = latest.max(now);
-            let (reply, _) = state.call(&req(&rates, cost), now);
-            if reply.status == Status::Allowed && cost > 0 {
-                total += i(cost);
-                t0 = t0.or(Some(now));
-            }
-            let Some(t0) = t0 else { continue };
-            for r in &rates {
-                let bound = i(r.capacity) + (i128::from(latest - t0) * i(r.tokens)).div_euclid(i(r.period_ms));
-                prop_assert!(total <= bound, "{total} points admitted by {latest} exceed {r:?}");
-            }
-        }
     }
 }
 
@@ -555,21 +769,46 @@ proptest! {
 // 6. Tier change.
 // ---------------------------------------------------------------------------
 
+/// Two rates A and B; often B keeps some of A's parameters (only the
+/// capacity changes, or only the tokens, or only the period).
+fn tier_change() -> impl Strategy<Value = (Rate, Rate)> {
+    (rate(), rate(), 0u8..5).prop_map(|(a, mut b, keep)| {
+        match keep {
+            0 => b.capacity = a.capacity,
+            1 => b.tokens = a.tokens,
+            2 => b.period_ms = a.period_ms,
+            3 => {
+                b = Rate {
+                    capacity: b.capacity,
+                    ..a
+                }
+            }
+            _ => {}
+        }
+        (a, b)
+    })
+}
+
 proptest! {
     #![proptest_config(config(256))]
 
-    /// Charge a bucket with rate A, then look at it with rate B at some
-    /// instant `t`. The points spent under A at `t` are
+    /// Charge a bucket with rate A, then call with rate B at some instant
+    /// `t`. The points spent under A at `t` are
     /// `s = max(0, (tat_ms - t) * tokens + tat_frac) / period_A` (a
-    /// fraction); B keeps them, rounded up so no fraction is granted:
-    /// `remaining_B == max(0, capacity_B - ceil(s))` and
-    /// `reset_ms_B == ceil(ceil(s * period_B) / tokens_B)`; a cost `c` under
-    /// B is admitted at `t` exactly when `c <= capacity_B - ceil(s)` (so
-    /// after a downgrade below the points spent even a `COST 0` probe is
-    /// throttled). Under A itself, `remaining_A == capacity_A - ceil(s)`.
+    /// fraction); B keeps them, rounded up so no fraction is granted, and
+    /// capped at an empty bucket: B's debt is
+    /// `d = min(ceil(s * period_B), capacity_B * period_B)` ticks, so
+    /// `remaining_B == max(0, capacity_B - ceil(s))`,
+    /// `reset_ms_B` of a probe is when A's stored state is full, and a cost `c` under B is
+    /// admitted at `t` exactly when `c <= remaining_B` (a probe is always
+    /// admitted). Under A itself, `remaining_A == capacity_A - ceil(s)`.
+    /// A throttled call under B rewrites the bucket exactly when its scale
+    /// differs from B's or it holds more than an empty bucket, at B's scale
+    /// and with the same points spent; from then on B's `retry_after_ms`
+    /// is exact. An admitted call's `reset_ms` under B is exact.
     #[test]
     fn a_tier_change_keeps_spent_points(
-        (a, b, history, delta, cost_b) in (rate(), rate()).prop_flat_map(|(a, b)| {
+        (a, b, history, delta, cost_b) in tier_change().prop_flat_map(|(a, b)| {
             let history = prop::collection::vec((step_for(&a), 0..=a.capacity), 1..=30);
             let delta = prop_oneof![3 => Just(0u64), 2 => step_for(&a)];
             (Just(a), Just(b), history, delta, 0..=b.capacity)
@@ -594,16 +833,67 @@ proptest! {
 
         let under_b = state.probe_one(0, b, t);
         let expected = (i(b.capacity) - spent).max(0);
-        prop_assert!(under_b.remaining >= 0);
         prop_assert_eq!(i128::from(under_b.remaining), expected, "spent {} of {:?}, then {:?}", spent, a, b);
-        let debt_b = ceil_div(stored * i(b.period_ms), i(a.period_ms));
-        prop_assert_eq!(i128::from(under_b.reset_ms), ceil_div(debt_b, i(b.tokens)));
+        let raw_debt_b = ceil_div(stored * i(b.period_ms), i(a.period_ms));
+        // A probe writes nothing: the bucket is full when A's state says so.
+        prop_assert_eq!(i128::from(under_b.reset_ms), ceil_div(stored, i(a.tokens)));
 
-        let charged = state.peek(&req(&[b], cost_b), t);
-        let admitted = charged.status == Status::Allowed;
-        // After a downgrade below the points spent, even a probe waits.
-        let room = i(b.capacity) - spent;
-        prop_assert_eq!(admitted, i128::from(cost_b) <= room, "cost {} under {:?} with {} spent", cost_b, b, spent);
+        let before = state.clone();
+        let (reply, fx) = state.call(&req(&[b], cost_b), t);
+        prop_assert_eq!(reply.status == Status::Allowed, i128::from(cost_b) <= expected,
+            "cost {} under {:?} with {} spent", cost_b, b, spent);
+        match reply.status {
+            Status::Throttled => {
+                let rescaled = (a.tokens, a.period_ms) != (b.tokens, b.period_ms)
+                    || raw_debt_b > i(b.capacity) * i(b.period_ms);
+                prop_assert_eq!(changed(fx.buckets_changed, 0), rescaled);
+                if rescaled {
+                    let bk = state.buckets[0];
+                    prop_assert_eq!(bk.map(|bk| (bk.tokens, bk.period_ms)), Some((b.tokens, b.period_ms)));
+                } else {
+                    prop_assert_eq!(&state, &before);
+                }
+                // The same points spent...
+                prop_assert_eq!(state.probe_one(0, b, t).remaining, under_b.remaining);
+                // ...and B's wait is exact from now on.
+                let r = reply.retry_after_ms;
+                prop_assert_eq!(state.peek(&req(&[b], cost_b), t + r).status, Status::Allowed);
+                prop_assert_eq!(state.peek(&req(&[b], cost_b), t + r - 1).status, Status::Throttled);
+            }
+            _ if cost_b > 0 => {
+                let z = reply.reset_ms;
+                prop_assert_eq!(state.probe_one(0, b, t + z).remaining, b.capacity as i64);
+                if z > 0 {
+                    prop_assert!(state.probe_one(0, b, t + z - 1).remaining < b.capacity as i64);
+                }
+            }
+            _ => prop_assert_eq!(&state, &before),
+        }
+    }
+
+    /// A `COST 0` probe under rate B of a bucket last charged under rate A
+    /// replies a `reset_ms = z` after which the bucket really is full
+    /// under B: at `t + z` a probe under B reports `remaining ==
+    /// capacity_B` (property 4, across a tier change). A probe writes
+    /// nothing, so the bucket keeps A's scale and refills at A's speed
+    /// until a call rewrites it; its `reset_ms` is read from the stored
+    /// state, not computed at B's speed.
+    #[test]
+    fn a_probe_after_a_tier_change_has_an_exact_reset(
+        (a, b, history) in tier_change().prop_flat_map(|(a, b)| {
+            let history = prop::collection::vec((step_for(&a), 0..=a.capacity), 1..=30);
+            (Just(a), Just(b), history)
+        }),
+    ) {
+        let mut state = State::new(1);
+        let mut now = T0;
+        for (s, c) in history {
+            now += s as i64;
+            state.call(&req(&[a], c), now);
+        }
+        let z = state.probe_one(0, b, now).reset_ms;
+        let later = state.probe_one(0, b, now + z);
+        prop_assert_eq!(later.remaining, b.capacity as i64, "not full at now + reset_ms ({}) under {:?} after {:?}", z, b, a);
     }
 }
 
@@ -722,7 +1012,11 @@ fn box_duration() -> impl Strategy<Value = u64> {
 
 /// One bucket that holds one point and takes ~31 years to refill it: after
 /// the first call every `COST 1` call is throttled.
-const SCARCE: Rate = Rate { capacity: 1, tokens: 1, period_ms: 1_000_000_000_000 };
+const SCARCE: Rate = Rate {
+    capacity: 1,
+    tokens: 1,
+    period_ms: 1_000_000_000_000,
+};
 
 proptest! {
     #![proptest_config(config(128))]
@@ -761,7 +1055,7 @@ proptest! {
                 let before = state.clone();
                 let (reply, fx) = state.call(&call, now);
                 prop_assert_eq!(&state.buckets, &before.buckets);
-                prop_assert!(fx.penalty_changed && !fx.buckets_changed);
+                prop_assert!(fx.penalty_changed && fx.buckets_changed == 0);
                 if k < threshold {
                     prop_assert_eq!(reply.status, Status::Throttled, "trip {} strike {} of {}", trip, k, threshold);
                     prop_assert_eq!(reply.strikes_remaining, (threshold - k) as i64);
@@ -818,9 +1112,11 @@ proptest! {
     /// strike after the previous one closed. Checked against a small model.
     #[test]
     fn strikes_count_within_their_window(
-        threshold in 1u64..=10,
-        window_ms in 1u64..=10_000,
-        gaps in prop::collection::vec(prop_oneof![Just(0i64), 0i64..=2000, 0i64..=20_000], 1..=100),
+        (threshold, window_ms, gaps) in (1u64..=10, 1i64..=10_000).prop_flat_map(|(threshold, window)| {
+            // Gaps that often land exactly on the end of a window.
+            let gap = prop_oneof![Just(0i64), Just(window - 1), Just(window), 0..=window / 4 + 1, 0..=2 * window];
+            (Just(threshold), Just(window as u64), prop::collection::vec(gap, 1..=100))
+        }),
     ) {
         let policy = PenaltyPolicy { threshold, window_ms, box_ms: [1_000_000_000; 3], offenses_ttl_ms: 0 };
         let rates = [SCARCE];
@@ -883,22 +1179,17 @@ proptest! {
         }
     }
 
-    /// Beyond the limits (any `u64` in a rate, including 0, any cost, any
-    /// number of rates and buckets from 1 up), `take` still does not panic:
+    /// Beyond the limits on numbers (any `u64` in a rate, including 0, any
+    /// cost, any policy, any jitter percent) with 1 to [`MAX_BUCKETS`]
+    /// rates and 0 to [`MAX_BUCKETS`] buckets, `take` still does not panic:
     /// the arithmetic saturates, as the module docs promise for corrupt
     /// stored bytes.
     #[test]
     fn take_never_panics_beyond_limits(
-        rates in prop::collection::vec(
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(capacity, tokens, period_ms)| Rate { capacity, tokens, period_ms }),
-            1..=MAX_BUCKETS + 2,
-        ),
-        nb in 0usize..=MAX_BUCKETS + 2,
+        (rates, nb) in (1..=MAX_BUCKETS, 0..=MAX_BUCKETS).prop_flat_map(|(nr, nb)| (any_rates(nr), Just(nb))),
         cost in any::<u64>(),
-        policy in prop::option::of((any::<u64>(), any::<u64>(), any::<[u64; 3]>(), any::<u64>()).prop_map(
-            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy { threshold, window_ms, box_ms, offenses_ttl_ms },
-        )),
-        stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS + 2),
+        policy in any_policy(),
+        stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS),
         penalty in any_valid_penalty(),
         jitter_percent in any::<u8>(),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
@@ -909,5 +1200,98 @@ proptest! {
         for (now, random) in calls {
             let _ = take(&mut buckets, &mut penalty, &req, now, random);
         }
+    }
+
+    /// More rates and buckets than [`MAX_BUCKETS`] (which `take` clamps to
+    /// with `n = ...min(MAX_BUCKETS)`) do not make it panic either (the
+    /// parser refuses them; the core must not rely on it).
+    #[test]
+    fn take_never_panics_with_more_than_max_buckets(
+        rates in any_rates(MAX_BUCKETS + 1),
+        cost in any::<u64>(),
+        stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS + 1),
+        calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
+    ) {
+        let req = TakeRequest { rates, cost, penalty: None, jitter_percent: 0 };
+        let mut buckets = stored;
+        let mut penalty = Penalty::default();
+        for (now, random) in calls {
+            let _ = take(&mut buckets, &mut penalty, &req, now, random);
+        }
+    }
+}
+
+/// `n` rates with any `u64` in each field.
+fn any_rates(n: usize) -> impl Strategy<Value = Vec<Rate>> {
+    let rate =
+        (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(capacity, tokens, period_ms)| Rate {
+            capacity,
+            tokens,
+            period_ms,
+        });
+    prop::collection::vec(rate, n)
+}
+
+/// Any policy, or none.
+fn any_policy() -> impl Strategy<Value = Option<PenaltyPolicy>> {
+    prop::option::of(
+        (any::<u64>(), any::<u64>(), any::<[u64; 3]>(), any::<u64>()).prop_map(
+            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy {
+                threshold,
+                window_ms,
+                box_ms,
+                offenses_ttl_ms,
+            },
+        ),
+    )
+}
+
+/// Fixed regressions found by the properties above.
+mod counterexamples {
+    use super::*;
+
+    /// `a_probe_after_a_tier_change_has_an_exact_reset`.
+    #[test]
+    fn a_probe_reset_after_a_tier_change() {
+        let a = Rate {
+            capacity: 1,
+            tokens: 1,
+            period_ms: 78,
+        };
+        let b = Rate {
+            capacity: 105,
+            tokens: 885,
+            period_ms: 65_334,
+        };
+        let mut state = State::new(1);
+        state.call(&req(&[a], 1), T0);
+        let probe = state.probe_one(0, b, T0);
+        assert_eq!((probe.remaining, probe.reset_ms), (104, 78));
+        assert_eq!(state.probe_one(0, b, T0 + 78).remaining, 105);
+        assert_eq!(
+            state.probe_one(0, b, T0 + 77).remaining,
+            104,
+            "not full before T0 + reset_ms"
+        );
+    }
+
+    /// `take_never_panics_with_more_than_max_buckets`.
+    #[test]
+    fn seventeen_buckets_and_a_rescale() {
+        let rate = Rate {
+            capacity: 1,
+            tokens: 1,
+            period_ms: 1,
+        };
+        let rates = vec![rate; MAX_BUCKETS + 1];
+        let mut buckets = vec![None; MAX_BUCKETS + 1];
+        buckets[MAX_BUCKETS] = Some(Bucket {
+            tat_ms: T0,
+            tat_frac: 0,
+            tokens: 2,
+            period_ms: 1,
+        });
+        let mut penalty = Penalty::default();
+        take(&mut buckets, &mut penalty, &req(&rates, 2), T0, 0);
     }
 }

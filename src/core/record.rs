@@ -96,7 +96,7 @@ mod tests {
         p.trip(3, 0, NOW);
         r.set_penalty(p, NOW);
         assert_eq!(r.prune(NOW), Retention::Forever);
-        assert_eq!(r.prune(NOW + 1000).ne(&Retention::Delete), true);
+        assert_ne!(r.prune(NOW + 1000), Retention::Delete);
         let mut empty = Record {
             bucket: Some(charge(0, 5, &rate, NOW).0),
             penalty: None,

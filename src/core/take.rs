@@ -95,7 +95,7 @@ pub fn take(
             status: Status::Throttled,
             limit: to_i64(rate.capacity),
             remaining: bucket::remaining(debts[i], rate),
-            reset_ms: bucket::reset_ms(debts[i], rate),
+            reset_ms: reset_ms(buckets.get(i), now),
             retry_after_ms: jittered(longest, req.jitter_percent, random),
             box_level: 0,
             strikes_remaining: strikes_left(penalty),
@@ -127,7 +127,7 @@ pub fn take(
         status: Status::Allowed,
         limit: to_i64(req.rates.get(binding).map_or(0, |r| r.capacity)),
         remaining: fewest.max(0),
-        reset_ms: bucket::reset_ms(debts[binding], &req.rates[binding]),
+        reset_ms: reset_ms(buckets.get(binding), now),
         retry_after_ms: 0,
         box_level: 0,
         strikes_remaining: strikes_left(penalty),
@@ -141,7 +141,8 @@ pub fn take(
 /// spent; returns the bit set of rewritten buckets.
 fn rescale(buckets: &mut [Option<Bucket>], debts: &[i128], req: &TakeRequest, now: Millis) -> u32 {
     let mut changed = 0;
-    for (i, (slot, rate)) in buckets.iter_mut().zip(&req.rates).enumerate() {
+    let n = MAX_BUCKETS.min(debts.len());
+    for (i, (slot, rate)) in buckets.iter_mut().zip(&req.rates).take(n).enumerate() {
         if let Some(b) = slot {
             if bucket::needs_rewrite(b, rate, now) {
                 *slot = Some(bucket::charge(debts[i], 0, rate, now).0);
@@ -150,6 +151,17 @@ fn rescale(buckets: &mut [Option<Bucket>], debts: &[i128], req: &TakeRequest, no
         }
     }
     changed
+}
+
+/// Milliseconds until `bucket`, as stored after the call, is full again.
+/// Read from the stored state rather than from the debt at this call's
+/// rate: a probe writes nothing, so a bucket last written at other
+/// parameters refills at those until a call rewrites it.
+fn reset_ms(bucket: Option<&Option<Bucket>>, now: Millis) -> i64 {
+    bucket
+        .copied()
+        .flatten()
+        .map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
 }
 
 fn to_i64(v: u64) -> i64 {
