@@ -32,34 +32,29 @@ fn wait_rewrite_done(server: &Server) {
     }
 }
 
+/// Snapshot every key, `kill -9` the server, restart it (replaying its
+/// AOF) and assert the same snapshot.
+fn kill_9_and_compare(server: &Server, con: &mut redis::Connection, what: &str) {
+    let before = snapshot(con);
+    server.kill9();
+    server.restart();
+    assert_eq!(snapshot(&mut server.client()), before, "{what}");
+}
+
 #[test]
 fn aof_replay_after_kill_9_restores_identical_state() {
     let server = Server::start(AOF);
     let mut con = server.client();
     mixed_workload(&mut con, 30);
-    let before = snapshot(&mut con);
-    server.kill9();
-    server.restart();
-    assert_eq!(
-        snapshot(&mut server.client()),
-        before,
-        "after replaying the AOF"
-    );
+    kill_9_and_compare(&server, &mut con, "after replaying the AOF");
 
     let _: () = redis::cmd("BGREWRITEAOF")
         .query(&mut server.client())
-        .unwrap_or(());
+        .expect("BGREWRITEAOF");
     wait_rewrite_done(&server);
     let mut con = server.client();
     mixed_workload(&mut con, 5);
-    let before = snapshot(&mut con);
-    server.kill9();
-    server.restart();
-    assert_eq!(
-        snapshot(&mut server.client()),
-        before,
-        "after BGREWRITEAOF and more writes"
-    );
+    kill_9_and_compare(&server, &mut con, "after BGREWRITEAOF and more writes");
 }
 
 #[test]

@@ -78,12 +78,7 @@ impl State {
 }
 
 fn req(rates: &[Rate], cost: u64) -> TakeRequest {
-    TakeRequest {
-        rates: rates.to_vec(),
-        cost,
-        penalty: None,
-        jitter_percent: 0,
-    }
+    TakeRequest::new(rates, cost)
 }
 
 fn with_strikes(rates: &[Rate], cost: u64, policy: PenaltyPolicy) -> TakeRequest {

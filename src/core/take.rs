@@ -21,6 +21,18 @@ pub struct TakeRequest {
     pub jitter_percent: u8,
 }
 
+impl TakeRequest {
+    /// A call of `cost` on buckets of these rates, with no options.
+    pub fn new(rates: &[Rate], cost: u64) -> TakeRequest {
+        TakeRequest {
+            rates: rates.to_vec(),
+            cost,
+            penalty: None,
+            jitter_percent: 0,
+        }
+    }
+}
+
 /// What a call changed, for the adapter to store and replicate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
@@ -184,12 +196,7 @@ mod tests {
     }
 
     fn req(rates: &[Rate], cost: u64) -> TakeRequest {
-        TakeRequest {
-            rates: rates.to_vec(),
-            cost,
-            penalty: None,
-            jitter_percent: 0,
-        }
+        TakeRequest::new(rates, cost)
     }
 
     fn strikes(threshold: u64) -> Option<PenaltyPolicy> {
