@@ -35,12 +35,12 @@ fn growth_tier_with_a_tenant_bucket() {
         "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10 ALSO rl:{t:42}:tenant 100 100 60",
     );
     assert_eq!(r[..3], [0, 100, 0]);
-    near(r[4], 5900, 6000, "retry_after_ms: 10 points at 100/min");
+    near(r[4], 5000, 6000, "retry_after_ms: 10 points at 100/min");
     assert_eq!(r[5..], [0, -1, 1]);
     // Nothing was taken from the key bucket by the throttled call.
     let probe = ints(&mut con, "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 0");
     assert_eq!(probe[..2], [1, 3000]);
-    near(probe[2], 2890, 2895, "110 points spent, a few ms of refill");
+    near(probe[2], 2890, 2940, "110 points spent, a little refill");
 }
 
 #[test]
@@ -58,7 +58,7 @@ fn the_bucket_with_the_longest_wait_binds_and_retry_after_is_honoured() {
     let r = ints(&mut con, line);
     assert_eq!(r[0], 0);
     assert_eq!(r[7], 2, "c refills slowest: it needs the longest wait");
-    near(r[4], 400, 500, "retry_after_ms");
+    near(r[4], 300, 500, "retry_after_ms");
     std::thread::sleep(std::time::Duration::from_millis(r[4] as u64));
     assert_eq!(
         ints(&mut con, line)[0],
@@ -229,7 +229,7 @@ fn a_throttled_bucket_refills_at_its_new_rate() {
     ints(&mut con, "RL.TAKE up 1 1 60");
     let r = ints(&mut con, "RL.TAKE up 1 1 0.3");
     assert_eq!(r[0], 0);
-    near(r[4], 250, 300, "the wait at the new rate");
+    near(r[4], 200, 300, "the wait at the new rate");
     std::thread::sleep(std::time::Duration::from_millis(r[4] as u64));
     assert_eq!(
         ints(&mut con, "RL.TAKE up 1 1 0.3")[0],

@@ -1,0 +1,85 @@
+//! Helpers for calling the rl commands and comparing whole datasets.
+
+use std::collections::BTreeMap;
+
+use redis::{Connection, RedisResult, Value};
+
+use super::{int_array, value_i64};
+
+/// Send one command given as a whitespace-separated line.
+pub fn call(con: &mut Connection, line: &str) -> RedisResult<Value> {
+    let mut words = line.split_whitespace();
+    let mut cmd = redis::cmd(words.next().expect("a command"));
+    for w in words {
+        cmd.arg(w);
+    }
+    cmd.query(con)
+}
+
+/// A command whose reply is an array of integers.
+pub fn ints(con: &mut Connection, line: &str) -> Vec<i64> {
+    int_array(call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
+}
+
+/// A command whose reply is an integer.
+pub fn int(con: &mut Connection, line: &str) -> i64 {
+    value_i64(&call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
+}
+
+/// Assert `v` is in `lo..=hi` (for millisecond fields that move with the
+/// real clock between two calls).
+pub fn near(v: i64, lo: i64, hi: i64, what: &str) {
+    assert!((lo..=hi).contains(&v), "{what}: {v} not in {lo}..={hi}");
+}
+
+/// A deterministic mix of every kind of write on `keys` keys: charges,
+/// throttles, strikes, automatic and manual trips, releases, forgets and
+/// probes, with ALSO buckets. Long periods, so nothing expires while a
+/// test compares states.
+pub fn mixed_workload(con: &mut Connection, keys: usize) {
+    for i in 0..keys {
+        let k = format!("w:{{{i}}}:key");
+        let t = format!("w:{{{i}}}:tenant");
+        let take = format!(
+            "RL.TAKE {k} 5 1 3600 COST {} ALSO {t} 8 2 3600 STRIKES 3 3600 BOX 600 1200 0",
+            1 + i % 3
+        );
+        for _ in 0..(1 + i % 6) {
+            call(con, &take).expect("RL.TAKE");
+        }
+        match i % 7 {
+            0 => {
+                call(
+                    con,
+                    &format!("RL.BOX TRIP {k} {} {}", 1 + i % 3, (i % 2) * 900),
+                )
+                .expect("TRIP");
+            }
+            1 => {
+                call(con, &format!("RL.BOX RELEASE {k}")).expect("RELEASE");
+            }
+            2 => {
+                call(con, &format!("RL.BOX RELEASE {k} FORGET")).expect("RELEASE FORGET");
+            }
+            3 => {
+                call(con, &format!("RL.TAKE {k} 5 1 3600 COST 0")).expect("probe");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `DUMP` and `PEXPIRETIME` of every key in the database.
+pub fn snapshot(con: &mut Connection) -> BTreeMap<String, (Vec<u8>, i64)> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
+    keys.into_iter()
+        .map(|k| {
+            let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(con).expect("DUMP");
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&k)
+                .query(con)
+                .expect("PEXPIRETIME");
+            (k, (dump, at))
+        })
+        .collect()
+}
