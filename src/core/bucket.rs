@@ -15,7 +15,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::time::{ceil_div, clamp_i64};
+use super::limiter::Limiter;
+use super::time::{ceil_div, clamp_i64, Millis};
 
 /// The stored state of one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,6 +164,53 @@ pub fn remaining(debt: i128, rate: &Rate) -> i64 {
 /// Milliseconds until a bucket with this `debt` is full.
 pub fn reset_ms(debt: i128, rate: &Rate) -> i64 {
     clamp_i64(ceil_div(debt.max(0), rate.ticks_per_ms()))
+}
+
+/// A bucket is a [`Limiter`] whose reading at `now` is its debt in ticks.
+impl Limiter for Rate {
+    type State = Bucket;
+    type Seen = i128;
+
+    fn limit(&self) -> u64 {
+        self.capacity
+    }
+
+    fn see(&self, state: Option<&Bucket>, now: Millis) -> i128 {
+        debt(state, self, now)
+    }
+
+    fn fits(&self, debt: &i128, cost: u64) -> bool {
+        fits(*debt, cost, self)
+    }
+
+    fn wait_ms(&self, debt: &i128, cost: u64) -> i64 {
+        wait_ms(*debt, cost, self)
+    }
+
+    fn remaining(&self, debt: &i128) -> i64 {
+        remaining(*debt, self)
+    }
+
+    /// Read from the stored state rather than from the debt at this call's
+    /// rate: a probe writes nothing, so a bucket last written at other
+    /// parameters refills at those until a call rewrites it.
+    fn reset_ms(&self, state: Option<&Bucket>, now: Millis) -> i64 {
+        state.map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
+    }
+
+    fn charge(
+        &self,
+        _state: Option<&Bucket>,
+        debt: &i128,
+        cost: u64,
+        now: Millis,
+    ) -> (Bucket, i128) {
+        charge(*debt, cost, self, now)
+    }
+
+    fn rewrite(&self, state: &Bucket, debt: &i128, now: Millis) -> Option<Bucket> {
+        needs_rewrite(state, self, now).then(|| charge(*debt, 0, self, now).0)
+    }
 }
 
 /// The state after charging `cost` points to a bucket with this `debt` at

@@ -5,6 +5,7 @@
 
 pub mod bucket;
 pub mod codec;
+pub mod limiter;
 pub mod limits;
 pub mod penalty;
 pub mod record;

@@ -311,7 +311,7 @@ fn request_within_limits() -> impl Strategy<Value = TakeRequest> {
         0u8..=100,
     )
         .prop_map(|(rates, cost, penalty, jitter_percent)| TakeRequest {
-            rates,
+            limits: rates,
             cost,
             penalty,
             jitter_percent,
@@ -401,7 +401,7 @@ proptest! {
 // 2. A throttled call changes nothing.
 // ---------------------------------------------------------------------------
 
-/// Whether bucket `i` is in a `buckets_changed` bit set.
+/// Whether bucket `i` is in a `states_changed` bit set.
 fn changed(set: u32, i: usize) -> bool {
     set >> i & 1 == 1
 }
@@ -432,7 +432,7 @@ fn check_calls_change_only_what_they_report(
         let (reply, fx) = state.call(&r, now);
         check_reply_ranges(&reply, rates, n)?;
         for k in 0..n {
-            if !changed(fx.buckets_changed, k) {
+            if !changed(fx.states_changed, k) {
                 prop_assert_eq!(
                     state.buckets[k],
                     before.buckets[k],
@@ -442,7 +442,7 @@ fn check_calls_change_only_what_they_report(
             }
         }
         prop_assert!(
-            fx.buckets_changed >> n == 0,
+            fx.states_changed >> n == 0,
             "bits beyond {} buckets: {:?}",
             n,
             fx
@@ -461,7 +461,7 @@ fn check_calls_change_only_what_they_report(
                 "an allowed call touched the penalty"
             );
             let all = if cost > 0 { (1u32 << n) - 1 } else { 0 };
-            prop_assert_eq!(fx.buckets_changed, all);
+            prop_assert_eq!(fx.states_changed, all);
             prop_assert!(!fx.penalty_changed && fx.tripped.is_none());
             continue;
         }
@@ -477,7 +477,7 @@ fn check_calls_change_only_what_they_report(
                 before.buckets[k],
                 state.buckets[k]
             );
-            if changed(fx.buckets_changed, k) {
+            if changed(fx.states_changed, k) {
                 // Rewritten at the scale of the rate it is read with.
                 let b = state.buckets[k];
                 prop_assert_eq!(
@@ -492,7 +492,7 @@ fn check_calls_change_only_what_they_report(
                 &before.buckets,
                 "a throttled call rewrote a bucket"
             );
-            prop_assert_eq!(fx.buckets_changed, 0);
+            prop_assert_eq!(fx.states_changed, 0);
         }
         match reply.status {
             Status::Throttled => {
@@ -841,7 +841,7 @@ proptest! {
             Status::Throttled => {
                 let rescaled = (a.tokens, a.period_ms) != (b.tokens, b.period_ms)
                     || raw_debt_b > i(b.capacity) * i(b.period_ms);
-                prop_assert_eq!(changed(fx.buckets_changed, 0), rescaled);
+                prop_assert_eq!(changed(fx.states_changed, 0), rescaled);
                 if rescaled {
                     let bk = state.buckets[0];
                     prop_assert_eq!(bk.map(|bk| (bk.tokens, bk.period_ms)), Some((b.tokens, b.period_ms)));
@@ -1050,7 +1050,7 @@ proptest! {
                 let before = state.clone();
                 let (reply, fx) = state.call(&call, now);
                 prop_assert_eq!(&state.buckets, &before.buckets);
-                prop_assert!(fx.penalty_changed && fx.buckets_changed == 0);
+                prop_assert!(fx.penalty_changed && fx.states_changed == 0);
                 if k < threshold {
                     prop_assert_eq!(reply.status, Status::Throttled, "trip {} strike {} of {}", trip, k, threshold);
                     prop_assert_eq!(reply.strikes_remaining, (threshold - k) as i64);
@@ -1158,12 +1158,12 @@ proptest! {
         penalty in any_valid_penalty(),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=8),
     ) {
-        let n = req.rates.len();
+        let n = req.limits.len();
         let mut buckets = stored[..n].to_vec();
         let mut penalty = penalty;
         for (now, random) in calls {
             let (reply, _) = take(&mut buckets, &mut penalty, &req, now, random);
-            check_reply_ranges(&reply, &req.rates, n)?;
+            check_reply_ranges(&reply, &req.limits, n)?;
             for b in buckets.iter().flatten() {
                 prop_assert!(b.is_valid(), "take wrote an invalid bucket {b:?}");
             }
@@ -1189,7 +1189,7 @@ proptest! {
         jitter_percent in any::<u8>(),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { rates, cost, penalty: policy, jitter_percent };
+        let req = TakeRequest { limits: rates, cost, penalty: policy, jitter_percent };
         let mut buckets = stored[..nb].to_vec();
         let mut penalty = penalty;
         for (now, random) in calls {
@@ -1207,7 +1207,7 @@ proptest! {
         stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS + 1),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { rates, cost, penalty: None, jitter_percent: 0 };
+        let req = TakeRequest { limits: rates, cost, penalty: None, jitter_percent: 0 };
         let mut buckets = stored;
         let mut penalty = Penalty::default();
         for (now, random) in calls {

@@ -1,18 +1,20 @@
-//! `RL.TAKE`: several buckets charged all-or-nothing, behind the penalty
-//! box of the first key.
+//! The decision shared by the limiter commands: several keys charged
+//! all-or-nothing, behind the penalty box of the first key. `RL.TAKE` is
+//! this decision on token buckets.
 
-use super::bucket::{self, Bucket, Rate};
+use super::bucket::{Bucket, Rate};
+use super::limiter::Limiter;
 use super::limits::MAX_BUCKETS;
 use super::penalty::{ActiveBox, Penalty, PenaltyPolicy, Strike};
 use super::reply::{boxed_reply, jittered, Reply, Status};
 use super::time::Millis;
 
-/// One `RL.TAKE` call, parsed: the buckets' rates (first key first, then
-/// each `ALSO` in order), the cost and the options.
+/// One call of a limiter command, parsed: one limiter per key (first key
+/// first, then each `ALSO` in order), the cost and the options.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TakeRequest {
-    /// One rate per key, at most [`MAX_BUCKETS`].
-    pub rates: Vec<Rate>,
+pub struct Request<L> {
+    /// One limiter per key, at most [`MAX_BUCKETS`].
+    pub limits: Vec<L>,
     /// Points the request spends; 0 is a probe.
     pub cost: u64,
     /// `STRIKES` and its companions, when given.
@@ -21,11 +23,14 @@ pub struct TakeRequest {
     pub jitter_percent: u8,
 }
 
-impl TakeRequest {
-    /// A call of `cost` on buckets of these rates, with no options.
-    pub fn new(rates: &[Rate], cost: u64) -> TakeRequest {
-        TakeRequest {
-            rates: rates.to_vec(),
+/// An `RL.TAKE` call: buckets.
+pub type TakeRequest = Request<Rate>;
+
+impl<L: Clone> Request<L> {
+    /// A call of `cost` on keys with these limiters, with no options.
+    pub fn new(limits: &[L], cost: u64) -> Request<L> {
+        Request {
+            limits: limits.to_vec(),
             cost,
             penalty: None,
             jitter_percent: 0,
@@ -36,21 +41,18 @@ impl TakeRequest {
 /// What a call changed, for the adapter to store and replicate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
-    /// Bit `i` is set when bucket `i` changed: every bucket when the call
-    /// was allowed with a cost > 0; on a throttled call, only a bucket
-    /// that [`bucket::needs_rewrite`], rewritten with the same points spent
-    /// at the new rate (so that it refills at that rate from now on).
-    pub buckets_changed: u32,
+    /// Bit `i` is set when key `i`'s limiter state changed: every key when
+    /// the call was allowed with a cost > 0; on a throttled call, only a
+    /// state that needed a [`Limiter::rewrite`] (a bucket rewritten with
+    /// the same points spent at its new rate, say).
+    pub states_changed: u32,
     /// The first key's penalty state changed (a strike or a trip).
     pub penalty_changed: bool,
     /// The box this call tripped.
     pub tripped: Option<ActiveBox>,
 }
 
-/// Decide a call at `now` and apply it to `buckets` (one per rate, `None`
-/// for a key that holds no bucket yet) and to the first key's `penalty`.
-/// Nothing is changed unless [`Effects`] says so. `random` is a uniformly
-/// random number, used only for `JITTER`.
+/// `RL.TAKE`: [`decide`] on buckets.
 pub fn take(
     buckets: &mut [Option<Bucket>],
     penalty: &mut Penalty,
@@ -58,17 +60,32 @@ pub fn take(
     now: Millis,
     random: u64,
 ) -> (Reply, Effects) {
-    let first_capacity = req.rates.first().map_or(0, |r| r.capacity);
+    decide(buckets, penalty, req, now, random)
+}
+
+/// Decide a call at `now` and apply it to `states` (one per limiter,
+/// `None` for a key that holds none yet) and to the first key's `penalty`:
+/// the call is allowed only if every key admits `cost`, and then `cost` is
+/// taken from every key; otherwise nothing is taken, and with `STRIKES` a
+/// strike is counted. An active box on the first key answers at once.
+/// Nothing is changed unless [`Effects`] says so. `random` is a uniformly
+/// random number, used only for `JITTER`.
+pub fn decide<L: Limiter>(
+    states: &mut [Option<L::State>],
+    penalty: &mut Penalty,
+    req: &Request<L>,
+    now: Millis,
+    random: u64,
+) -> (Reply, Effects) {
+    let first_limit = req.limits.first().map_or(0, |l| l.limit());
     if let Some(active) = penalty.active_box(now) {
-        return (
-            boxed_reply(first_capacity, &active, now),
-            Effects::default(),
-        );
+        return (boxed_reply(first_limit, &active, now), Effects::default());
     }
-    let n = req.rates.len().min(buckets.len()).min(MAX_BUCKETS);
-    let mut debts = [0i128; MAX_BUCKETS];
-    for ((debt, stored), rate) in debts.iter_mut().zip(buckets.iter()).zip(&req.rates) {
-        *debt = bucket::debt(stored.as_ref(), rate, now);
+    let n = req.limits.len().min(states.len()).min(MAX_BUCKETS);
+    let limits = &req.limits[..n];
+    let mut seen = [L::Seen::default(); MAX_BUCKETS];
+    for ((slot, state), limit) in seen.iter_mut().zip(states.iter()).zip(limits) {
+        *slot = limit.see(state.as_ref(), now);
     }
     let strikes_left = |p: &Penalty| {
         req.penalty
@@ -76,14 +93,14 @@ pub fn take(
             .map_or(-1, |pol| to_i64(p.strikes_remaining(pol, now)))
     };
 
-    // Throttled: the bucket that needs the longest wait binds.
+    // Throttled: the key that needs the longest wait binds.
     let mut binding = None;
     let mut longest = 0;
-    for (i, (&debt, rate)) in debts[..n].iter().zip(&req.rates).enumerate() {
-        let wait = if bucket::fits(debt, req.cost, rate) {
+    for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
+        let wait = if limit.fits(seen, req.cost) {
             0
         } else {
-            bucket::wait_ms(debt, req.cost, rate).max(1)
+            limit.wait_ms(seen, req.cost).max(1)
         };
         if wait > longest {
             longest = wait;
@@ -91,23 +108,23 @@ pub fn take(
         }
     }
     if let Some(i) = binding {
-        let rate = &req.rates[i];
         let mut effects = Effects::default();
         if req.cost > 0 {
-            effects.buckets_changed = rescale(buckets, &debts, req, now);
+            effects.states_changed = rewrite(&mut states[..n], &seen, limits, now);
         }
         if let (Some(policy), true) = (req.penalty.as_ref(), req.cost > 0) {
             effects.penalty_changed = true;
             if let Strike::Tripped(active) = penalty.strike(policy, now) {
                 effects.tripped = Some(active);
-                return (boxed_reply(first_capacity, &active, now), effects);
+                return (boxed_reply(first_limit, &active, now), effects);
             }
         }
+        let limit = &limits[i];
         let reply = Reply {
             status: Status::Throttled,
-            limit: to_i64(rate.capacity),
-            remaining: bucket::remaining(debts[i], rate),
-            reset_ms: reset_ms(buckets.get(i), now),
+            limit: to_i64(limit.limit()),
+            remaining: limit.remaining(&seen[i]),
+            reset_ms: limit.reset_ms(states[i].as_ref(), now),
             retry_after_ms: jittered(longest, req.jitter_percent, random),
             box_level: 0,
             strikes_remaining: strikes_left(penalty),
@@ -116,20 +133,20 @@ pub fn take(
         return (reply, effects);
     }
 
-    // Allowed: charge every bucket; the one with the fewest points left binds.
+    // Allowed: charge every key; the one with the fewest points left binds.
     let mut effects = Effects::default();
     if req.cost > 0 {
-        for ((slot, debt), rate) in buckets.iter_mut().zip(&mut debts[..n]).zip(&req.rates) {
-            let (charged, after) = bucket::charge(*debt, req.cost, rate, now);
-            *slot = Some(charged);
-            *debt = after;
+        for ((state, seen), limit) in states.iter_mut().zip(&mut seen[..n]).zip(limits) {
+            let (charged, after) = limit.charge(state.as_ref(), seen, req.cost, now);
+            *state = Some(charged);
+            *seen = after;
         }
-        effects.buckets_changed = (1u32 << n) - 1;
+        effects.states_changed = (1u32 << n) - 1;
     }
     let mut binding = 0;
     let mut fewest = i64::MAX;
-    for (i, (&debt, rate)) in debts[..n].iter().zip(&req.rates).enumerate() {
-        let left = bucket::remaining(debt, rate);
+    for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
+        let left = limit.remaining(seen);
         if left < fewest {
             fewest = left;
             binding = i;
@@ -137,9 +154,11 @@ pub fn take(
     }
     let reply = Reply {
         status: Status::Allowed,
-        limit: to_i64(req.rates.get(binding).map_or(0, |r| r.capacity)),
+        limit: to_i64(limits.get(binding).map_or(0, |l| l.limit())),
         remaining: fewest.max(0),
-        reset_ms: reset_ms(buckets.get(binding), now),
+        reset_ms: limits.get(binding).map_or(0, |l| {
+            l.reset_ms(states.get(binding).and_then(Option::as_ref), now)
+        }),
         retry_after_ms: 0,
         box_level: 0,
         strikes_remaining: strikes_left(penalty),
@@ -148,32 +167,25 @@ pub fn take(
     (reply, effects)
 }
 
-/// Rewrite every stored bucket that [`bucket::needs_rewrite`] (changed
-/// parameters, or more debt than an empty bucket), keeping its points
-/// spent; returns the bit set of rewritten buckets.
-fn rescale(buckets: &mut [Option<Bucket>], debts: &[i128], req: &TakeRequest, now: Millis) -> u32 {
+/// Apply [`Limiter::rewrite`] to every stored state; returns the bit set
+/// of rewritten ones.
+fn rewrite<L: Limiter>(
+    states: &mut [Option<L::State>],
+    seen: &[L::Seen],
+    limits: &[L],
+    now: Millis,
+) -> u32 {
     let mut changed = 0;
-    let n = MAX_BUCKETS.min(debts.len());
-    for (i, (slot, rate)) in buckets.iter_mut().zip(&req.rates).take(n).enumerate() {
-        if let Some(b) = slot {
-            if bucket::needs_rewrite(b, rate, now) {
-                *slot = Some(bucket::charge(debts[i], 0, rate, now).0);
-                changed |= 1 << i;
-            }
+    for (i, ((slot, seen), limit)) in states.iter_mut().zip(seen).zip(limits).enumerate() {
+        if let Some(new) = slot
+            .as_ref()
+            .and_then(|state| limit.rewrite(state, seen, now))
+        {
+            *slot = Some(new);
+            changed |= 1 << i;
         }
     }
     changed
-}
-
-/// Milliseconds until `bucket`, as stored after the call, is full again.
-/// Read from the stored state rather than from the debt at this call's
-/// rate: a probe writes nothing, so a bucket last written at other
-/// parameters refills at those until a call rewrites it.
-fn reset_ms(bucket: Option<&Option<Bucket>>, now: Millis) -> i64 {
-    bucket
-        .copied()
-        .flatten()
-        .map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -239,7 +251,7 @@ mod tests {
         let r = req(&[key, tenant], 6);
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
         assert_eq!(reply.to_array(), [1, 10, 4, 36000, 0, 0, -1, 1]);
-        assert_eq!(fx.buckets_changed, 0b11);
+        assert_eq!(fx.states_changed, 0b11);
         let before = buckets;
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
         assert_eq!(reply.to_array(), [0, 10, 4, 36000, 12000, 0, -1, 1]);
@@ -329,7 +341,7 @@ mod clock_step_tests {
         let mut buckets = [None];
         let mut penalty = Penalty::default();
         let mut req = TakeRequest {
-            rates: vec![rate],
+            limits: vec![rate],
             cost: 5,
             penalty: None,
             jitter_percent: 0,
@@ -339,7 +351,7 @@ mod clock_step_tests {
         let back = now - 3_600_000;
         let (reply, fx) = take(&mut buckets, &mut penalty, &req, back, 0);
         assert_eq!(reply.to_array(), [0, 5, 0, 10_000, 2_000, 0, -1, 0]);
-        assert_eq!(fx.buckets_changed, 1);
+        assert_eq!(fx.states_changed, 1);
         req.cost = 5;
         let (reply, _) = take(&mut buckets, &mut penalty, &req, back + 10_000, 0);
         assert_eq!(reply.status, Status::Allowed);

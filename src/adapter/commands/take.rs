@@ -91,7 +91,7 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRe
         None => None,
     };
     Ok(TakeRequest {
-        rates,
+        limits: rates,
         cost,
         penalty,
         jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
@@ -150,7 +150,7 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
 
     for (i, key) in keys.iter_mut().enumerate() {
         let penalty_changed = i == 0 && effects.penalty_changed;
-        let bucket_changed = effects.buckets_changed & (1 << i) != 0;
+        let bucket_changed = effects.states_changed & (1 << i) != 0;
         if !bucket_changed && !penalty_changed {
             continue;
         }
@@ -188,7 +188,7 @@ mod tests {
         .expect("valid");
         assert_eq!(req.cost, 10);
         assert_eq!(
-            req.rates[1],
+            req.limits[1],
             Rate {
                 capacity: 100,
                 tokens: 100,

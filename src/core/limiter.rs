@@ -1,0 +1,49 @@
+//! What every kind of limiter (a token bucket, a sliding window...)
+//! provides to the shared decision in [`crate::core::decide`]: how one
+//! key's stored state answers a request of `cost` points at `now`.
+
+use super::time::Millis;
+
+/// The parameters of one key in a call (a bucket's rate, a window's limit
+/// and length), which know how to read and charge that key's state.
+pub trait Limiter {
+    /// What one key stores.
+    type State: Clone;
+    /// What the decision needs to know of one key at `now`, computed once
+    /// per call by [`Limiter::see`].
+    type Seen: Copy + Default;
+
+    /// The `limit` position of the reply when this key binds.
+    fn limit(&self) -> u64;
+
+    /// Read `state` (`None`: the key holds none yet) at `now`.
+    fn see(&self, state: Option<&Self::State>, now: Millis) -> Self::Seen;
+
+    /// Whether `cost` points fit now.
+    fn fits(&self, seen: &Self::Seen, cost: u64) -> bool;
+
+    /// Milliseconds until `cost` points fit, exactly: at `now + wait` they
+    /// fit, at `now + wait - 1` they do not (0 when they fit now).
+    fn wait_ms(&self, seen: &Self::Seen, cost: u64) -> i64;
+
+    /// Whole points still admissible now.
+    fn remaining(&self, seen: &Self::Seen) -> i64;
+
+    /// Milliseconds until `state` (as stored after the call) holds nothing
+    /// that limits: the bucket is full, the window is empty.
+    fn reset_ms(&self, state: Option<&Self::State>, now: Millis) -> i64;
+
+    /// The state after `cost` points are taken at `now`, and how it reads.
+    fn charge(
+        &self,
+        state: Option<&Self::State>,
+        seen: &Self::Seen,
+        cost: u64,
+        now: Millis,
+    ) -> (Self::State, Self::Seen);
+
+    /// The state to store after a throttled call, when the stored one no
+    /// longer says what [`Limiter::see`] read from it (its parameters
+    /// changed, or it was clamped); `None` when it needs no rewrite.
+    fn rewrite(&self, state: &Self::State, seen: &Self::Seen, now: Millis) -> Option<Self::State>;
+}
