@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::bucket::Bucket;
+use super::bucket::{Bucket, Rate};
+use super::limiter::Limiter;
 use super::penalty::{Penalty, MANUAL};
 use super::time::Millis;
 
@@ -13,6 +14,25 @@ pub struct Record {
     pub bucket: Option<Bucket>,
     /// Strikes, offenses and box (boxed to keep bucket-only keys small).
     pub penalty: Option<Box<Penalty>>,
+}
+
+/// A limiter kind whose state lives in a [`Record`] (each kind in its own
+/// part, so one key may serve several commands).
+pub trait InRecord: Limiter {
+    /// This kind's part of `record`.
+    fn read(record: &Record) -> Option<&Self::State>;
+    /// Replace this kind's part of `record`.
+    fn write(record: &mut Record, state: Option<Self::State>);
+}
+
+impl InRecord for Rate {
+    fn read(record: &Record) -> Option<&Bucket> {
+        record.bucket.as_ref()
+    }
+
+    fn write(record: &mut Record, state: Option<Bucket>) {
+        record.bucket = state;
+    }
 }
 
 /// How long a key must be kept.

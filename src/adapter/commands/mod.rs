@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod box_cmd;
+pub mod limiter_call;
 pub mod take;
 
 use std::ffi::CStr;

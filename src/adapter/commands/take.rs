@@ -2,111 +2,42 @@
 //! [STRIKES threshold window] [BOX d1 d2 d3] [OFFENSES ttl] [JITTER percent]`
 //!
 //! Parses the call, reads every key's bucket and the first key's penalty
-//! state, lets [`crate::core::take::take`] decide, and commits what changed.
+//! state, lets the shared decision rule (see [`super::limiter_call`]), and
+//! commits what changed.
 
-use std::hash::BuildHasher;
 use std::os::raw::c_int;
 
-use crate::adapter::args::{is, set_once, Cursor};
-use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{
-    declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx,
-};
+use super::limiter_call::{parse_call, run_call, Clause};
+use crate::adapter::args::Cursor;
+use crate::adapter::errors::ArgError;
+use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
 use crate::adapter::stats;
-use crate::adapter::store::{commit, Access, RlKey, WrongType};
-use crate::core::bucket::{Bucket, Rate};
-use crate::core::limits::{
-    DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_DURATION_MS, MAX_POINTS,
-    MAX_THRESHOLD,
-};
-use crate::core::penalty::PenaltyPolicy;
-use crate::core::take::{take, TakeRequest};
+use crate::core::bucket::Rate;
+use crate::core::limits::{MAX_DURATION_MS, MAX_POINTS};
+use crate::core::take::TakeRequest;
 
 const NAME: &str = "rl.take";
 
-/// Parse an `RL.TAKE` call. The position of every key is pushed to `keys`
-/// as soon as it is read, so a getkeys request gets the keys even of a
-/// call that is otherwise invalid.
+/// Parse an `RL.TAKE` call; the key positions are pushed to `keys`.
 pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRequest, ArgError> {
     let mut c = Cursor::new(NAME, args);
-    keys.push(c.key("key")?);
-    let mut rates = vec![rate(&mut c, FIRST)?];
-    let mut cost = None;
-    let mut strikes = None;
-    let mut boxes = None;
-    let mut offenses = None;
-    let mut jitter = None;
-    while let Some(word) = c.word() {
-        if is(word, "COST") {
-            set_once(&mut cost, "COST", c.integer("COST", 0, MAX_POINTS)?)?;
-        } else if is(word, "ALSO") {
-            if rates.len() >= MAX_BUCKETS {
-                return Err(ArgError::TooManyBuckets);
-            }
-            keys.push(c.key("ALSO key")?);
-            rates.push(rate(&mut c, ALSO)?);
-        } else if is(word, "STRIKES") {
-            let threshold = c.integer("STRIKES threshold", 1, MAX_THRESHOLD)?;
-            let window = c.duration_ms("STRIKES window", false)?;
-            set_once(&mut strikes, "STRIKES", (threshold, window))?;
-        } else if is(word, "BOX") {
-            let d1 = c.duration_ms("BOX d1", true)?;
-            let d2 = c.duration_ms("BOX d2", true)?;
-            let d3 = c.duration_ms("BOX d3", true)?;
-            set_once(&mut boxes, "BOX", [d1, d2, d3])?;
-        } else if is(word, "OFFENSES") {
-            set_once(
-                &mut offenses,
-                "OFFENSES",
-                c.duration_ms("OFFENSES ttl", false)?,
-            )?;
-        } else if is(word, "JITTER") {
-            set_once(&mut jitter, "JITTER", c.integer("JITTER percent", 0, 100)?)?;
-        } else {
-            return Err(ArgError::unknown_option(NAME, word));
-        }
-    }
-    c.finish()?;
-    let cost = cost.unwrap_or(1);
-    if let Some(index) = rates.iter().position(|r| cost > r.capacity) {
-        return Err(ArgError::CostAboveCapacity { index });
-    }
-    if let Some(index) = rates.iter().position(|r| r.fill_ms() > MAX_DURATION_MS) {
+    let req = parse_call(&mut c, keys, rate, |_, _| Ok(false))?;
+    if let Some(index) = req
+        .limits
+        .iter()
+        .position(|r| r.fill_ms() > MAX_DURATION_MS)
+    {
         return Err(ArgError::FillTooLong { index });
     }
-    for (i, &a) in keys.iter().enumerate() {
-        if keys[..i].iter().any(|&b| c.bytes_at(a) == c.bytes_at(b)) {
-            return Err(ArgError::DuplicateKey);
-        }
-    }
-    let penalty = match strikes {
-        Some((threshold, window_ms)) => Some(PenaltyPolicy {
-            threshold,
-            window_ms,
-            box_ms: boxes.unwrap_or(DEFAULT_BOX_MS),
-            offenses_ttl_ms: offenses.unwrap_or(DEFAULT_OFFENSES_TTL_MS),
-        }),
-        None if boxes.is_some() => return Err(ArgError::NeedsStrikes { option: "BOX" }),
-        None if offenses.is_some() => return Err(ArgError::NeedsStrikes { option: "OFFENSES" }),
-        None => None,
-    };
-    Ok(TakeRequest {
-        limits: rates,
-        cost,
-        penalty,
-        jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
-    })
+    Ok(req)
 }
 
-/// The argument names of a bucket's three numbers, as errors name them.
-type RateNames = [&'static str; 3];
-const FIRST: RateNames = ["capacity", "tokens", "period"];
-const ALSO: RateNames = ["ALSO capacity", "ALSO tokens", "ALSO period"];
-
-fn rate<A: AsRef<[u8]>>(
-    c: &mut Cursor<'_, A>,
-    [capacity, tokens, period]: RateNames,
-) -> Result<Rate, ArgError> {
+/// Read `capacity tokens period`.
+fn rate<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Rate, ArgError> {
+    let [capacity, tokens, period] = match clause {
+        Clause::First => ["capacity", "tokens", "period"],
+        Clause::Also => ["ALSO capacity", "ALSO tokens", "ALSO period"],
+    };
     Ok(Rate {
         capacity: c.integer(capacity, 1, MAX_POINTS)?,
         tokens: c.integer(tokens, 1, MAX_POINTS)?,
@@ -116,64 +47,22 @@ fn rate<A: AsRef<[u8]>>(
 
 /// Run `RL.TAKE`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
-    let mut key_positions = Vec::with_capacity(2);
-    let parsed = parse(args, &mut key_positions);
+    let mut keys = Vec::with_capacity(2);
+    let parsed = parse(args, &mut keys);
     if is_keys_request(ctx) {
-        key_positions.iter().for_each(|&pos| declare_key(ctx, pos));
+        keys.iter().for_each(|&pos| declare_key(ctx, pos));
         return 0;
     }
-    let req = match parsed {
-        Ok(req) => req,
-        Err(e) => return reply_error(ctx, &e.to_string()),
-    };
-    let access = if req.cost == 0 {
-        Access::Read
-    } else {
-        Access::Write
-    };
-    let mut keys: Vec<RlKey> = key_positions
-        .iter()
-        .map(|&pos| RlKey::open(ctx, args[pos], access))
-        .collect();
-    let mut buckets: [Option<Bucket>; MAX_BUCKETS] = [None; MAX_BUCKETS];
-    for (slot, key) in buckets.iter_mut().zip(&keys) {
-        match key.record() {
-            Ok(record) => *slot = record.and_then(|r| r.bucket),
-            Err(WrongType) => return reply_error(ctx, errors::WRONGTYPE),
-        }
+    match parsed {
+        Ok(req) => run_call(ctx, args, &keys, &req, &stats::TAKE),
+        Err(e) => reply_error(ctx, &e.to_string()),
     }
-    let first = keys[0].record().ok().flatten();
-    let mut penalty = first.map(|r| r.penalty_or_default()).unwrap_or_default();
-    let now = now_ms(ctx);
-    let random = std::hash::RandomState::new().hash_one(now);
-    let (reply, effects) = take(&mut buckets[..keys.len()], &mut penalty, &req, now, random);
-
-    for (i, key) in keys.iter_mut().enumerate() {
-        let penalty_changed = i == 0 && effects.penalty_changed;
-        let bucket_changed = effects.states_changed & (1 << i) != 0;
-        if !bucket_changed && !penalty_changed {
-            continue;
-        }
-        let mut record = key.working_copy();
-        if bucket_changed {
-            record.bucket = buckets[i];
-        }
-        if penalty_changed {
-            record.set_penalty(penalty, now);
-        }
-        commit(ctx, key, record, now);
-    }
-    if let Some(active) = effects.tripped {
-        notify(ctx, c"rl.boxed", keys[0].name);
-        stats::trip(active.level);
-    }
-    stats::TAKE.record(reply.status);
-    reply_ints(ctx, &reply.to_array())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::limits::MAX_BUCKETS;
 
     fn parse_str(line: &str) -> Result<TakeRequest, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();

@@ -1,0 +1,167 @@
+//! What the limiter commands (`RL.TAKE`, `RL.WINDOW`) share: one parser
+//! for `key <limiter arguments> [ALSO key <limiter arguments>]... [COST]
+//! [STRIKES] [BOX] [OFFENSES] [JITTER]` plus each command's own words, and
+//! one runner that reads every key, lets [`decide`] rule, and commits.
+
+use std::hash::BuildHasher;
+use std::os::raw::c_int;
+
+use crate::adapter::args::{is, set_once, Cursor};
+use crate::adapter::errors::{self, ArgError};
+use crate::adapter::ffi::{notify, now_ms, reply_error, reply_ints, Arg, Ctx};
+use crate::adapter::stats::{self, Outcomes};
+use crate::adapter::store::{commit, Access, RlKey, WrongType};
+use crate::core::limiter::Limiter;
+use crate::core::limits::{
+    DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_POINTS, MAX_THRESHOLD,
+};
+use crate::core::penalty::PenaltyPolicy;
+use crate::core::record::InRecord;
+use crate::core::take::{decide, Request};
+
+/// Which key's limiter arguments are being read: errors name them
+/// `capacity` for the first key and `ALSO capacity` for the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clause {
+    /// The first key.
+    First,
+    /// An `ALSO` clause.
+    Also,
+}
+
+/// Parse a limiter call after the command name. `limiter` reads one key's
+/// limiter arguments; `own_word` consumes a word specific to the command
+/// (returning `Ok(false)` when the word is not its own). The position of
+/// every key is pushed to `keys` as soon as it is read, so a getkeys
+/// request gets the keys even of a call that is otherwise invalid.
+pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
+    c: &mut Cursor<'a, A>,
+    keys: &mut Vec<usize>,
+    mut limiter: impl FnMut(&mut Cursor<'a, A>, Clause) -> Result<L, ArgError>,
+    mut own_word: impl FnMut(&[u8], &mut Cursor<'a, A>) -> Result<bool, ArgError>,
+) -> Result<Request<L>, ArgError> {
+    keys.push(c.key("key")?);
+    let mut limits = vec![limiter(c, Clause::First)?];
+    let mut cost = None;
+    let mut strikes = None;
+    let mut boxes = None;
+    let mut offenses = None;
+    let mut jitter = None;
+    while let Some(word) = c.word() {
+        if is(word, "COST") {
+            set_once(&mut cost, "COST", c.integer("COST", 0, MAX_POINTS)?)?;
+        } else if is(word, "ALSO") {
+            if limits.len() >= MAX_BUCKETS {
+                return Err(ArgError::TooManyBuckets);
+            }
+            keys.push(c.key("ALSO key")?);
+            limits.push(limiter(c, Clause::Also)?);
+        } else if is(word, "STRIKES") {
+            let threshold = c.integer("STRIKES threshold", 1, MAX_THRESHOLD)?;
+            let window = c.duration_ms("STRIKES window", false)?;
+            set_once(&mut strikes, "STRIKES", (threshold, window))?;
+        } else if is(word, "BOX") {
+            let d1 = c.duration_ms("BOX d1", true)?;
+            let d2 = c.duration_ms("BOX d2", true)?;
+            let d3 = c.duration_ms("BOX d3", true)?;
+            set_once(&mut boxes, "BOX", [d1, d2, d3])?;
+        } else if is(word, "OFFENSES") {
+            let ttl = c.duration_ms("OFFENSES ttl", false)?;
+            set_once(&mut offenses, "OFFENSES", ttl)?;
+        } else if is(word, "JITTER") {
+            set_once(&mut jitter, "JITTER", c.integer("JITTER percent", 0, 100)?)?;
+        } else if !own_word(word, c)? {
+            return Err(ArgError::unknown_option(c.command(), word));
+        }
+    }
+    c.finish()?;
+    let cost = cost.unwrap_or(1);
+    if let Some(index) = limits.iter().position(|l| cost > l.limit()) {
+        return Err(ArgError::CostAboveCapacity { index });
+    }
+    for (i, &a) in keys.iter().enumerate() {
+        if keys[..i].iter().any(|&b| c.bytes_at(a) == c.bytes_at(b)) {
+            return Err(ArgError::DuplicateKey);
+        }
+    }
+    let penalty = match strikes {
+        Some((threshold, window_ms)) => Some(PenaltyPolicy {
+            threshold,
+            window_ms,
+            box_ms: boxes.unwrap_or(DEFAULT_BOX_MS),
+            offenses_ttl_ms: offenses.unwrap_or(DEFAULT_OFFENSES_TTL_MS),
+        }),
+        None if boxes.is_some() => return Err(ArgError::NeedsStrikes { option: "BOX" }),
+        None if offenses.is_some() => return Err(ArgError::NeedsStrikes { option: "OFFENSES" }),
+        None => None,
+    };
+    Ok(Request {
+        limits,
+        cost,
+        penalty,
+        jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
+    })
+}
+
+/// Run a parsed limiter call on the keys at `key_positions`: read every
+/// key's state and the first key's penalty state, [`decide`], commit what
+/// changed, announce a trip, count the outcome in `outcomes`, reply.
+pub fn run_call<L: InRecord>(
+    ctx: Ctx,
+    args: &[Arg],
+    key_positions: &[usize],
+    req: &Request<L>,
+    outcomes: &Outcomes,
+) -> c_int {
+    let access = if req.cost == 0 {
+        Access::Read
+    } else {
+        Access::Write
+    };
+    let mut keys: Vec<RlKey> = key_positions
+        .iter()
+        .filter_map(|&pos| args.get(pos))
+        .map(|&name| RlKey::open(ctx, name, access))
+        .collect();
+    let mut states: Vec<Option<L::State>> = Vec::with_capacity(keys.len());
+    for key in &keys {
+        match key.record() {
+            Ok(record) => states.push(record.and_then(L::read).cloned()),
+            Err(WrongType) => return reply_error(ctx, errors::WRONGTYPE),
+        }
+    }
+    let Some(first) = keys.first() else {
+        return reply_error(ctx, errors::INTERNAL);
+    };
+    let mut penalty = first
+        .record()
+        .ok()
+        .flatten()
+        .map(|r| r.penalty_or_default())
+        .unwrap_or_default();
+    let now = now_ms(ctx);
+    let random = std::hash::RandomState::new().hash_one(now);
+    let (reply, effects) = decide(&mut states, &mut penalty, req, now, random);
+
+    for (i, (key, state)) in keys.iter_mut().zip(states).enumerate() {
+        let penalty_changed = i == 0 && effects.penalty_changed;
+        let state_changed = effects.states_changed & (1 << i) != 0;
+        if !state_changed && !penalty_changed {
+            continue;
+        }
+        let mut record = key.working_copy();
+        if state_changed {
+            L::write(&mut record, state);
+        }
+        if penalty_changed {
+            record.set_penalty(penalty, now);
+        }
+        commit(ctx, key, record, now);
+    }
+    if let Some(active) = effects.tripped {
+        notify(ctx, c"rl.boxed", keys[0].name);
+        stats::trip(active.level);
+    }
+    outcomes.record(reply.status);
+    reply_ints(ctx, &reply.to_array())
+}
