@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS};
+use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS, MAX_LEASE_ID_LEN};
 
 /// Redis's own text for a key of another type.
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -54,6 +54,10 @@ pub enum ArgError {
     TooManyBuckets,
     /// The same key twice in one call.
     DuplicateKey,
+    /// A `limit` above the `EXACT` cap, window `index` (0 = first key).
+    ExactLimit { index: usize },
+    /// A lease id that is empty or too long.
+    LeaseId,
     /// A subcommand this command does not know.
     UnknownSubcommand { command: &'static str },
 }
@@ -124,6 +128,13 @@ impl fmt::Display for ArgError {
                 write!(f, "ERR ALSO may be given at most {} times", MAX_BUCKETS - 1)
             }
             ArgError::DuplicateKey => write!(f, "ERR ALSO key repeats a key of the same call"),
+            ArgError::ExactLimit { index } => {
+                let which = if *index == 0 { "limit" } else { "ALSO limit" };
+                write!(f, "ERR {which} must be at most {} with EXACT", 10_000) // EXACT-CONST
+            }
+            ArgError::LeaseId => {
+                write!(f, "ERR lease-id must be 1 to {MAX_LEASE_ID_LEN} bytes")
+            }
             ArgError::UnknownSubcommand { command } => {
                 write!(f, "ERR unknown subcommand for '{command}'")
             }

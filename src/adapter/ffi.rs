@@ -102,6 +102,24 @@ pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
     raw::REDISMODULE_OK as c_int
 }
 
+/// Start an array reply of `len` elements (each sent by the following
+/// reply calls).
+pub fn reply_array(ctx: Ctx, len: usize) -> c_int {
+    unsafe { api!(RedisModule_ReplyWithArray)(ctx.0, len as c_long) }
+}
+
+/// Reply with a bulk string.
+pub fn reply_bulk(ctx: Ctx, bytes: &[u8]) -> c_int {
+    unsafe {
+        api!(RedisModule_ReplyWithStringBuffer)(ctx.0, bytes.as_ptr().cast::<c_char>(), bytes.len())
+    }
+}
+
+/// Reply with a null.
+pub fn reply_null(ctx: Ctx) -> c_int {
+    unsafe { api!(RedisModule_ReplyWithNull)(ctx.0) }
+}
+
 /// Reply with an integer.
 pub fn reply_int(ctx: Ctx, value: i64) -> c_int {
     unsafe { api!(RedisModule_ReplyWithLongLong)(ctx.0, value as c_longlong) }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use redis_module::raw;
 
 use super::ffi::{api, guard, Ctx, RStr};
+use super::stats;
 use crate::core::codec;
+use crate::core::lease::Leases;
 use crate::core::penalty::Penalty;
 use crate::core::record::Record;
 
@@ -140,6 +142,10 @@ extern "C" fn mem_usage(value: *const c_void) -> usize {
                     .penalty
                     .as_ref()
                     .map_or(0, |_| std::mem::size_of::<Penalty>())
+                + record
+                    .leases
+                    .as_deref()
+                    .map_or(0, |l| std::mem::size_of::<Leases>() + l.heap_bytes())
         }
         None => 0,
     })
@@ -170,10 +176,16 @@ extern "C" fn copy(_from: RStr, _to: RStr, value: *const c_void) -> *mut c_void 
     })
 }
 
+/// Free a value. Leases still in it whose deadline has passed (the key
+/// expired with them) are counted as expired leases in `INFO`.
 extern "C" fn free(value: *mut c_void) {
     guard((), || {
         if !value.is_null() {
-            drop(unsafe { Box::from_raw(value.cast::<Record>()) });
+            let record = unsafe { Box::from_raw(value.cast::<Record>()) };
+            if let Some(leases) = record.leases.as_deref() {
+                let now = unsafe { api!(RedisModule_Milliseconds)() };
+                stats::LEASES_EXPIRED.add(leases.expired(now));
+            }
         }
     })
 }

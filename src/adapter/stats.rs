@@ -19,7 +19,12 @@ impl Counter {
 
     /// Add one.
     pub fn incr(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.add(1);
+    }
+
+    /// Add `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
     }
 
     fn get(&self) -> u64 {
@@ -62,6 +67,17 @@ impl Outcomes {
 
 /// `RL.TAKE` outcomes.
 pub static TAKE: Outcomes = Outcomes::new();
+/// `RL.WINDOW` outcomes.
+pub static WINDOW: Outcomes = Outcomes::new();
+/// Leases granted by `RL.LEASE ACQUIRE` (new or refreshed by `ID`).
+pub static LEASES_GRANTED: Counter = Counter::new();
+/// `RL.LEASE ACQUIRE` calls denied because the key was full.
+pub static LEASES_DENIED: Counter = Counter::new();
+/// Leases removed by `RL.LEASE RELEASE`.
+pub static LEASES_RELEASED: Counter = Counter::new();
+/// Expired leases removed: swept by a successful `RL.LEASE` call, or gone
+/// with their key when it expired or was deleted.
+pub static LEASES_EXPIRED: Counter = Counter::new();
 /// Box trips by level (index 0 = level 1), automatic and manual.
 pub static TRIPS: [Counter; 3] = [Counter::new(), Counter::new(), Counter::new()];
 /// Manual trips (`RL.BOX TRIP`), also counted in [`TRIPS`].
@@ -82,11 +98,19 @@ pub(crate) extern "C" fn info(
     _for_crash_report: std::os::raw::c_int,
 ) {
     super::ffi::guard((), || {
-        let fields: [(&CStr, &Counter); 9] = [
+        let fields: [(&CStr, &Counter); 17] = [
             (c"take_calls", &TAKE.calls),
             (c"take_allowed", &TAKE.allowed),
             (c"take_throttled", &TAKE.throttled),
             (c"take_boxed", &TAKE.boxed),
+            (c"window_calls", &WINDOW.calls),
+            (c"window_allowed", &WINDOW.allowed),
+            (c"window_throttled", &WINDOW.throttled),
+            (c"window_boxed", &WINDOW.boxed),
+            (c"lease_granted", &LEASES_GRANTED),
+            (c"lease_denied", &LEASES_DENIED),
+            (c"lease_released", &LEASES_RELEASED),
+            (c"lease_expired", &LEASES_EXPIRED),
             (c"box_trips_level1", &TRIPS[0]),
             (c"box_trips_level2", &TRIPS[1]),
             (c"box_trips_level3", &TRIPS[2]),

@@ -143,6 +143,9 @@ pub fn commit(ctx: Ctx, key: &mut RlKey, mut record: Record, now: Millis) {
     let retention = record.prune(now);
     if retention == Retention::Delete {
         if matches!(key.record(), Ok(Some(_))) {
+            // Free the pruned record, not the old one, so the type's `free`
+            // does not count the leases just swept a second time.
+            key.store(record);
             key.delete();
             replicate(ctx, c"DEL", key.name, None);
             key.signal_modified(ctx);

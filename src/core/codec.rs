@@ -52,6 +52,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, CodecError> {
 mod tests {
     use super::*;
     use crate::core::bucket::Bucket;
+    use crate::core::lease::Leases;
     use crate::core::penalty::Penalty;
 
     fn sample() -> Record {
@@ -70,7 +71,14 @@ mod tests {
                 box_level: 0,
                 box_until: 0,
             })),
+            leases: Some(Box::new(leases())),
         }
+    }
+
+    fn leases() -> Leases {
+        let mut leases = Leases::new();
+        leases.acquire(b"worker-1", 2, 30_000, 1_700_000_000_000);
+        leases
     }
 
     #[test]
@@ -84,6 +92,7 @@ mod tests {
     fn small_payloads() {
         let mut r = sample();
         r.penalty = None;
+        r.leases = None;
         assert!(encode(&r).len() <= 24, "{} bytes", encode(&r).len());
     }
 

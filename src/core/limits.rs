@@ -23,3 +23,9 @@ pub const DEFAULT_OFFENSES_TTL_MS: u64 = 86_400_000;
 
 /// Default box durations, `BOX 300 3600 86400`.
 pub const DEFAULT_BOX_MS: [u64; 3] = [300_000, 3_600_000, 86_400_000];
+
+/// Most leases one key may hold at once (`max` above it is an error).
+pub const MAX_LEASES: u64 = 1_000;
+
+/// Longest lease id accepted with `ID` (bytes).
+pub const MAX_LEASE_ID_LEN: usize = 128;

@@ -5,6 +5,7 @@
 
 pub mod bucket;
 pub mod codec;
+pub mod lease;
 pub mod limiter;
 pub mod limits;
 pub mod penalty;
@@ -13,5 +14,7 @@ pub mod reply;
 pub mod take;
 pub mod time;
 
+#[cfg(test)]
+mod lease_proptests;
 #[cfg(test)]
 mod proptests;

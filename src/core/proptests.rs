@@ -257,6 +257,7 @@ fn any_valid_record() -> impl Strategy<Value = Record> {
         prop::option::of(any_valid_penalty()),
     )
         .prop_map(|(bucket, penalty)| Record {
+            leases: None,
             bucket,
             penalty: penalty.map(Box::new),
         })
@@ -1168,7 +1169,7 @@ proptest! {
                 prop_assert!(b.is_valid(), "take wrote an invalid bucket {b:?}");
             }
             prop_assert!(penalty.is_valid());
-            let mut record = Record { bucket: buckets[0], penalty: Some(Box::new(penalty)) };
+            let mut record = Record { bucket: buckets[0], penalty: Some(Box::new(penalty)), ..Record::default() };
             prop_assert_eq!(decode(&encode(&record)), Ok(record.clone()));
             let _ = record.prune(now);
         }

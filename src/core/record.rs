@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::bucket::{Bucket, Rate};
+use super::lease::Leases;
 use super::limiter::Limiter;
 use super::penalty::{Penalty, MANUAL};
 use super::time::Millis;
@@ -14,6 +15,8 @@ pub struct Record {
     pub bucket: Option<Bucket>,
     /// Strikes, offenses and box (boxed to keep bucket-only keys small).
     pub penalty: Option<Box<Penalty>>,
+    /// The `RL.LEASE` leases (never an empty set: `None` then).
+    pub leases: Option<Box<Leases>>,
 }
 
 /// A limiter kind whose state lives in a [`Record`] (each kind in its own
@@ -51,6 +54,10 @@ impl Record {
     pub fn is_valid(&self) -> bool {
         self.bucket.as_ref().is_none_or(Bucket::is_valid)
             && self.penalty.as_deref().is_none_or(Penalty::is_valid)
+            && self
+                .leases
+                .as_deref()
+                .is_none_or(|l| l.is_valid() && !l.is_empty())
     }
 
     /// The penalty state, or an empty one.
@@ -82,6 +89,13 @@ impl Record {
                 self.penalty = None;
             }
         }
+        if let Some(leases) = self.leases.as_deref_mut() {
+            leases.sweep(now);
+            match leases.last_deadline(now) {
+                Some(deadline) => until = until.max(Some(deadline)),
+                None => self.leases = None,
+            }
+        }
         match until {
             None => Retention::Delete,
             Some(MANUAL) => Retention::Forever,
@@ -106,7 +120,7 @@ mod tests {
         };
         let mut r = Record {
             bucket: Some(charge(0, 5, &rate, NOW).0),
-            penalty: None,
+            ..Record::default()
         };
         assert_eq!(r.prune(NOW), Retention::Until(NOW + 500));
         let mut p = Penalty::default();
@@ -119,9 +133,16 @@ mod tests {
         assert_ne!(r.prune(NOW + 1000), Retention::Delete);
         let mut empty = Record {
             bucket: Some(charge(0, 5, &rate, NOW).0),
-            penalty: None,
+            ..Record::default()
         };
         assert_eq!(empty.prune(NOW + 500), Retention::Delete);
+        let mut leased = Record::default();
+        let mut leases = Leases::new();
+        leases.acquire(b"job", 1, 30_000, NOW);
+        leased.leases = Some(Box::new(leases));
+        assert_eq!(leased.prune(NOW), Retention::Until(NOW + 30_000));
+        assert_eq!(leased.prune(NOW + 30_000), Retention::Delete);
+        assert_eq!(leased, Record::default());
         assert_eq!(empty, Record::default());
     }
 }

@@ -34,7 +34,7 @@ pub fn near(v: i64, lo: i64, hi: i64, what: &str) {
 
 /// A deterministic mix of every kind of write on `keys` keys: charges,
 /// throttles, strikes, automatic and manual trips, releases, forgets and
-/// probes, with ALSO buckets. Long periods, so nothing expires while a
+/// probes, with ALSO buckets; leases acquired, released and renewed. Long periods, so nothing expires while a
 /// test compares states.
 pub fn mixed_workload(con: &mut Connection, keys: usize) {
     for i in 0..keys {
@@ -65,6 +65,15 @@ pub fn mixed_workload(con: &mut Connection, keys: usize) {
                 call(con, &format!("RL.TAKE {k} 5 1 3600 COST 0")).expect("probe");
             }
             _ => {}
+        }
+        if i % 4 == 0 {
+            let l = format!("w:{{{i}}}:lease");
+            for id in ["a", "b", "c"] {
+                call(con, &format!("RL.LEASE ACQUIRE {l} 2 3600 ID {id}{i}")).expect("ACQUIRE");
+            }
+            call(con, &format!("RL.LEASE RELEASE {l} a{i}")).expect("RELEASE");
+            call(con, &format!("RL.LEASE RENEW {l} b{i} 7200")).expect("RENEW");
+            call(con, &format!("RL.LEASE ACQUIRE {l} 2 1800")).expect("ACQUIRE");
         }
     }
 }

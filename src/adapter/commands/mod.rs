@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod box_cmd;
+pub mod lease;
 pub mod limiter_call;
 pub mod take;
 
@@ -44,6 +45,10 @@ entry!(apply_entry, apply::run);
 entry!(box_status_entry, box_cmd::status);
 entry!(box_trip_entry, box_cmd::trip);
 entry!(box_release_entry, box_cmd::release);
+entry!(lease_acquire_entry, lease::acquire);
+entry!(lease_release_entry, lease::release);
+entry!(lease_renew_entry, lease::renew);
+entry!(lease_list_entry, lease::list);
 
 fn create(
     ctx: Ctx,
@@ -109,5 +114,34 @@ pub fn register(ctx: Ctx) -> bool {
             c"release",
             Some(box_release_entry),
             c"write fast",
+        )
+        && create(ctx, c"rl.lease", None, c"", 0, 0)
+        && create_sub(
+            ctx,
+            c"rl.lease",
+            c"acquire",
+            Some(lease_acquire_entry),
+            c"write deny-oom fast",
+        )
+        && create_sub(
+            ctx,
+            c"rl.lease",
+            c"release",
+            Some(lease_release_entry),
+            c"write fast",
+        )
+        && create_sub(
+            ctx,
+            c"rl.lease",
+            c"renew",
+            Some(lease_renew_entry),
+            c"write fast",
+        )
+        && create_sub(
+            ctx,
+            c"rl.lease",
+            c"list",
+            Some(lease_list_entry),
+            c"readonly",
         )
 }
