@@ -1,15 +1,18 @@
 //! The versioned byte encoding of a [`Record`]: used for RDB, AOF rewrite,
 //! `DUMP`/`RESTORE` and the replicated effect, so all four agree.
 //!
-//! Layout: one version byte, then the record as MessagePack (serde field
-//! order, arrays not maps). Decoding accepts only canonical bytes (those
-//! that encode back to themselves) holding a valid record, so corrupt
-//! input is an error and equal states always have equal bytes.
+//! Layout: one version byte, then the record as a MessagePack array of its
+//! fields in declaration order. Each version appends fields: version 1 had
+//! `[bucket, penalty]`, version 2 adds `leases`. Older payloads (an RDB or
+//! AOF written by an older build) decode with the missing fields empty.
+//! Decoding accepts only canonical bytes (those that encode back to
+//! themselves in their version) holding a valid record, so corrupt input
+//! is an error and equal states always have equal bytes.
 
 use super::record::Record;
 
 /// The current encoding version (first byte of every payload).
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,10 +25,18 @@ pub enum CodecError {
 
 /// Encode `record` into `out` (cleared first).
 pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
+    encode_version(record, VERSION, out);
+}
+
+/// Encode `record` as `version` lays it out (the fields that version has).
+fn encode_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     out.clear();
-    out.push(VERSION);
+    out.push(version);
     // Writing into a Vec cannot fail for these plain types.
-    let _ = rmp_serde::encode::write(out, record);
+    let _ = match version {
+        1 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty)),
+        _ => rmp_serde::encode::write(out, record),
+    };
 }
 
 /// Encode `record` into a new buffer.
@@ -35,14 +46,16 @@ pub fn encode(record: &Record) -> Vec<u8> {
     out
 }
 
-/// Decode a payload made by [`encode`].
+/// Decode a payload made by [`encode`], by this build or an older one.
 pub fn decode(bytes: &[u8]) -> Result<Record, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::UnknownVersion)?;
-    if version != VERSION {
+    if version == 0 || version > VERSION {
         return Err(CodecError::UnknownVersion);
     }
     let record: Record = rmp_serde::from_slice(body).map_err(|_| CodecError::Malformed)?;
-    if !record.is_valid() || encode(&record) != bytes {
+    let mut canonical = Vec::with_capacity(bytes.len());
+    encode_version(&record, version, &mut canonical);
+    if !record.is_valid() || canonical != bytes {
         return Err(CodecError::Malformed);
     }
     Ok(record)
@@ -108,6 +121,28 @@ mod tests {
         let mut trailing = bytes;
         trailing.push(0);
         assert_eq!(decode(&trailing), Err(CodecError::Malformed));
+    }
+
+    #[test]
+    fn a_version_1_payload_still_decodes() {
+        let mut old = sample();
+        old.leases = None;
+        let mut v1 = Vec::new();
+        encode_version(&old, 1, &mut v1);
+        assert_eq!(v1[0], 1);
+        assert_eq!(decode(&v1), Ok(old.clone()));
+        assert_eq!(
+            encode(&old)[0],
+            VERSION,
+            "saved again in the current version"
+        );
+        let mut with_leases = vec![1];
+        with_leases.extend(&encode(&sample())[1..]);
+        assert_eq!(
+            decode(&with_leases),
+            Err(CodecError::Malformed),
+            "a v1 payload has no leases"
+        );
     }
 
     #[test]

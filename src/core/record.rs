@@ -15,7 +15,9 @@ pub struct Record {
     pub bucket: Option<Bucket>,
     /// Strikes, offenses and box (boxed to keep bucket-only keys small).
     pub penalty: Option<Box<Penalty>>,
-    /// The `RL.LEASE` leases (never an empty set: `None` then).
+    /// The `RL.LEASE` leases (never an empty set: `None` then). Since
+    /// encoding version 2.
+    #[serde(default)]
     pub leases: Option<Box<Leases>>,
 }
 
