@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS, MAX_LEASE_ID_LEN};
+use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS, MAX_EXACT_LIMIT, MAX_LEASE_ID_LEN};
 
 /// Redis's own text for a key of another type.
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -130,7 +130,10 @@ impl fmt::Display for ArgError {
             ArgError::DuplicateKey => write!(f, "ERR ALSO key repeats a key of the same call"),
             ArgError::ExactLimit { index } => {
                 let which = if *index == 0 { "limit" } else { "ALSO limit" };
-                write!(f, "ERR {which} must be at most {} with EXACT", 10_000) // EXACT-CONST
+                write!(
+                    f,
+                    "ERR {which} must be at most {MAX_EXACT_LIMIT} with EXACT"
+                )
             }
             ArgError::LeaseId => {
                 write!(f, "ERR lease-id must be 1 to {MAX_LEASE_ID_LEN} bytes")

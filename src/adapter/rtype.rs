@@ -17,6 +17,7 @@ use crate::core::codec;
 use crate::core::lease::Leases;
 use crate::core::penalty::Penalty;
 use crate::core::record::Record;
+use crate::core::window::WindowState;
 
 /// The type name Redis shows in `TYPE` (exactly 9 characters).
 pub const TYPE_NAME: &CStr = c"rl-record";
@@ -146,6 +147,10 @@ extern "C" fn mem_usage(value: *const c_void) -> usize {
                     .leases
                     .as_deref()
                     .map_or(0, |l| std::mem::size_of::<Leases>() + l.heap_bytes())
+                + record
+                    .window
+                    .as_deref()
+                    .map_or(0, |w| std::mem::size_of::<WindowState>() + w.heap_bytes())
         }
         None => 0,
     })

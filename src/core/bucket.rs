@@ -183,7 +183,7 @@ impl Limiter for Rate {
         fits(*debt, cost, self)
     }
 
-    fn wait_ms(&self, debt: &i128, cost: u64) -> i64 {
+    fn wait_ms(&self, _state: Option<&Bucket>, debt: &i128, cost: u64, _now: Millis) -> i64 {
         wait_ms(*debt, cost, self)
     }
 

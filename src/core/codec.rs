@@ -3,7 +3,7 @@
 //!
 //! Layout: one version byte, then the record as a MessagePack array of its
 //! fields in declaration order. Each version appends fields: version 1 had
-//! `[bucket, penalty]`, version 2 adds `leases`. Older payloads (an RDB or
+//! `[bucket, penalty]`, version 2 added `leases`, version 3 `window`. Older payloads (an RDB or
 //! AOF written by an older build) decode with the missing fields empty.
 //! Decoding accepts only canonical bytes (those that encode back to
 //! themselves in their version) holding a valid record, so corrupt input
@@ -12,7 +12,7 @@
 use super::record::Record;
 
 /// The current encoding version (first byte of every payload).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +35,7 @@ fn encode_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     // Writing into a Vec cannot fail for these plain types.
     let _ = match version {
         1 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty)),
+        2 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty, &record.leases)),
         _ => rmp_serde::encode::write(out, record),
     };
 }
@@ -67,6 +68,7 @@ mod tests {
     use crate::core::bucket::Bucket;
     use crate::core::lease::Leases;
     use crate::core::penalty::Penalty;
+    use crate::core::window::WindowState;
 
     fn sample() -> Record {
         Record {
@@ -85,6 +87,10 @@ mod tests {
                 box_until: 0,
             })),
             leases: Some(Box::new(leases())),
+            window: Some(Box::new(WindowState::Fixed {
+                end: 1_700_000_060_000,
+                count: 3,
+            })),
         }
     }
 
@@ -106,6 +112,7 @@ mod tests {
         let mut r = sample();
         r.penalty = None;
         r.leases = None;
+        r.window = None;
         assert!(encode(&r).len() <= 24, "{} bytes", encode(&r).len());
     }
 
@@ -127,6 +134,7 @@ mod tests {
     fn a_version_1_payload_still_decodes() {
         let mut old = sample();
         old.leases = None;
+        old.window = None;
         let mut v1 = Vec::new();
         encode_version(&old, 1, &mut v1);
         assert_eq!(v1[0], 1);
@@ -143,6 +151,11 @@ mod tests {
             Err(CodecError::Malformed),
             "a v1 payload has no leases"
         );
+        let mut v2_record = sample();
+        v2_record.window = None;
+        let mut v2 = Vec::new();
+        encode_version(&v2_record, 2, &mut v2);
+        assert_eq!(decode(&v2), Ok(v2_record));
     }
 
     #[test]

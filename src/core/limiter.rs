@@ -22,9 +22,16 @@ pub trait Limiter {
     /// Whether `cost` points fit now.
     fn fits(&self, seen: &Self::Seen, cost: u64) -> bool;
 
-    /// Milliseconds until `cost` points fit, exactly: at `now + wait` they
-    /// fit, at `now + wait - 1` they do not (0 when they fit now).
-    fn wait_ms(&self, seen: &Self::Seen, cost: u64) -> i64;
+    /// Milliseconds until `cost` points fit in `state` (read as `seen`),
+    /// exactly: at `now + wait` they fit, at `now + wait - 1` they do not
+    /// (0 when they fit now).
+    fn wait_ms(
+        &self,
+        state: Option<&Self::State>,
+        seen: &Self::Seen,
+        cost: u64,
+        now: Millis,
+    ) -> i64;
 
     /// Whole points still admissible now.
     fn remaining(&self, seen: &Self::Seen) -> i64;

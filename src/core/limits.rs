@@ -29,3 +29,8 @@ pub const MAX_LEASES: u64 = 1_000;
 
 /// Longest lease id accepted with `ID` (bytes).
 pub const MAX_LEASE_ID_LEN: usize = 128;
+
+/// Largest `limit` accepted by `RL.WINDOW ... EXACT`: a sliding log holds at
+/// most one entry per point it counts, so this bounds its length (and its
+/// encoding, a few bytes per entry).
+pub const MAX_EXACT_LIMIT: u64 = 10_000;

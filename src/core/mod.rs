@@ -13,8 +13,11 @@ pub mod record;
 pub mod reply;
 pub mod take;
 pub mod time;
+pub mod window;
 
 #[cfg(test)]
 mod lease_proptests;
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod window_proptests;

@@ -257,9 +257,9 @@ fn any_valid_record() -> impl Strategy<Value = Record> {
         prop::option::of(any_valid_penalty()),
     )
         .prop_map(|(bucket, penalty)| Record {
-            leases: None,
             bucket,
             penalty: penalty.map(Box::new),
+            ..Record::default()
         })
 }
 

@@ -7,6 +7,7 @@ use super::lease::Leases;
 use super::limiter::Limiter;
 use super::penalty::{Penalty, MANUAL};
 use super::time::Millis;
+use super::window::{Window, WindowState};
 
 /// The value of one key of the module type.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -19,6 +20,9 @@ pub struct Record {
     /// encoding version 2.
     #[serde(default)]
     pub leases: Option<Box<Leases>>,
+    /// The `RL.WINDOW` window. Since encoding version 3.
+    #[serde(default)]
+    pub window: Option<Box<WindowState>>,
 }
 
 /// A limiter kind whose state lives in a [`Record`] (each kind in its own
@@ -28,6 +32,16 @@ pub trait InRecord: Limiter {
     fn read(record: &Record) -> Option<&Self::State>;
     /// Replace this kind's part of `record`.
     fn write(record: &mut Record, state: Option<Self::State>);
+}
+
+impl InRecord for Window {
+    fn read(record: &Record) -> Option<&WindowState> {
+        record.window.as_deref()
+    }
+
+    fn write(record: &mut Record, state: Option<WindowState>) {
+        record.window = state.map(Box::new);
+    }
 }
 
 impl InRecord for Rate {
@@ -60,6 +74,7 @@ impl Record {
                 .leases
                 .as_deref()
                 .is_none_or(|l| l.is_valid() && !l.is_empty())
+            && self.window.as_deref().is_none_or(WindowState::is_valid)
     }
 
     /// The penalty state, or an empty one.
@@ -89,6 +104,12 @@ impl Record {
                 until = until.max(keep);
             } else {
                 self.penalty = None;
+            }
+        }
+        if let Some(window) = self.window.as_deref() {
+            match window.counts_until(now) {
+                Some(last) => until = until.max(Some(last.min(MANUAL - 1))),
+                None => self.window = None,
             }
         }
         if let Some(leases) = self.leases.as_deref_mut() {

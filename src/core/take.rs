@@ -96,11 +96,11 @@ pub fn decide<L: Limiter>(
     // Throttled: the key that needs the longest wait binds.
     let mut binding = None;
     let mut longest = 0;
-    for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
+    for (i, ((seen, state), limit)) in seen.iter().zip(states.iter()).zip(limits).enumerate() {
         let wait = if limit.fits(seen, req.cost) {
             0
         } else {
-            limit.wait_ms(seen, req.cost).max(1)
+            limit.wait_ms(state.as_ref(), seen, req.cost, now).max(1)
         };
         if wait > longest {
             longest = wait;

@@ -34,7 +34,8 @@ pub fn near(v: i64, lo: i64, hi: i64, what: &str) {
 
 /// A deterministic mix of every kind of write on `keys` keys: charges,
 /// throttles, strikes, automatic and manual trips, releases, forgets and
-/// probes, with ALSO buckets; leases acquired, released and renewed. Long periods, so nothing expires while a
+/// probes, with ALSO buckets; windows of every mode; leases acquired,
+/// released and renewed. Long periods, so nothing expires while a
 /// test compares states.
 pub fn mixed_workload(con: &mut Connection, keys: usize) {
     for i in 0..keys {
@@ -65,6 +66,11 @@ pub fn mixed_workload(con: &mut Connection, keys: usize) {
                 call(con, &format!("RL.TAKE {k} 5 1 3600 COST 0")).expect("probe");
             }
             _ => {}
+        }
+        let mode = ["", "EXACT", "FIXED"][i % 3];
+        for _ in 0..(1 + i % 4) {
+            let line = format!("RL.WINDOW {k} 3 3600 {mode} ALSO {t} 4 7200 STRIKES 2 3600");
+            call(con, &line).expect("RL.WINDOW");
         }
         if i % 4 == 0 {
             let l = format!("w:{{{i}}}:lease");

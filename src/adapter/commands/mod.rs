@@ -11,6 +11,7 @@ pub mod box_cmd;
 pub mod lease;
 pub mod limiter_call;
 pub mod take;
+pub mod window;
 
 use std::ffi::CStr;
 use std::os::raw::c_int;
@@ -41,6 +42,7 @@ macro_rules! entry {
 }
 
 entry!(take_entry, take::run);
+entry!(window_entry, window::run);
 entry!(apply_entry, apply::run);
 entry!(box_status_entry, box_cmd::status);
 entry!(box_trip_entry, box_cmd::trip);
@@ -95,6 +97,13 @@ pub fn register(ctx: Ctx) -> bool {
         ctx,
         c"rl.take",
         Some(take_entry),
+        c"write deny-oom getkeys-api",
+        1,
+        1,
+    ) && create(
+        ctx,
+        c"rl.window",
+        Some(window_entry),
         c"write deny-oom getkeys-api",
         1,
         1,

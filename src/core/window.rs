@@ -1,0 +1,1393 @@
+//! `RL.WINDOW`: at most `limit` points per `window_ms`, in three modes,
+//! exact in integers.
+//!
+//! # Modes
+//!
+//! Every mode lays its windows on a grid of *boundaries*
+//! `offset_ms + k * window_ms` (any integer `k`), where `offset_ms` comes
+//! from [`key_offset`], so that keys do not all roll over in the same
+//! instant. A call of `cost` points *fits* when `count + cost <= limit`.
+//!
+//! - [`Mode::Sliding`] (the default), the sliding window counter: the
+//!   *sub-window* `[s, s + W)` that holds `now` counts `curr` points, the one
+//!   before it `prev`; at elapsed `e = now - s` the count is the estimate
+//!   `curr + ceil(prev * (W - e) / W)`: the previous sub-window weighted by
+//!   the share of it that lies at or after `now - W` (`W - e` of its `W`
+//!   milliseconds, so at `e = 0` it counts in full), rounded **up**, so the
+//!   estimate never under-counts. O(1) memory. With fixed parameters and a
+//!   clock going forward this means: an aligned sub-window never admits
+//!   more than `limit`, and with `p` points admitted in `[s - W, s)`, at most
+//!   `limit - ceil(p * (W - x) / W)` are admitted in `[s, s + x]`, so
+//!   `[s - W, s + x]` admits at most `limit + floor(limit * x / W)`: a
+//!   burst of `limit` just before a boundary is not doubled just after it.
+//! - [`Mode::Exact`], the sliding log: a point admitted at `t` counts while
+//!   `now < t + W`, so the count is the sum of the costs admitted in
+//!   `(now - W, now]`. The log holds one [`Entry`] per millisecond in which
+//!   something was admitted (calls in the same millisecond merge), sorted by
+//!   time; entries that no longer count are pruned whenever the log is
+//!   charged. Every entry holds at least one point and the points counted
+//!   after an admission are at most `limit`, so a log never holds more than
+//!   `limit` entries; it never holds more than [`MAX_EXACT_LIMIT`] in any
+//!   case (a larger `limit` is refused by the adapter; should the core be
+//!   given one, the oldest entries are merged into the next one, which
+//!   counts them longer, never shorter).
+//! - [`Mode::Fixed`], the fixed window: the window `[b, b + W)` holding `now`
+//!   counts every point admitted in it; at `b + W` the count starts again
+//!   from zero.
+//!
+//! # Replies
+//!
+//! `remaining` is `limit - count` (never negative): with the estimate rounded
+//! up it is rounded down. A count above `limit` (the limit was lowered) is
+//! kept, and then even `COST 0` does not fit until enough has expired. `reset_ms` is the time until the key counts
+//! nothing (for `Sliding`, until the estimate reaches 0: the end of the
+//! sub-window after the last one that holds a point). `retry_after_ms`
+//! ([`Limiter::wait_ms`]) is exact: absent other traffic, `cost` fits at
+//! `now + wait` and not at `now + wait - 1`, in every mode.
+//!
+//! # Time
+//!
+//! Every time in a state is absolute, so a state means the same on a master,
+//! a replica and after a reload, and a backward step of the clock never
+//! releases a point: points admitted "in the future" still count. A
+//! `Sliding` state whose current sub-window starts after `now` is read as at
+//! that sub-window's first millisecond (its count is frozen until then); a
+//! `Fixed` count holds until its window's end; a log entry counts while
+//! `now < at + W`, however early `now` is. A state forgets only what no
+//! longer counted when it was last written.
+//!
+//! # Changing the parameters
+//!
+//! A different `limit` is just a number: the count is compared with the new
+//! one. A state written with another window length, offset or mode is
+//! *foreign* and is converted so that a change **never admits more than
+//! either configuration would**: the points the stored state counts at `now`
+//! (`N`, under the parameters it was written with) are carried as one lump
+//! into the new configuration, and that lump is released no earlier than
+//! the old configuration would have released its last point (`H`, the end
+//! of the old state) and no earlier than the new configuration would
+//! release `N` points admitted at `now`:
+//!
+//! - to `Fixed`: `N` points counted until `max(H, end of the window holding
+//!   now)`;
+//! - to `Exact`: one entry of `N` points counting until
+//!   `max(H, now + W)`;
+//! - to `Sliding`: `N` points as the `prev` of a sub-window starting at the
+//!   first boundary at or after `max(H, b + W)` (`b` the boundary at or
+//!   before `now`), so they count in full until that boundary and then
+//!   fade out over one `W`.
+//!
+//! One exception keeps more detail: an `Exact` log under a new `W` keeps its
+//! entries and counts each for `max(old W, new W)` after its admission.
+//! Points admitted after a change are counted in the converted state; when
+//! it starts in the future (a `Sliding` lump) they count from there, which
+//! is longer, never shorter. [`Limiter::rewrite`] stores the converted state
+//! on a throttled call, so the replies of later calls stay true. A probe
+//! (`COST 0`) writes nothing: its reply describes the converted state that
+//! the next call spending points will store, so its `reset_ms` and
+//! `retry_after_ms` are then upper bounds (never early) rather than exact.
+//!
+//! # Encoding
+//!
+//! States are MessagePack through serde (a one-key map naming the variant
+//! with one letter, then the fields as an array; integers take their
+//! shortest form). A `Sliding` state takes about 18 bytes, `Fixed` 14, and
+//! `Exact` about 20 bytes plus, per further entry, the milliseconds since
+//! the previous entry and the cost (1 to 5 bytes and, for costs up to
+//! 10_000, 1 to 3 bytes). The encoding is a function of the state, so equal
+//! states have equal bytes.
+
+use std::fmt;
+
+use serde::de::{self, SeqAccess, Visitor};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::limiter::Limiter;
+use super::limits::{MAX_DURATION_MS, MAX_EXACT_LIMIT};
+use super::time::{ceil_div, clamp_i64, Millis};
+
+/// Which window: `RL.WINDOW` default, `EXACT` or `FIXED`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    /// The sliding window counter (two sub-window counts); the default.
+    #[default]
+    Sliding,
+    /// The sliding log: the true count over the last window.
+    Exact,
+    /// Fixed windows, offset per key.
+    Fixed,
+}
+
+/// The parameters of one key in an `RL.WINDOW` call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// At most this many points per window (>= 1).
+    pub limit: u64,
+    /// The window length in milliseconds (>= 1; 0 is read as 1).
+    pub window_ms: u64,
+    /// Which window.
+    pub mode: Mode,
+    /// Boundary offset of this key, `0..window_ms` (a larger value is taken
+    /// modulo `window_ms`): the adapter computes it with [`key_offset`].
+    pub offset_ms: u64,
+}
+
+/// One millisecond of an exact log: the points admitted at `at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// When the points were admitted (they count while `now < at + W`).
+    pub at: Millis,
+    /// How many points (>= 1).
+    pub cost: u64,
+}
+
+/// What one key stores. Every time is absolute (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WindowState {
+    /// A sliding window counter.
+    #[serde(rename = "s")]
+    Sliding {
+        /// Start of the current sub-window (a boundary).
+        start: Millis,
+        /// Points counted in the sub-window before it.
+        prev: u64,
+        /// Points counted in the current sub-window.
+        curr: u64,
+        /// The window length the sub-windows were laid out with.
+        window_ms: u64,
+    },
+    /// A sliding log.
+    #[serde(rename = "e")]
+    Exact {
+        /// The window length the entries count for.
+        window_ms: u64,
+        /// The entries, strictly increasing in `at`; encoded as a flat array
+        /// `[at_0, cost_0, at_1 - at_0, cost_1, ...]` of unsigned integers
+        /// (`at_0` as the two's complement bits of the `i64`).
+        #[serde(with = "log_codec")]
+        log: Vec<Entry>,
+    },
+    /// A fixed window (or a carried lump, see the module docs).
+    #[serde(rename = "f")]
+    Fixed {
+        /// End of the window (exclusive): `count` holds while `now < end`.
+        /// Storing the end rather than the start makes the state mean the
+        /// same whatever the parameters of the call that reads it.
+        end: Millis,
+        /// Points counted in it.
+        count: u64,
+    },
+}
+
+/// What a call needs to know of one key at `now` ([`Limiter::see`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WindowSeen {
+    /// Points counted now: the estimate (rounded up) for `Sliding`.
+    count: u64,
+    /// Milliseconds from now until nothing counts.
+    empty_in: i64,
+    /// What the mode needs to compute a wait.
+    shape: Shape,
+}
+
+impl WindowSeen {
+    /// Points counted now (for `Sliding`, the estimate, rounded up).
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Shape {
+    /// Nothing counts.
+    #[default]
+    Empty,
+    /// The sub-window counts, read at `now + delay` (`delay > 0` when the
+    /// current sub-window starts after `now`), `elapsed` into it.
+    Sliding {
+        prev: u64,
+        curr: u64,
+        elapsed: i64,
+        delay: i64,
+    },
+    /// The count drops to zero at `empty_in`.
+    Fixed,
+    /// A log: a wait walks its entries.
+    Exact,
+}
+
+/// The boundary offset of `key` for windows of `window_ms`, in
+/// `0..window_ms` (0 when `window_ms <= 1`). A fixed algorithm, never a
+/// randomized hasher, so a master, its replicas and every restart agree:
+///
+/// 1. `h` = the 64-bit FNV-1a hash of the key's bytes (offset basis
+///    `0xcbf29ce484222325`, prime `0x100000001b3`);
+/// 2. `h` = MurmurHash3's `fmix64` finalizer of `h` (`h ^= h >> 33;
+///    h *= 0xff51afd7ed558ccd; h ^= h >> 33; h *= 0xc4ceb9fe1a85ec53;
+///    h ^= h >> 33`, wrapping), so that keys differing in one byte (`key:7`,
+///    `key:8`) land far apart;
+/// 3. the offset is `(h * window_ms) >> 64` (128-bit product).
+pub fn key_offset(key: &[u8], window_ms: u64) -> u64 {
+    let scaled = (u128::from(fmix64(fnv1a_64(key))) * u128::from(window_ms)) >> 64;
+    // Below `window_ms`, which is a u64.
+    u64::try_from(scaled).unwrap_or(0)
+}
+
+/// MurmurHash3's 64-bit finalizer: every input bit affects every output bit.
+fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The 64-bit FNV-1a hash.
+fn fnv1a_64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// `v` clamped into `u64`.
+fn sat_u64(v: i128) -> u64 {
+    u64::try_from(v).unwrap_or(if v < 0 { 0 } else { u64::MAX })
+}
+
+/// A stored sub-window count rolled forward to the instant it is read at.
+#[derive(Clone, Copy, Debug)]
+struct Rolled {
+    /// Start of the sub-window holding the reading instant.
+    start: i128,
+    prev: u64,
+    curr: u64,
+    /// Reading instant minus `start`, in `0..W`.
+    elapsed: i128,
+    /// Reading instant minus `now` (> 0 when the state starts after now).
+    delay: i128,
+}
+
+/// Read the counts `(start, prev, curr)` of sub-windows of `w` at `now`:
+/// at `max(now, start)`, rolled forward by as many sub-windows as passed.
+fn roll(start: Millis, prev: u64, curr: u64, w: i128, now: Millis) -> Rolled {
+    let s = i128::from(start);
+    let now = i128::from(now);
+    let at = now.max(s);
+    let k = (at - s) / w;
+    // `k * w <= at - s`, so nothing here overflows.
+    let (start, prev, curr) = match k {
+        0 => (s, prev, curr),
+        1 => (s + w, curr, 0),
+        _ => (s + k * w, 0, 0),
+    };
+    Rolled {
+        start,
+        prev,
+        curr,
+        elapsed: at - start,
+        delay: at - now,
+    }
+}
+
+impl Rolled {
+    /// `curr + ceil(prev * (w - elapsed) / w)`.
+    fn estimate(&self, w: i128) -> u64 {
+        let weighted = ceil_div(i128::from(self.prev).saturating_mul(w - self.elapsed), w);
+        sat_u64(weighted.saturating_add(i128::from(self.curr)))
+    }
+
+    /// The first instant at which nothing counts, if something counts now.
+    fn end(&self, w: i128) -> Option<i128> {
+        if self.curr > 0 {
+            Some(self.start + 2 * w)
+        } else if self.prev > 0 {
+            Some(self.start + w)
+        } else {
+            None
+        }
+    }
+
+    fn seen(&self, w: i128, now: Millis) -> WindowSeen {
+        WindowSeen {
+            count: self.estimate(w),
+            empty_in: self
+                .end(w)
+                .map_or(0, |end| clamp_i64(end - i128::from(now)).max(0)),
+            shape: Shape::Sliding {
+                prev: self.prev,
+                curr: self.curr,
+                elapsed: clamp_i64(self.elapsed),
+                delay: clamp_i64(self.delay),
+            },
+        }
+    }
+}
+
+impl WindowState {
+    /// Heap bytes behind the state (the log of `Exact`), for `MEMORY USAGE`.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            WindowState::Exact { log, .. } => log.capacity() * std::mem::size_of::<Entry>(),
+            _ => 0,
+        }
+    }
+
+    /// Whether a decoded state satisfies its invariants: a window length in
+    /// `1..=MAX_DURATION_MS`; for a log, entries strictly increasing in
+    /// time, each of at least one point, at most [`MAX_EXACT_LIMIT`] of them.
+    pub fn is_valid(&self) -> bool {
+        let length = |w: &u64| (1..=MAX_DURATION_MS).contains(w);
+        match self {
+            WindowState::Sliding { window_ms, .. } => length(window_ms),
+            WindowState::Exact { window_ms, log } => {
+                length(window_ms)
+                    && log.len() <= MAX_EXACT_LIMIT as usize
+                    && log.iter().all(|e| e.cost >= 1)
+                    && log
+                        .windows(2)
+                        .all(|pair| matches!(pair, [a, b] if a.at < b.at))
+            }
+            WindowState::Fixed { .. } => true,
+        }
+    }
+
+    /// Which mode wrote this state.
+    pub fn mode(&self) -> Mode {
+        match self {
+            WindowState::Sliding { .. } => Mode::Sliding,
+            WindowState::Exact { .. } => Mode::Exact,
+            WindowState::Fixed { .. } => Mode::Fixed,
+        }
+    }
+
+    /// The points this state counts at `now`, under the parameters it was
+    /// written with (for `Sliding`, the estimate rounded up).
+    pub fn count_at(&self, now: Millis) -> u64 {
+        self.lump(now).0
+    }
+
+    /// The last instant anything in it still counts (the key's TTL can end
+    /// one millisecond later), `None` if nothing counts at `now`. Read under
+    /// the parameters it was written with: the state alone says it.
+    pub fn counts_until(&self, now: Millis) -> Option<Millis> {
+        match self.lump(now) {
+            (0, _) => None,
+            (_, end) => Some(clamp_i64(end - 1)),
+        }
+    }
+
+    /// `(N, H)`: the points counted at `now` and the first instant at which
+    /// none counts any more, under the state's own parameters; `N == 0`
+    /// when nothing counts.
+    fn lump(&self, now: Millis) -> (u64, i128) {
+        let none = (0, i128::from(now));
+        match self {
+            WindowState::Sliding {
+                start,
+                prev,
+                curr,
+                window_ms,
+            } => {
+                let w = i128::from((*window_ms).max(1));
+                let r = roll(*start, *prev, *curr, w, now);
+                match r.end(w) {
+                    Some(end) => (r.estimate(w), end),
+                    None => none,
+                }
+            }
+            WindowState::Exact { window_ms, log } => {
+                let w = i128::from((*window_ms).max(1));
+                let view = ExactView::native(log, w, 0, now);
+                let mut total = 0u64;
+                let mut end = None;
+                for (expiry, cost) in view.entries(w) {
+                    total = total.saturating_add(cost);
+                    end = Some(expiry);
+                }
+                match end {
+                    Some(end) if total > 0 => (total, end),
+                    _ => none,
+                }
+            }
+            WindowState::Fixed { end, count } => {
+                if *count > 0 && now < *end {
+                    (*count, i128::from(*end))
+                } else {
+                    none
+                }
+            }
+        }
+    }
+}
+
+/// An exact log as read under a call's window: the entries that still count
+/// (their times shifted by `shift`), or one carried lump.
+struct ExactView<'a> {
+    log: &'a [Entry],
+    shift: i128,
+    lump: Option<Entry>,
+}
+
+impl<'a> ExactView<'a> {
+    const EMPTY: ExactView<'static> = ExactView {
+        log: &[],
+        shift: 0,
+        lump: None,
+    };
+
+    /// The entries of `log` that count at `now` when each counts for
+    /// `w` after `at + shift`. Entries are sorted, so those are a suffix.
+    fn native(log: &'a [Entry], w: i128, shift: i128, now: Millis) -> ExactView<'a> {
+        let now = i128::from(now);
+        let dead = log.partition_point(|e| i128::from(e.at) + shift + w <= now);
+        ExactView {
+            log: log.get(dead..).unwrap_or(&[]),
+            shift,
+            lump: None,
+        }
+    }
+
+    /// `(expiry, cost)` of every entry, in order: the entry counts while
+    /// `now < expiry`.
+    fn entries(&self, w: i128) -> impl Iterator<Item = (i128, u64)> + '_ {
+        let shift = self.shift;
+        self.log
+            .iter()
+            .map(move |e| (i128::from(e.at) + shift + w, e.cost))
+            .chain(self.lump.map(|e| (i128::from(e.at) + w, e.cost)))
+    }
+
+    /// The entries as stored under the call's window (times shifted).
+    fn to_log(&self) -> Vec<Entry> {
+        let mut log = Vec::with_capacity(self.log.len() + usize::from(self.lump.is_some()));
+        let shifted = self.log.iter().map(|e| Entry {
+            at: clamp_i64(i128::from(e.at) + self.shift),
+            cost: e.cost,
+        });
+        for entry in shifted.chain(self.lump) {
+            push_merged(&mut log, entry);
+        }
+        log
+    }
+
+    fn seen(&self, w: i128, now: Millis) -> WindowSeen {
+        let now = i128::from(now);
+        let mut count = 0u64;
+        let mut last = None;
+        for (expiry, cost) in self.entries(w) {
+            count = count.saturating_add(cost);
+            last = Some(expiry);
+        }
+        match last {
+            Some(last) if count > 0 => WindowSeen {
+                count,
+                empty_in: clamp_i64(last - now).max(0),
+                shape: Shape::Exact,
+            },
+            _ => WindowSeen::default(),
+        }
+    }
+}
+
+/// Append `entry` to a sorted log, merging it into the last entry when it is
+/// not later (which counts its points at least as long).
+fn push_merged(log: &mut Vec<Entry>, entry: Entry) {
+    match log.last_mut() {
+        Some(last) if last.at >= entry.at => last.cost = last.cost.saturating_add(entry.cost),
+        _ => log.push(entry),
+    }
+}
+
+/// Add `cost` points admitted at `now` to a sorted log (merged with an entry
+/// of the same millisecond), then merge the oldest entries while the log is
+/// longer than [`MAX_EXACT_LIMIT`].
+fn add_entry(log: &mut Vec<Entry>, now: Millis, cost: u64) {
+    if cost == 0 {
+        return;
+    }
+    match log.binary_search_by_key(&now, |e| e.at) {
+        Ok(i) => {
+            if let Some(e) = log.get_mut(i) {
+                e.cost = e.cost.saturating_add(cost);
+            }
+        }
+        Err(i) => log.insert(i, Entry { at: now, cost }),
+    }
+    let cap = MAX_EXACT_LIMIT as usize;
+    if log.len() > cap {
+        let extra = log.len() - cap;
+        let merged = log
+            .iter()
+            .take(extra)
+            .fold(0u64, |sum, e| sum.saturating_add(e.cost));
+        if let Some(keep) = log.get_mut(extra) {
+            keep.cost = keep.cost.saturating_add(merged);
+        }
+        log.drain(..extra);
+    }
+}
+
+impl Window {
+    /// The window length as stored, never 0.
+    fn stored_w(&self) -> u64 {
+        self.window_ms.max(1)
+    }
+
+    fn w(&self) -> i128 {
+        i128::from(self.stored_w())
+    }
+
+    fn offset(&self) -> i128 {
+        i128::from(self.offset_ms) % self.w()
+    }
+
+    /// The boundary at or before `t`.
+    fn boundary_before(&self, t: i128) -> i128 {
+        t - (t - self.offset()).rem_euclid(self.w())
+    }
+
+    /// The boundary at or after `t`.
+    fn boundary_after(&self, t: i128) -> i128 {
+        t + (self.offset() - t).rem_euclid(self.w())
+    }
+
+    fn is_boundary(&self, t: Millis) -> bool {
+        (i128::from(t) - self.offset()).rem_euclid(self.w()) == 0
+    }
+
+    /// The end of the window of this key that holds `now`.
+    fn window_end(&self, now: Millis) -> i128 {
+        self.boundary_before(i128::from(now)) + self.w()
+    }
+
+    /// Whether `state` was written with this window's parameters (a `Fixed`
+    /// state: whether its window ends no earlier than the window holding
+    /// `now`, or counts nothing), so it is read as it is.
+    fn is_native(&self, state: &WindowState, now: Millis) -> bool {
+        match (self.mode, state) {
+            (
+                Mode::Sliding,
+                WindowState::Sliding {
+                    start, window_ms, ..
+                },
+            ) => *window_ms == self.stored_w() && self.is_boundary(*start),
+            (Mode::Exact, WindowState::Exact { window_ms, .. }) => *window_ms == self.stored_w(),
+            (Mode::Fixed, WindowState::Fixed { end, .. }) => self
+                .fixed_view(Some(state), now)
+                .is_none_or(|(_, e)| e == *end),
+            _ => false,
+        }
+    }
+
+    /// A `Sliding` reading of `state` at `now`; `None` when nothing counts.
+    fn sliding_view(&self, state: Option<&WindowState>, now: Millis) -> Option<Rolled> {
+        let state = state?;
+        let w = self.w();
+        if let WindowState::Sliding {
+            start, prev, curr, ..
+        } = state
+        {
+            if self.is_native(state, now) {
+                return Some(roll(*start, *prev, *curr, w, now));
+            }
+        }
+        let (n, end) = state.lump(now);
+        if n == 0 {
+            return None;
+        }
+        let hold = end.max(self.window_end(now));
+        let start = clamp_i64(self.boundary_after(hold));
+        Some(roll(start, n, 0, w, now))
+    }
+
+    /// A `Fixed` reading of `state` at `now`: `(count, end)`; `None` when
+    /// nothing counts.
+    fn fixed_view(&self, state: Option<&WindowState>, now: Millis) -> Option<(u64, Millis)> {
+        let (n, end) = state?.lump(now);
+        if n == 0 {
+            return None;
+        }
+        Some((n, clamp_i64(end.max(self.window_end(now)))))
+    }
+
+    /// An `Exact` reading of `state` at `now`.
+    fn exact_view<'a>(&self, state: Option<&'a WindowState>, now: Millis) -> ExactView<'a> {
+        let w = self.w();
+        match state {
+            None => ExactView::EMPTY,
+            Some(WindowState::Exact { window_ms, log }) => {
+                // Each entry counts for max(old W, new W) after admission.
+                let shift = (i128::from((*window_ms).max(1)) - w).max(0);
+                ExactView::native(log, w, shift, now)
+            }
+            Some(other) => {
+                let (n, end) = other.lump(now);
+                if n == 0 {
+                    return ExactView::EMPTY;
+                }
+                let at = clamp_i64((end - w).max(i128::from(now)));
+                ExactView {
+                    log: &[],
+                    shift: 0,
+                    lump: Some(Entry { at, cost: n }),
+                }
+            }
+        }
+    }
+
+    /// `state` as this window reads it at `now`, in this window's form
+    /// (rolled forward, pruned, converted); `None` when nothing counts.
+    fn normalized(&self, state: Option<&WindowState>, now: Millis) -> Option<WindowState> {
+        match self.mode {
+            Mode::Sliding => self.sliding_view(state, now).map(|r| WindowState::Sliding {
+                start: clamp_i64(r.start),
+                prev: r.prev,
+                curr: r.curr,
+                window_ms: self.stored_w(),
+            }),
+            Mode::Fixed => self
+                .fixed_view(state, now)
+                .map(|(count, end)| WindowState::Fixed { end, count }),
+            Mode::Exact => {
+                let log = self.exact_view(state, now).to_log();
+                (!log.is_empty()).then(|| WindowState::Exact {
+                    window_ms: self.stored_w(),
+                    log,
+                })
+            }
+        }
+    }
+
+    /// A state of this window's form that counts nothing at `now`.
+    fn empty(&self, now: Millis) -> WindowState {
+        let start = self.boundary_before(i128::from(now));
+        match self.mode {
+            Mode::Sliding => WindowState::Sliding {
+                start: clamp_i64(start),
+                prev: 0,
+                curr: 0,
+                window_ms: self.stored_w(),
+            },
+            Mode::Fixed => WindowState::Fixed {
+                end: clamp_i64(start + self.w()),
+                count: 0,
+            },
+            Mode::Exact => WindowState::Exact {
+                window_ms: self.stored_w(),
+                log: Vec::new(),
+            },
+        }
+    }
+
+    /// Milliseconds until `cost` points fit in `state` at `now`:
+    /// [`Limiter::wait_ms`] with the reading done here.
+    pub fn wait_exact(&self, state: Option<&WindowState>, cost: u64, now: Millis) -> i64 {
+        let seen = self.see(state, now);
+        self.wait_ms(state, &seen, cost, now)
+    }
+
+    /// The wait of a log that does not fit now: until enough of its oldest
+    /// entries stop counting.
+    fn exact_wait(
+        &self,
+        state: Option<&WindowState>,
+        seen: &WindowSeen,
+        cost: u64,
+        now: Millis,
+    ) -> i64 {
+        let excess = self.excess(seen, cost);
+        let mut freed = 0u64;
+        for (expiry, c) in self.exact_view(state, now).entries(self.w()) {
+            freed = freed.saturating_add(c);
+            if freed >= excess {
+                return clamp_i64(expiry - i128::from(now)).max(0);
+            }
+        }
+        seen.empty_in
+    }
+
+    /// Points that must stop counting before `cost` fits.
+    fn excess(&self, seen: &WindowSeen, cost: u64) -> u64 {
+        sat_u64(i128::from(seen.count) + i128::from(cost) - i128::from(self.limit))
+    }
+
+    /// [`Limiter::wait_ms`] of a `Sliding` reading that does not fit now.
+    fn sliding_wait(&self, seen: &WindowSeen, cost: u64) -> i64 {
+        let Shape::Sliding {
+            prev,
+            curr,
+            elapsed,
+            delay,
+        } = seen.shape
+        else {
+            return seen.empty_in;
+        };
+        let w = self.w();
+        let room = i128::from(self.limit) - i128::from(cost);
+        let (e, d) = (i128::from(elapsed), i128::from(delay));
+        // In the current sub-window: `curr` stays, `prev` fades.
+        let r1 = room - i128::from(curr);
+        if r1 >= 0 {
+            let x = first_elapsed(prev, r1, w);
+            if x < w {
+                return clamp_i64(d + x.max(e) - e);
+            }
+        }
+        // In the next one: `curr` is the previous sub-window and fades.
+        let x = first_elapsed(curr, room, w);
+        if x < w {
+            return clamp_i64(d + (w - e) + x);
+        }
+        clamp_i64(d + 2 * w - e)
+    }
+}
+
+/// The least elapsed time `x >= 0` into a sub-window of `w` at which a
+/// previous count `count` weighs at most `room >= 0`:
+/// `ceil(count * (w - x) / w) <= room`, that is
+/// `x >= w - floor(room * w / count)`. `w` or more: not in this sub-window.
+fn first_elapsed(count: u64, room: i128, w: i128) -> i128 {
+    if count == 0 {
+        return 0;
+    }
+    (w - room.saturating_mul(w) / i128::from(count)).max(0)
+}
+
+/// A window is a [`Limiter`] whose reading at `now` is its count (the
+/// estimate for `Sliding`) and what it takes to compute a wait.
+impl Limiter for Window {
+    type State = WindowState;
+    type Seen = WindowSeen;
+
+    fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn see(&self, state: Option<&WindowState>, now: Millis) -> WindowSeen {
+        match self.mode {
+            Mode::Sliding => self
+                .sliding_view(state, now)
+                .map_or_else(WindowSeen::default, |r| r.seen(self.w(), now)),
+            Mode::Fixed => {
+                self.fixed_view(state, now)
+                    .map_or_else(WindowSeen::default, |(count, end)| WindowSeen {
+                        count,
+                        empty_in: end.saturating_sub(now).max(0),
+                        shape: Shape::Fixed,
+                    })
+            }
+            Mode::Exact => self.exact_view(state, now).seen(self.w(), now),
+        }
+    }
+
+    fn fits(&self, seen: &WindowSeen, cost: u64) -> bool {
+        i128::from(seen.count) + i128::from(cost) <= i128::from(self.limit)
+    }
+
+    /// Exact in every mode. A `cost` above `limit` never fits: the answer
+    /// is the time until nothing counts.
+    fn wait_ms(
+        &self,
+        state: Option<&WindowState>,
+        seen: &WindowSeen,
+        cost: u64,
+        now: Millis,
+    ) -> i64 {
+        if self.fits(seen, cost) {
+            return 0;
+        }
+        if cost > self.limit {
+            return seen.empty_in;
+        }
+        match seen.shape {
+            Shape::Empty | Shape::Fixed => seen.empty_in,
+            Shape::Sliding { .. } => self.sliding_wait(seen, cost),
+            Shape::Exact => self.exact_wait(state, seen, cost, now),
+        }
+    }
+
+    fn remaining(&self, seen: &WindowSeen) -> i64 {
+        clamp_i64(i128::from(self.limit) - i128::from(seen.count)).max(0)
+    }
+
+    /// Read under this call's parameters, like every other reply field (a
+    /// probe of a foreign state answers as the converted state would).
+    fn reset_ms(&self, state: Option<&WindowState>, now: Millis) -> i64 {
+        self.see(state, now).empty_in
+    }
+
+    fn charge(
+        &self,
+        state: Option<&WindowState>,
+        _seen: &WindowSeen,
+        cost: u64,
+        now: Millis,
+    ) -> (WindowState, WindowSeen) {
+        let mut next = self
+            .normalized(state, now)
+            .unwrap_or_else(|| self.empty(now));
+        match &mut next {
+            WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
+            WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
+            WindowState::Exact { log, .. } => add_entry(log, now, cost),
+        }
+        let seen = self.see(Some(&next), now);
+        (next, seen)
+    }
+
+    /// `Some` exactly when `state` is foreign (another mode, window length
+    /// or offset; see the module docs) and still counts something: the
+    /// converted state, which later calls then read as it is.
+    fn rewrite(&self, state: &WindowState, _seen: &WindowSeen, now: Millis) -> Option<WindowState> {
+        if self.is_native(state, now) {
+            return None;
+        }
+        self.normalized(Some(state), now)
+    }
+}
+
+/// The compact encoding of a log: a flat array of unsigned integers,
+/// `[at_0 as u64, cost_0, at_1 - at_0, cost_1, ...]` (differences taken
+/// with wrapping arithmetic, exact for a strictly increasing log).
+mod log_codec {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(log: &[Entry], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(log.len().saturating_mul(2)))?;
+        let mut prev = 0i64;
+        for (i, e) in log.iter().enumerate() {
+            let t = if i == 0 {
+                e.at
+            } else {
+                e.at.wrapping_sub(prev)
+            };
+            seq.serialize_element(&t.cast_unsigned())?;
+            seq.serialize_element(&e.cost)?;
+            prev = e.at;
+        }
+        seq.end()
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Entry>, D::Error> {
+        d.deserialize_seq(LogVisitor)
+    }
+
+    struct LogVisitor;
+
+    impl<'de> Visitor<'de> for LogVisitor {
+        type Value = Vec<Entry>;
+
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a flat array of (time, cost) pairs")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Entry>, A::Error> {
+            let cap = MAX_EXACT_LIMIT as usize;
+            // A hostile length prefix must not reserve memory.
+            let mut log = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(2 * cap) / 2);
+            let mut prev = 0i64;
+            while let Some(t) = seq.next_element::<u64>()? {
+                let cost = seq
+                    .next_element::<u64>()?
+                    .ok_or_else(|| de::Error::custom("a log time without its cost"))?;
+                if log.len() >= cap {
+                    return Err(de::Error::custom("a log longer than MAX_EXACT_LIMIT"));
+                }
+                let at = if log.is_empty() {
+                    t.cast_signed()
+                } else {
+                    prev.wrapping_add(t.cast_signed())
+                };
+                log.push(Entry { at, cost });
+                prev = at;
+            }
+            Ok(log)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::penalty::Penalty;
+    use crate::core::take::{decide, Request};
+
+    /// A boundary of every window used below (offset 0): a multiple of
+    /// 3_600_000.
+    const T0: Millis = 1_699_999_200_000;
+
+    fn window(limit: u64, window_ms: u64, mode: Mode, offset_ms: u64) -> Window {
+        Window {
+            limit,
+            window_ms,
+            mode,
+            offset_ms,
+        }
+    }
+
+    /// Replay `rows` of `(ms after T0, cost, expected reply)` through
+    /// `decide` on one key.
+    fn replay(w: Window, rows: &[(i64, u64, [i64; 8])]) -> Option<WindowState> {
+        let mut states = [None];
+        let mut penalty = Penalty::default();
+        for (at, cost, expected) in rows {
+            let (reply, _) = decide(
+                &mut states,
+                &mut penalty,
+                &Request::new(&[w], *cost),
+                T0 + at,
+                0,
+            );
+            assert_eq!(
+                reply.to_array(),
+                *expected,
+                "{w:?} at +{at} ms, cost {cost}"
+            );
+        }
+        let [state] = states;
+        state
+    }
+
+    #[test]
+    fn fnv1a_reference_values() {
+        assert_eq!(fnv1a_64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a_64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a_64(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn key_offsets_are_fixed_and_in_range() {
+        // Pinned (computed independently): master, replica and every
+        // restart must agree, so the algorithm must never change.
+        let rows: &[(&[u8], u64, u64)] = &[
+            (b"", 60_000, 56_206),
+            (b"rl:{t:42}:key:7", 60_000, 14_199),
+            (b"rl:{t:42}:key:8", 60_000, 33_710),
+            (b"auth:{sub:alice}", 900_000, 402_097),
+            (b"a", 1000, 510),
+            (b"a", 1, 0),
+            (b"a", 0, 0),
+        ];
+        for (key, w, expected) in rows {
+            let got = key_offset(key, *w);
+            assert_eq!(got, *expected, "{key:?} {w}");
+            assert!(got < (*w).max(1));
+        }
+    }
+
+    #[test]
+    fn sliding_table() {
+        // 10 points per second, offset 0: sub-windows [T0 + k s, T0 + (k+1) s).
+        let w = window(10, 1000, Mode::Sliding, 0);
+        let rows: &[(i64, u64, [i64; 8])] = &[
+            // [status, limit, remaining, reset, retry, box, strikes, binding]
+            (0, 4, [1, 10, 6, 2000, 0, 0, -1, 0]),
+            (500, 6, [1, 10, 0, 1500, 0, 0, -1, 0]),
+            // prev = 10 fades from the boundary: 1 point fits at e = 100.
+            (999, 1, [0, 10, 0, 1001, 101, 0, -1, 0]),
+            // Next sub-window: prev = 10 weighs 10 * (1000 - e) / 1000, up.
+            (1000, 0, [1, 10, 0, 1000, 0, 0, -1, 0]),
+            (1000, 1, [0, 10, 0, 1000, 100, 0, -1, 0]),
+            (1099, 1, [0, 10, 0, 901, 1, 0, -1, 0]),
+            (1100, 1, [1, 10, 0, 1900, 0, 0, -1, 0]),
+            // e = 500: ceil(10 * 500 / 1000) + 1 = 6; 5 more fit at e = 600.
+            (1500, 5, [0, 10, 4, 1500, 100, 0, -1, 0]),
+            (1600, 5, [1, 10, 0, 1400, 0, 0, -1, 0]),
+            // Sub-window 3 holds prev = 6 (1 + 5), weighing from e = 0.
+            (2000, 5, [0, 10, 4, 1000, 167, 0, -1, 0]),
+            (2166, 5, [0, 10, 4, 834, 1, 0, -1, 0]),
+            (2167, 5, [1, 10, 0, 1833, 0, 0, -1, 0]),
+            // Two sub-windows later everything is gone.
+            (4000, 0, [1, 10, 10, 0, 0, 0, -1, 0]),
+        ];
+        replay(w, rows);
+    }
+
+    #[test]
+    fn fixed_table_with_an_offset() {
+        // Windows [T0 + 250 + k s, T0 + 1250 + k s).
+        let w = window(3, 1000, Mode::Fixed, 250);
+        let rows: &[(i64, u64, [i64; 8])] = &[
+            (0, 2, [1, 3, 1, 250, 0, 0, -1, 0]),
+            (249, 1, [1, 3, 0, 1, 0, 0, -1, 0]),
+            (250, 3, [1, 3, 0, 1000, 0, 0, -1, 0]),
+            (251, 1, [0, 3, 0, 999, 999, 0, -1, 0]),
+            (1249, 1, [0, 3, 0, 1, 1, 0, -1, 0]),
+            (1250, 0, [1, 3, 3, 0, 0, 0, -1, 0]),
+            (1250, 1, [1, 3, 2, 1000, 0, 0, -1, 0]),
+        ];
+        replay(w, rows);
+    }
+
+    #[test]
+    fn exact_table() {
+        // 3 points per second, the true count over (now - 1 s, now].
+        let w = window(3, 1000, Mode::Exact, 0);
+        let rows: &[(i64, u64, [i64; 8])] = &[
+            (0, 1, [1, 3, 2, 1000, 0, 0, -1, 0]),
+            (0, 1, [1, 3, 1, 1000, 0, 0, -1, 0]),
+            (400, 1, [1, 3, 0, 1000, 0, 0, -1, 0]),
+            (401, 1, [0, 3, 0, 999, 599, 0, -1, 0]),
+            // Two points need both entries of +0 to expire: still 1000.
+            (999, 0, [1, 3, 0, 401, 0, 0, -1, 0]),
+            (1000, 2, [1, 3, 0, 1000, 0, 0, -1, 0]),
+            (1001, 3, [0, 3, 0, 999, 999, 0, -1, 0]),
+            (1399, 1, [0, 3, 0, 601, 1, 0, -1, 0]),
+            (1400, 1, [1, 3, 0, 1000, 0, 0, -1, 0]),
+        ];
+        let state = replay(w, rows);
+        let Some(WindowState::Exact { log, .. }) = state else {
+            panic!("{state:?}");
+        };
+        // +0 and +400 were pruned; +1000 (2 points) and +1400 remain.
+        assert_eq!(
+            log,
+            vec![
+                Entry {
+                    at: T0 + 1000,
+                    cost: 2
+                },
+                Entry {
+                    at: T0 + 1400,
+                    cost: 1
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_boundary_burst_is_not_doubled() {
+        // 100 points at the last millisecond of a sub-window, then calls of
+        // 1 point every millisecond: in the first x ms after the boundary
+        // (x + 1 instants) at most floor(100 * x / 1000) are admitted.
+        let w = window(100, 1000, Mode::Sliding, 0);
+        let (mut state, _) = w.charge(None, &WindowSeen::default(), 100, T0 + 999);
+        let mut admitted = 0u64;
+        for x in 0..1000i64 {
+            let now = T0 + 1000 + x;
+            let seen = w.see(Some(&state), now);
+            if w.fits(&seen, 1) {
+                state = w.charge(Some(&state), &seen, 1, now).0;
+                admitted += 1;
+            }
+            assert!(admitted <= (100 * x as u64) / 1000, "x = {x}: {admitted}");
+        }
+        assert_eq!(admitted, 99);
+    }
+
+    #[test]
+    fn sliding_wait_is_exact_in_each_phase() {
+        // (prev, curr, elapsed, limit, cost, expected wait)
+        let rows: &[(u64, u64, i64, u64, u64, i64)] = &[
+            (10, 0, 0, 10, 1, 100),    // prev fades: 1 point per 100 ms
+            (10, 0, 950, 10, 10, 50),  // all 10 at the boundary
+            (10, 5, 0, 10, 5, 1000),   // prev must fade out entirely
+            (10, 5, 0, 10, 6, 1200),   // next sub-window: 5 * (1 - 0.2) = 4
+            (10, 10, 0, 10, 10, 2000), // nothing fits until both are gone
+            (3, 0, 0, 10, 8, 334),     // ceil(3 * 666 / 1000) = 2
+        ];
+        for &(prev, curr, elapsed, limit, cost, expected) in rows {
+            let w = window(limit, 1000, Mode::Sliding, 0);
+            let state = WindowState::Sliding {
+                start: T0,
+                prev,
+                curr,
+                window_ms: 1000,
+            };
+            let now = T0 + elapsed;
+            let seen = w.see(Some(&state), now);
+            let wait = w.wait_ms(Some(&state), &seen, cost, now);
+            assert_eq!(wait, expected, "{prev} {curr} +{elapsed} cost {cost}");
+            assert!(w.fits(&w.see(Some(&state), now + wait), cost));
+            assert!(!w.fits(&w.see(Some(&state), now + wait - 1), cost));
+        }
+    }
+
+    #[test]
+    fn a_backward_clock_step_releases_nothing() {
+        for mode in [Mode::Sliding, Mode::Exact, Mode::Fixed] {
+            let w = window(5, 1000, mode, 0);
+            let (state, _) = w.charge(None, &WindowSeen::default(), 5, T0 + 500);
+            for back in [1, 500, 3_600_000] {
+                let seen = w.see(Some(&state), T0 + 500 - back);
+                assert_eq!(w.remaining(&seen), 0, "{mode:?} {back}");
+                assert!(!w.fits(&seen, 1));
+                // Still counted for at least as long as without the step.
+                let wait = w.wait_ms(Some(&state), &seen, 1, T0 + 500 - back);
+                assert!(wait >= back, "{mode:?} {back}: {wait}");
+                assert_eq!(w.rewrite(&state, &seen, T0 + 500 - back), None);
+            }
+            // A charge before the stored window counts in it, not earlier.
+            let w1 = window(6, 1000, mode, 0);
+            let early = T0 - 3_600_000;
+            let seen = w1.see(Some(&state), early);
+            let (charged, seen) = w1.charge(Some(&state), &seen, 1, early);
+            assert_eq!(w1.remaining(&seen), 0, "{mode:?}");
+            assert!(
+                charged.counts_until(early) >= state.counts_until(T0 + 500),
+                "{mode:?} {charged:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_limit_is_just_a_number() {
+        for mode in [Mode::Sliding, Mode::Exact, Mode::Fixed] {
+            let (state, _) = window(10, 1000, mode, 0).charge(None, &WindowSeen::default(), 6, T0);
+            let up = window(20, 1000, mode, 0);
+            let down = window(4, 1000, mode, 0);
+            assert_eq!(up.remaining(&up.see(Some(&state), T0)), 14);
+            let seen = down.see(Some(&state), T0);
+            assert_eq!(down.remaining(&seen), 0);
+            assert!(
+                !down.fits(&seen, 0),
+                "over the new limit: even a probe waits"
+            );
+            assert_eq!(up.rewrite(&state, &seen, T0), None);
+            assert_eq!(down.rewrite(&state, &seen, T0), None);
+        }
+    }
+
+    #[test]
+    fn parameter_changes_convert_conservatively() {
+        // 6 points at T0 + 100 in a 1 s window of offset 0 (for Sliding, the
+        // sub-window [T0, T0 + 1000) is current; its count holds until
+        // T0 + 2000). Then the call names another window.
+        // (from, to, expected state after a throttled call at T0 + 200)
+        let s = |start, prev, curr, window_ms| WindowState::Sliding {
+            start,
+            prev,
+            curr,
+            window_ms,
+        };
+        let e = |window_ms, at, cost| WindowState::Exact {
+            window_ms,
+            log: vec![Entry { at, cost }],
+        };
+        let f = |end, count| WindowState::Fixed { end, count };
+        let rows: Vec<(Window, Window, WindowState)> = vec![
+            // Sliding, shorter W: the 6 points hold until T0 + 2000, then fade.
+            (
+                window(10, 1000, Mode::Sliding, 0),
+                window(10, 300, Mode::Sliding, 0),
+                s(T0 + 2100, 6, 0, 300),
+            ),
+            // Sliding, longer W: carried into the window holding now, whole.
+            (
+                window(10, 1000, Mode::Sliding, 0),
+                window(10, 5000, Mode::Sliding, 0),
+                s(T0 + 5000, 6, 0, 5000),
+            ),
+            // Same W, another offset: held until the old end.
+            (
+                window(10, 1000, Mode::Sliding, 0),
+                window(10, 1000, Mode::Sliding, 10),
+                s(T0 + 2010, 6, 0, 1000),
+            ),
+            // Sliding to Fixed: until max(T0 + 2000, window end T0 + 1000).
+            (
+                window(10, 1000, Mode::Sliding, 0),
+                window(10, 1000, Mode::Fixed, 0),
+                f(T0 + 2000, 6),
+            ),
+            // Sliding to Exact: one entry counting until T0 + 2000.
+            (
+                window(10, 1000, Mode::Sliding, 0),
+                window(10, 1000, Mode::Exact, 0),
+                e(1000, T0 + 1000, 6),
+            ),
+            // Exact, shorter W: each entry keeps counting for the old W.
+            (
+                window(10, 1000, Mode::Exact, 0),
+                window(10, 400, Mode::Exact, 0),
+                e(400, T0 + 700, 6),
+            ),
+            // Exact, longer W: each entry counts for the new W.
+            (
+                window(10, 1000, Mode::Exact, 0),
+                window(10, 4000, Mode::Exact, 0),
+                e(4000, T0 + 100, 6),
+            ),
+            // Exact to Fixed: until T0 + 1100 < window end T0 + 2000.
+            (
+                window(10, 1000, Mode::Exact, 0),
+                window(10, 2000, Mode::Fixed, 0),
+                f(T0 + 2000, 6),
+            ),
+            // Fixed, another offset: the count joins the window holding now
+            // ([T0 + 150, T0 + 1150)), which ends after the old one.
+            (
+                window(10, 1000, Mode::Fixed, 0),
+                window(10, 1000, Mode::Fixed, 150),
+                f(T0 + 1150, 6),
+            ),
+            // Fixed to Exact: one entry as if admitted now, counting until
+            // T0 + 1200, after the old end T0 + 1000.
+            (
+                window(10, 1000, Mode::Fixed, 0),
+                window(10, 1000, Mode::Exact, 0),
+                e(1000, T0 + 200, 6),
+            ),
+            // Fixed to Sliding, longer W: prev of the next sub-window.
+            (
+                window(10, 1000, Mode::Fixed, 0),
+                window(10, 3000, Mode::Sliding, 0),
+                s(T0 + 3000, 6, 0, 3000),
+            ),
+        ];
+        for (from, to, expected) in rows {
+            let (stored, _) = from.charge(None, &WindowSeen::default(), 6, T0 + 100);
+            let now = T0 + 200;
+            let seen = to.see(Some(&stored), now);
+            let rewritten = to.rewrite(&stored, &seen, now);
+            assert_eq!(rewritten.as_ref(), Some(&expected), "{from:?} -> {to:?}");
+            // The rewritten state reads as the foreign one did, and is native.
+            assert_eq!(to.see(rewritten.as_ref(), now), seen, "{from:?} -> {to:?}");
+            assert_eq!(to.rewrite(&expected, &seen, now), None);
+            // Never fewer points counted than either configuration counts.
+            for t in (now..now + 6000).step_by(7) {
+                let new = to.see(Some(&expected), t).count();
+                assert!(new >= stored.count_at(t), "{from:?} -> {to:?} at {t}");
+            }
+            let first_window = to.see(Some(&expected), to.window_end(now) as i64 - 1);
+            assert_eq!(first_window.count(), 6, "{from:?} -> {to:?}");
+        }
+    }
+
+    #[test]
+    fn a_charge_after_a_change_adds_to_the_converted_state() {
+        let from = window(10, 1000, Mode::Sliding, 0);
+        let to = window(10, 300, Mode::Sliding, 0);
+        let (stored, _) = from.charge(None, &WindowSeen::default(), 6, T0 + 100);
+        let seen = to.see(Some(&stored), T0 + 200);
+        let (charged, after) = to.charge(Some(&stored), &seen, 3, T0 + 200);
+        assert_eq!(
+            charged,
+            WindowState::Sliding {
+                start: T0 + 2100,
+                prev: 6,
+                curr: 3,
+                window_ms: 300
+            }
+        );
+        assert_eq!(after.count(), 9);
+        // Frozen until T0 + 2100, then prev = 6 fades: ceil(6 * (300 - x) /
+        // 300) <= 10 - 2 - 3 from x = 50.
+        assert_eq!(to.wait_ms(Some(&charged), &after, 2, T0 + 200), 1900 + 50);
+    }
+
+    #[test]
+    fn counts_until_and_validity() {
+        let rows: &[(WindowState, Millis, Option<Millis>, bool)] = &[
+            (
+                WindowState::Sliding {
+                    start: T0,
+                    prev: 1,
+                    curr: 0,
+                    window_ms: 1000,
+                },
+                T0,
+                Some(T0 + 999),
+                true,
+            ),
+            (
+                WindowState::Sliding {
+                    start: T0,
+                    prev: 0,
+                    curr: 1,
+                    window_ms: 1000,
+                },
+                T0 + 1500,
+                Some(T0 + 1999),
+                true,
+            ),
+            (
+                WindowState::Sliding {
+                    start: T0,
+                    prev: 5,
+                    curr: 5,
+                    window_ms: 0,
+                },
+                T0,
+                Some(T0 + 1),
+                false,
+            ),
+            (
+                WindowState::Fixed { end: T0, count: 2 },
+                T0 - 1,
+                Some(T0 - 1),
+                true,
+            ),
+            (WindowState::Fixed { end: T0, count: 2 }, T0, None, true),
+            (
+                WindowState::Exact {
+                    window_ms: 100,
+                    log: vec![
+                        Entry { at: T0, cost: 1 },
+                        Entry {
+                            at: T0 + 5,
+                            cost: 2,
+                        },
+                    ],
+                },
+                T0 + 99,
+                Some(T0 + 104),
+                true,
+            ),
+            (
+                WindowState::Exact {
+                    window_ms: 100,
+                    log: vec![Entry { at: T0, cost: 1 }, Entry { at: T0, cost: 2 }],
+                },
+                T0 + 200,
+                None,
+                false,
+            ),
+            (
+                WindowState::Exact {
+                    window_ms: 100,
+                    log: vec![Entry { at: T0, cost: 0 }],
+                },
+                T0,
+                None,
+                false,
+            ),
+        ];
+        for (state, now, until, valid) in rows {
+            assert_eq!(state.counts_until(*now), *until, "{state:?}");
+            assert_eq!(state.is_valid(), *valid, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn encoded_sizes() {
+        let size = |s: &WindowState| rmp_serde::to_vec(s).map(|v| v.len()).unwrap_or(0);
+        let sliding = WindowState::Sliding {
+            start: T0,
+            prev: 57,
+            curr: 3,
+            window_ms: 60_000,
+        };
+        let fixed = WindowState::Fixed {
+            end: T0 + 60_000,
+            count: 12,
+        };
+        assert_eq!(size(&sliding), 18);
+        assert_eq!(size(&fixed), 14);
+        let log: Vec<Entry> = (0..1000)
+            .map(|i| Entry {
+                at: T0 + i * 3_600,
+                cost: 1,
+            })
+            .collect();
+        let exact = WindowState::Exact {
+            window_ms: 3_600_000,
+            log,
+        };
+        // Header: map, "e", array of 2, window (u32), array16 header; the
+        // first entry: time (u64) and cost; then 4 bytes per entry: the
+        // delta 3600 as a u16 (3 bytes) and the cost (1 byte).
+        assert_eq!(size(&exact), 4 + 5 + 3 + 9 + 1 + 999 * 4);
+    }
+}

@@ -1,0 +1,240 @@
+//! RL.WINDOW against a real redis-server: the three modes, ALSO windows,
+//! penalties, probes, offsets, exact retry_after_ms, persistence.
+
+mod common;
+
+use common::*;
+
+/// Call `line` until the reply is throttled; returns the allowed count
+/// and the throttled reply (bounded by `limit + 1` calls).
+fn fill(con: &mut redis::Connection, line: &str, limit: usize) -> (usize, Vec<i64>) {
+    for allowed in 0..=limit {
+        let r = ints(con, line);
+        if r[0] != 1 {
+            return (allowed, r);
+        }
+    }
+    panic!("{line}: more than {limit} calls allowed");
+}
+
+#[test]
+fn every_mode_admits_the_limit_then_says_exactly_when_to_retry() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), &[]);
+    let mut con = server.client();
+    for mode in ["", "EXACT", "FIXED"] {
+        let line = format!("RL.WINDOW w:{mode} 5 10 {mode}");
+        let (allowed, r) = fill(&mut con, &line, 5);
+        assert_eq!(allowed, 5, "{mode}");
+        assert_eq!(
+            (r[0], r[1], r[2], r[5], r[6], r[7]),
+            (0, 5, 0, 0, -1, 0),
+            "{mode}: {r:?}"
+        );
+        let wait = r[4];
+        assert!(wait > 0 && wait <= 20_000, "{mode}: {wait}");
+        // Frozen clock: shift it by the wait (the real clock moves a few ms
+        // more, which only helps).
+        clock.advance_ms(wait);
+        assert_eq!(
+            ints(&mut con, &line)[0],
+            1,
+            "{mode}: waiting retry_after_ms admits"
+        );
+    }
+}
+
+#[test]
+fn exact_counts_the_true_sliding_window() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), &[]);
+    let mut con = server.client();
+    let line = "RL.WINDOW e 3 10 EXACT";
+    ints(&mut con, line);
+    clock.advance_ms(4_000);
+    ints(&mut con, line);
+    ints(&mut con, line);
+    let r = ints(&mut con, line);
+    assert_eq!(r[0], 0);
+    near(
+        r[4],
+        5_900,
+        6_000,
+        "the first call leaves the window 10 s after it was made",
+    );
+    near(
+        r[3],
+        9_900,
+        10_000,
+        "reset: the last calls leave the window in 10 s",
+    );
+    clock.advance_ms(r[4]);
+    let r = ints(&mut con, line);
+    assert_eq!(r[..3], [1, 3, 0], "exactly one slot came back");
+    assert_eq!(ints(&mut con, line)[0], 0);
+}
+
+#[test]
+fn fixed_windows_of_two_keys_reset_at_different_instants() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let resets: Vec<i64> = ["rl:{t:1}:key:7", "rl:{t:1}:key:8", "rl:{t:2}:key:7"]
+        .iter()
+        .map(|k| ints(&mut con, &format!("RL.WINDOW {k} 10 3600 FIXED"))[3])
+        .collect();
+    assert!(
+        resets[0] != resets[1] && resets[1] != resets[2] && resets[0] != resets[2],
+        "{resets:?}"
+    );
+
+    // The offset is a property of the key name: the same after a reload.
+    let before = ints(&mut con, "RL.WINDOW rl:{t:1}:key:7 10 3600 FIXED COST 0")[3];
+    let _: () = redis::cmd("DEBUG")
+        .arg("RELOAD")
+        .query(&mut con)
+        .expect("DEBUG RELOAD");
+    let after = ints(&mut con, "RL.WINDOW rl:{t:1}:key:7 10 3600 FIXED COST 0");
+    assert_eq!(after[2], 9, "the count survived");
+    near(after[3], before - 1000, before, "the same boundary");
+}
+
+#[test]
+fn deposit_velocity_five_a_minute_and_twenty_an_hour() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), &[]);
+    let mut con = server.client();
+    let line = "RL.WINDOW vel:{user:9}:1m 5 60 ALSO vel:{user:9}:1h 20 3600 EXACT";
+    let mut allowed = 0;
+    for minute in 0..5 {
+        // A minute of deposits, as fast as they are admitted.
+        let (n, r) = fill(&mut con, line, 5);
+        allowed += n;
+        if r[7] == 1 {
+            assert_eq!((minute, allowed), (3, 20), "the hour window binds at 20");
+            assert!(
+                r[4] > 3_000_000,
+                "until the first deposit leaves the hour: {r:?}"
+            );
+            return;
+        }
+        assert_eq!((n, r[7]), (5, 0), "the minute window binds first");
+        clock.advance_ms(60_000);
+    }
+    panic!("the hour window never bound: {allowed}");
+}
+
+#[test]
+fn a_login_lockout_counts_only_failures() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let probe = "RL.WINDOW auth:{sub:alice} 5 900 COST 0";
+    let failure = "RL.WINDOW auth:{sub:alice} 5 900 STRIKES 1 900 BOX 900 3600 86400";
+    assert_eq!(ints(&mut con, probe)[..3], [1, 5, 5]);
+    assert_eq!(
+        int(&mut con, "EXISTS auth:{sub:alice}"),
+        0,
+        "a probe writes nothing"
+    );
+    for left in (0..5).rev() {
+        assert_eq!(ints(&mut con, failure)[..3], [1, 5, left]);
+    }
+    assert_eq!(
+        ints(&mut con, probe)[..3],
+        [1, 5, 0],
+        "a probe always fits: 0 failures left"
+    );
+    let r = ints(&mut con, failure);
+    assert_eq!(
+        (r[0], r[4], r[5]),
+        (-1, 900_000, 1),
+        "the sixth failure locks out for 15 minutes"
+    );
+    assert_eq!(ints(&mut con, probe)[0], -1, "the probe sees the lockout");
+}
+
+#[test]
+fn a_cost_above_any_limit_and_other_bad_input_change_nothing() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    for (line, needle) in [
+        ("RL.WINDOW k 0 60", "limit"),
+        ("RL.WINDOW k 5 0", "window"),
+        ("RL.WINDOW k 5 60 COST 6", "COST"),
+        (
+            "RL.WINDOW k 5 60 ALSO t 2 60 COST 3",
+            "COST is above the capacity of ALSO bucket 1",
+        ),
+        (
+            "RL.WINDOW k 10001 60 EXACT",
+            "limit must be at most 10000 with EXACT",
+        ),
+        ("RL.WINDOW k 5 60 EXACT FIXED", "EXACT or FIXED"),
+        ("RL.WINDOW k 5 60 BOX 1 1 1", "BOX requires STRIKES"),
+        ("RL.WINDOW k 5 60 ALSO k 5 60", "repeats a key"),
+    ] {
+        let e = expect_err(call(&mut con, line), needle);
+        assert!(err_text(&e).starts_with("ERR "), "{line}");
+    }
+    assert_eq!(int(&mut con, "DBSIZE"), 0);
+    let _: () = redis::cmd("SET")
+        .arg("s")
+        .arg("v")
+        .query(&mut con)
+        .expect("SET");
+    expect_err(call(&mut con, "RL.WINDOW k 5 60 ALSO s 5 60"), "WRONGTYPE");
+    assert_eq!(int(&mut con, "EXISTS k"), 0);
+}
+
+#[test]
+fn a_key_can_hold_a_bucket_a_window_and_leases_at_once() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    ints(&mut con, "RL.TAKE multi 10 10 60 COST 3");
+    ints(&mut con, "RL.WINDOW multi 5 600 COST 2");
+    call(&mut con, "RL.LEASE ACQUIRE multi 1 1200").expect("ACQUIRE");
+    assert_eq!(ints(&mut con, "RL.TAKE multi 10 10 60 COST 0")[2], 7);
+    assert_eq!(ints(&mut con, "RL.WINDOW multi 5 600 COST 0")[2], 3);
+    near(
+        int(&mut con, "PTTL multi"),
+        1_199_000,
+        1_200_000,
+        "the lease lives longest",
+    );
+}
+
+#[test]
+fn info_counts_window_calls() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
+    ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
+    ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
+    let info = server.info("rl");
+    for (field, value) in [
+        ("rl_window_calls", "3"),
+        ("rl_window_allowed", "1"),
+        ("rl_window_throttled", "1"),
+        ("rl_window_boxed", "1"),
+        ("rl_take_calls", "0"),
+    ] {
+        assert_eq!(
+            info_field(&info, field).as_deref(),
+            Some(value),
+            "{field} in\n{info}"
+        );
+    }
+}
+
+#[test]
+fn command_getkeys_names_every_window_key() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let keys = str_array(
+        call(
+            &mut con,
+            "COMMAND GETKEYS RL.WINDOW a 1 1 EXACT ALSO b 2 2 COST 1 ALSO c 3 3",
+        )
+        .expect("GETKEYS"),
+    );
+    assert_eq!(keys, ["a", "b", "c"]);
+}
