@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
+use super::limits::MAX_DURATION_MS;
 use super::time::{ceil_div, clamp_i64, Millis};
 
 /// The stored state of one bucket.
@@ -87,26 +88,13 @@ impl Bucket {
 /// The debt of `bucket` at `now`, in ticks of `rate` (0 for a missing or
 /// full bucket). When the stored scale differs from `rate` (the caller
 /// changed the parameters), the points already spent are kept and the
-/// result is rounded up, so a change never grants a fraction of a point.
-/// A debt is never more than an empty bucket: when a lowered capacity is
-/// below what was spent, the bucket counts as empty.
+/// result is rounded up, so a change never grants a fraction of a point
+/// (the converted debt is capped at an empty bucket plus the longest
+/// duration, [`MAX_DURATION_MS`], of refill). A debt can exceed an empty
+/// bucket: after a lowered capacity, a `DELAY` reservation, or a backward
+/// step of the clock (the bucket then refills only as the clock passes
+/// again the time it had reached: a step back never grants points).
 pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
-    stored_debt(bucket, rate, now).min(rate.tolerance())
-}
-
-/// Whether the stored `bucket` no longer says what [`debt`] reads from it
-/// under `rate` at `now`, and must be rewritten even by a call that
-/// charges nothing: it was written with another tokens/period (its ticks
-/// are converted), or it holds more debt than an empty bucket (a lowered
-/// capacity, or a backward clock step, which is capped at empty so that
-/// `retry_after_ms` stays true).
-pub fn needs_rewrite(bucket: &Bucket, rate: &Rate, now: i64) -> bool {
-    bucket.tokens != rate.tokens
-        || bucket.period_ms != rate.period_ms
-        || stored_debt(Some(bucket), rate, now) > rate.tolerance()
-}
-
-fn stored_debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
     let Some(b) = bucket else { return 0 };
     let stored = (i128::from(b.tat_ms) - i128::from(now))
         .saturating_mul(i128::from(b.tokens.max(1)))
@@ -119,11 +107,23 @@ fn stored_debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
         // points are the same number of ticks.
         return stored;
     }
+    let cap = rate
+        .tolerance()
+        .saturating_add(i128::from(MAX_DURATION_MS).saturating_mul(rate.ticks_per_ms()));
     mul_div_ceil(
         stored,
         i128::from(rate.period_ms),
         i128::from(b.period_ms.max(1)),
     )
+    .min(cap)
+}
+
+/// Whether the stored `bucket` was written with another tokens/period than
+/// `rate`: its ticks are converted on every read, and a call that charges
+/// nothing (a throttled one) must rewrite it so that it refills at the new
+/// rate from then on and `retry_after_ms` stays true.
+pub fn needs_rewrite(bucket: &Bucket, rate: &Rate) -> bool {
+    bucket.tokens != rate.tokens || bucket.period_ms != rate.period_ms
 }
 
 /// `ceil(a * m / d)` for `a >= 0`, `m >= 0`, `d >= 1`, saturating.
@@ -209,7 +209,7 @@ impl Limiter for Rate {
     }
 
     fn rewrite(&self, state: &Bucket, debt: &i128, now: Millis) -> Option<Bucket> {
-        needs_rewrite(state, self, now).then(|| charge(*debt, 0, self, now).0)
+        needs_rewrite(state, self).then(|| charge(*debt, 0, self, now).0)
     }
 }
 

@@ -331,7 +331,7 @@ mod clock_step_tests {
     use super::*;
 
     #[test]
-    fn a_backward_step_caps_the_bucket_at_empty_and_it_refills_from_there() {
+    fn a_backward_step_grants_nothing_until_the_clock_passes_again() {
         let now = 1_700_000_000_000;
         let rate = Rate {
             capacity: 5,
@@ -350,10 +350,12 @@ mod clock_step_tests {
         req.cost = 1;
         let back = now - 3_600_000;
         let (reply, fx) = take(&mut buckets, &mut penalty, &req, back, 0);
-        assert_eq!(reply.to_array(), [0, 5, 0, 10_000, 2_000, 0, -1, 0]);
-        assert_eq!(fx.states_changed, 1);
+        assert_eq!(reply.to_array(), [0, 5, 0, 3_610_000, 3_602_000, 0, -1, 0]);
+        assert_eq!(fx, Effects::default(), "a throttled call writes nothing");
         req.cost = 5;
         let (reply, _) = take(&mut buckets, &mut penalty, &req, back + 10_000, 0);
+        assert_eq!(reply.status, Status::Throttled, "the hour is not refilled");
+        let (reply, _) = take(&mut buckets, &mut penalty, &req, now + 10_000, 0);
         assert_eq!(reply.status, Status::Allowed);
     }
 }

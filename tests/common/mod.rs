@@ -75,10 +75,11 @@ pub fn redis_cli_bin() -> String {
 
 /// Path of the module shared object that [`Server::start`] loads.
 ///
-/// Env `RL_MODULE` if set; otherwise `target/release/librl.so` when it exists
-/// and is newer than `target/debug/librl.so`; otherwise
-/// `target/debug/librl.so` (both relative to the crate root). Panics when the
-/// chosen file does not exist.
+/// Env `RL_MODULE` if set (`make test` sets it to the release build it just
+/// made). Otherwise the module is built from the current sources first
+/// (`cargo build`, once per test process: a plain `cargo test` builds the
+/// test binaries but not the `cdylib`, and a stale module would test old
+/// code) and `target/debug/librl.so` is used.
 pub fn module_path() -> PathBuf {
     if let Some(p) = std::env::var_os("RL_MODULE") {
         let p = PathBuf::from(p);
@@ -89,21 +90,22 @@ pub fn module_path() -> PathBuf {
         );
         return p;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let debug = root.join("target/debug/librl.so");
-    let release = root.join("target/release/librl.so");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let chosen = match (mtime(&release), mtime(&debug)) {
-        (Some(r), Some(d)) if r > d => release,
-        (Some(_), None) => release,
-        _ => debug,
-    };
-    assert!(
-        chosen.is_file(),
-        "module {} not found: run `cargo build` first (or set RL_MODULE)",
-        chosen.display()
-    );
-    chosen
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+            let status = Command::new(cargo)
+                .args(["build", "--lib", "--quiet"])
+                .current_dir(root)
+                .status()
+                .expect("run cargo build");
+            assert!(status.success(), "cargo build of the module failed");
+            let module = root.join("target/debug/librl.so");
+            assert!(module.is_file(), "module {} not found", module.display());
+            module
+        })
+        .clone()
 }
 
 /// Ports already handed out by this test process; never handed out twice,
