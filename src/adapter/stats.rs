@@ -42,6 +42,8 @@ pub struct Outcomes {
     pub throttled: Counter,
     /// Status -1.
     pub boxed: Counter,
+    /// Status 2 (`DELAY`).
+    pub delayed: Counter,
 }
 
 impl Outcomes {
@@ -51,6 +53,7 @@ impl Outcomes {
             allowed: Counter::new(),
             throttled: Counter::new(),
             boxed: Counter::new(),
+            delayed: Counter::new(),
         }
     }
 
@@ -61,6 +64,7 @@ impl Outcomes {
             Status::Allowed => self.allowed.incr(),
             Status::Throttled => self.throttled.incr(),
             Status::Boxed => self.boxed.incr(),
+            Status::Delayed => self.delayed.incr(),
         }
     }
 }
@@ -98,11 +102,12 @@ pub(crate) extern "C" fn info(
     _for_crash_report: std::os::raw::c_int,
 ) {
     super::ffi::guard((), || {
-        let fields: [(&CStr, &Counter); 17] = [
+        let fields: [(&CStr, &Counter); 18] = [
             (c"take_calls", &TAKE.calls),
             (c"take_allowed", &TAKE.allowed),
             (c"take_throttled", &TAKE.throttled),
             (c"take_boxed", &TAKE.boxed),
+            (c"take_delayed", &TAKE.delayed),
             (c"window_calls", &WINDOW.calls),
             (c"window_allowed", &WINDOW.allowed),
             (c"window_throttled", &WINDOW.throttled),

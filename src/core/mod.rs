@@ -20,4 +20,6 @@ mod lease_proptests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
+mod shaping_proptests;
+#[cfg(test)]
 mod window_proptests;

@@ -107,7 +107,7 @@ fn check_reply_ranges(reply: &Reply, rates: &[Rate], n: usize) -> Result<(), Tes
             prop_assert_eq!(reply.retry_after_ms, 0);
             prop_assert_eq!(reply.box_level, 0);
         }
-        Status::Throttled => {
+        Status::Throttled | Status::Delayed => {
             prop_assert_eq!(reply.limit, capacity);
             prop_assert!((0..=capacity).contains(&reply.remaining), "{reply:?}");
             prop_assert!(reply.reset_ms >= 0, "{reply:?}");
@@ -310,13 +310,17 @@ fn request_within_limits() -> impl Strategy<Value = TakeRequest> {
         cost,
         prop::option::of(policy),
         0u8..=100,
+        prop::option::of(up_to(MAX_DURATION_MS)),
     )
-        .prop_map(|(rates, cost, penalty, jitter_percent)| TakeRequest {
-            limits: rates,
-            cost,
-            penalty,
-            jitter_percent,
-        })
+        .prop_map(
+            |(rates, cost, penalty, jitter_percent, delay_ms)| TakeRequest {
+                limits: rates,
+                cost,
+                penalty,
+                jitter_percent,
+                delay_ms,
+            },
+        )
 }
 
 // ---------------------------------------------------------------------------
@@ -1219,7 +1223,7 @@ proptest! {
         jitter_percent in any::<u8>(),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { limits: rates, cost, penalty: policy, jitter_percent };
+        let req = TakeRequest { limits: rates, cost, penalty: policy, jitter_percent, delay_ms: None };
         let mut buckets = stored[..nb].to_vec();
         let mut penalty = penalty;
         for (now, random) in calls {
@@ -1237,7 +1241,7 @@ proptest! {
         stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS + 1),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { limits: rates, cost, penalty: None, jitter_percent: 0 };
+        let req = TakeRequest { limits: rates, cost, penalty: None, jitter_percent: 0, delay_ms: None };
         let mut buckets = stored;
         let mut penalty = Penalty::default();
         for (now, random) in calls {

@@ -12,6 +12,9 @@ pub enum Status {
     Throttled,
     /// `-1`: the penalty box is active.
     Boxed,
+    /// `2`: admitted later: the points are reserved, proceed after
+    /// `retry_after_ms` (`RL.TAKE ... DELAY`).
+    Delayed,
 }
 
 impl Status {
@@ -21,6 +24,7 @@ impl Status {
             Status::Allowed => 1,
             Status::Throttled => 0,
             Status::Boxed => -1,
+            Status::Delayed => 2,
         }
     }
 }

@@ -21,6 +21,10 @@ pub struct Request<L> {
     pub penalty: Option<PenaltyPolicy>,
     /// `JITTER` percent, 0 to 100.
     pub jitter_percent: u8,
+    /// `DELAY max_wait` in ms (`RL.TAKE` only): a request that would fit
+    /// within this wait is admitted later instead of throttled, its points
+    /// reserved now (the keys go into debt beyond their limit).
+    pub delay_ms: Option<u64>,
 }
 
 /// An `RL.TAKE` call: buckets.
@@ -34,6 +38,7 @@ impl<L: Clone> Request<L> {
             cost,
             penalty: None,
             jitter_percent: 0,
+            delay_ms: None,
         }
     }
 }
@@ -108,6 +113,17 @@ pub fn decide<L: Limiter>(
         }
     }
     if let Some(i) = binding {
+        if req.cost > 0 && req.delay_ms.is_some_and(|max| longest <= to_i64(max)) {
+            return reserve(
+                states,
+                &mut seen,
+                req,
+                i,
+                longest,
+                now,
+                strikes_left(penalty),
+            );
+        }
         let mut effects = Effects::default();
         if req.cost > 0 {
             effects.states_changed = rewrite(&mut states[..n], &seen, limits, now);
@@ -163,6 +179,42 @@ pub fn decide<L: Limiter>(
         box_level: 0,
         strikes_remaining: strikes_left(penalty),
         binding: binding as i64,
+    };
+    (reply, effects)
+}
+
+/// `DELAY`: take `cost` from every key although key `binding` only admits
+/// it in `wait` ms: the caller proceeds then, and later calls see the
+/// debt. No strike is counted; `JITTER` does not apply.
+fn reserve<L: Limiter>(
+    states: &mut [Option<L::State>],
+    seen: &mut [L::Seen],
+    req: &Request<L>,
+    binding: usize,
+    wait: i64,
+    now: Millis,
+    strikes_remaining: i64,
+) -> (Reply, Effects) {
+    let n = req.limits.len().min(states.len()).min(seen.len());
+    for ((state, seen), limit) in states.iter_mut().zip(seen.iter_mut()).zip(&req.limits[..n]) {
+        let (charged, after) = limit.charge(state.as_ref(), seen, req.cost, now);
+        *state = Some(charged);
+        *seen = after;
+    }
+    let limit = &req.limits[binding];
+    let reply = Reply {
+        status: Status::Delayed,
+        limit: to_i64(limit.limit()),
+        remaining: limit.remaining(&seen[binding]),
+        reset_ms: limit.reset_ms(states[binding].as_ref(), now),
+        retry_after_ms: wait,
+        box_level: 0,
+        strikes_remaining,
+        binding: binding as i64,
+    };
+    let effects = Effects {
+        states_changed: (1u32 << n) - 1,
+        ..Effects::default()
     };
     (reply, effects)
 }
@@ -340,12 +392,7 @@ mod clock_step_tests {
         };
         let mut buckets = [None];
         let mut penalty = Penalty::default();
-        let mut req = TakeRequest {
-            limits: vec![rate],
-            cost: 5,
-            penalty: None,
-            jitter_percent: 0,
-        };
+        let mut req = TakeRequest::new(&[rate], 5);
         take(&mut buckets, &mut penalty, &req, now, 0);
         req.cost = 1;
         let back = now - 3_600_000;
@@ -357,5 +404,57 @@ mod clock_step_tests {
         assert_eq!(reply.status, Status::Throttled, "the hour is not refilled");
         let (reply, _) = take(&mut buckets, &mut penalty, &req, now + 10_000, 0);
         assert_eq!(reply.status, Status::Allowed);
+    }
+}
+
+#[cfg(test)]
+mod delay_tests {
+    use super::*;
+    use crate::core::bucket;
+
+    #[test]
+    fn delay_reserves_within_max_wait_and_throttles_beyond() {
+        let now = 1_700_000_000_000;
+        let rate = Rate {
+            capacity: 1,
+            tokens: 1,
+            period_ms: 100,
+        };
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut req = TakeRequest::new(&[rate], 1);
+        req.delay_ms = Some(1000);
+        let (first, _) = take(&mut buckets, &mut penalty, &req, now, 0);
+        assert_eq!(first.to_array(), [1, 1, 0, 100, 0, 0, -1, 0]);
+        for k in 1..=10 {
+            let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
+            assert_eq!(
+                reply.to_array(),
+                [2, 1, 0, 100 * (k + 1), 100 * k, 0, -1, 0],
+                "call {k}"
+            );
+            assert_eq!(fx.states_changed, 1);
+        }
+        let before = buckets;
+        let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
+        assert_eq!(
+            reply.to_array(),
+            [0, 1, 0, 1100, 1100, 0, -1, 0],
+            "beyond max_wait"
+        );
+        assert_eq!(
+            (fx, buckets),
+            (Effects::default(), before),
+            "throttled: nothing reserved"
+        );
+        // Without DELAY the reservations are debt: nothing fits for 1.1 s.
+        req.delay_ms = None;
+        let (reply, _) = take(&mut buckets, &mut penalty, &req, now + 1099, 0);
+        assert_eq!((reply.status, reply.retry_after_ms), (Status::Throttled, 1));
+        let debt = bucket::debt(buckets[0].as_ref(), &rate, now);
+        assert_eq!(
+            debt, 1100,
+            "one point plus max_wait worth of points, in ticks"
+        );
     }
 }

@@ -100,6 +100,7 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         cost,
         penalty,
         jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
+        delay_ms: None,
     })
 }
 

@@ -1,5 +1,6 @@
 //! `RL.TAKE key capacity tokens period [COST cost] [ALSO key capacity tokens period]...
-//! [STRIKES threshold window] [BOX d1 d2 d3] [OFFENSES ttl] [JITTER percent]`
+//! [STRIKES threshold window] [BOX d1 d2 d3] [OFFENSES ttl] [JITTER percent]
+//! [DELAY max_wait]`
 //!
 //! Parses the call, reads every key's bucket and the first key's penalty
 //! state, lets the shared decision rule (see [`super::limiter_call`]), and
@@ -8,7 +9,7 @@
 use std::os::raw::c_int;
 
 use super::limiter_call::{parse_call, run_call, Clause};
-use crate::adapter::args::Cursor;
+use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
 use crate::adapter::stats;
@@ -21,7 +22,15 @@ const NAME: &str = "rl.take";
 /// Parse an `RL.TAKE` call; the key positions are pushed to `keys`.
 pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRequest, ArgError> {
     let mut c = Cursor::new(NAME, args);
-    let req = parse_call(&mut c, keys, rate, |_, _| Ok(false))?;
+    let mut delay = None;
+    let mut req = parse_call(&mut c, keys, rate, |word, c| {
+        if !is(word, "DELAY") {
+            return Ok(false);
+        }
+        set_once(&mut delay, "DELAY", c.duration_ms("DELAY max_wait", false)?)?;
+        Ok(true)
+    })?;
+    req.delay_ms = delay;
     if let Some(index) = req
         .limits
         .iter()

@@ -1,0 +1,90 @@
+//! `RL.TAKE ... DELAY`: shaping instead of rejecting, against a real server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// The server's clock (`TIME`) in microseconds.
+fn server_time_us(con: &mut redis::Connection) -> i64 {
+    let t: (String, String) = redis::cmd("TIME").query(con).expect("TIME");
+    t.0.parse::<i64>().expect("seconds") * 1_000_000 + t.1.parse::<i64>().expect("micros")
+}
+
+/// 20 concurrent callers on a bucket of 1 point refilled 10 times a
+/// second, each sleeping the wait it is given: none is rejected, and they
+/// proceed 100 ms apart as measured by the server's clock.
+#[test]
+fn twenty_callers_that_sleep_the_wait_proceed_at_the_rate() {
+    let server = Server::start(&[]);
+    let mut proceeds: Vec<i64> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..20)
+            .map(|_| {
+                let server = &server;
+                s.spawn(move || {
+                    let mut con = server.client();
+                    let r = ints(&mut con, "RL.TAKE shape 1 10 1 DELAY 5");
+                    assert!(r[0] == 1 || r[0] == 2, "never rejected: {r:?}");
+                    std::thread::sleep(Duration::from_millis(r[4] as u64));
+                    server_time_us(&mut con)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("caller"))
+            .collect()
+    });
+    proceeds.sort_unstable();
+    let first = proceeds[0];
+    for (k, t) in proceeds.iter().enumerate() {
+        let since_ms = (t - first) / 1000;
+        assert!(
+            since_ms >= k as i64 * 100 - 2,
+            "caller {k} proceeded {since_ms} ms after the first"
+        );
+    }
+    let span_ms = (proceeds[19] - first) / 1000;
+    assert!(
+        span_ms <= 1900 + 1000,
+        "20 calls at 10/s take about 1.9 s: {span_ms} ms"
+    );
+}
+
+#[test]
+fn a_wait_beyond_max_wait_is_throttled_and_reserves_nothing() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    assert_eq!(ints(&mut con, "RL.TAKE d 1 1 10 DELAY 15")[0], 1);
+    let r = ints(&mut con, "RL.TAKE d 1 1 10 DELAY 15");
+    assert_eq!(r[0], 2);
+    near(r[4], 9_900, 10_000, "wait for the reserved slot");
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("d").query(&mut con).expect("DUMP");
+    let r = ints(&mut con, "RL.TAKE d 1 1 10 DELAY 15");
+    assert_eq!(r[0], 0, "the next slot is 20 s away, beyond 15 s");
+    near(r[4], 19_900, 20_000, "retry_after_ms");
+    let after: Vec<u8> = redis::cmd("DUMP").arg("d").query(&mut con).expect("DUMP");
+    assert_eq!(dump, after, "nothing reserved");
+    let r = ints(&mut con, "RL.TAKE d 1 1 10");
+    assert_eq!(r[0], 0, "a call without DELAY sees the reservation");
+    expect_err(call(&mut con, "RL.TAKE d 1 1 10 DELAY 0"), "DELAY max_wait");
+    expect_err(
+        call(&mut con, "RL.WINDOW w 1 10 DELAY 5"),
+        "unknown option 'DELAY'",
+    );
+    let info = server.info("rl");
+    assert_eq!(info_field(&info, "rl_take_delayed").as_deref(), Some("1"));
+}
+
+#[test]
+fn reservations_replicate_as_effects() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    for _ in 0..5 {
+        ints(&mut con, "RL.TAKE r 2 1 1 DELAY 10 ALSO s 5 5 1");
+    }
+    wait_replica(&mut con, 1, 5000);
+    assert_eq!(snapshot(&mut con), snapshot(&mut replica.client()));
+}
