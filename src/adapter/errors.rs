@@ -56,6 +56,8 @@ pub enum ArgError {
     DuplicateKey,
     /// A `limit` above the `EXACT` cap, window `index` (0 = first key).
     ExactLimit { index: usize },
+    /// A calendar period that is not `DAY`, `WEEK` or `MONTH`.
+    Period { what: &'static str },
     /// A lease id that is empty or too long.
     LeaseId,
     /// A subcommand this command does not know.
@@ -135,6 +137,7 @@ impl fmt::Display for ArgError {
                     "ERR {which} must be at most {MAX_EXACT_LIMIT} with EXACT"
                 )
             }
+            ArgError::Period { what } => write!(f, "ERR {what} must be DAY, WEEK or MONTH"),
             ArgError::LeaseId => {
                 write!(f, "ERR lease-id must be 1 to {MAX_LEASE_ID_LEN} bytes")
             }

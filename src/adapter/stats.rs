@@ -73,6 +73,8 @@ impl Outcomes {
 pub static TAKE: Outcomes = Outcomes::new();
 /// `RL.WINDOW` outcomes.
 pub static WINDOW: Outcomes = Outcomes::new();
+/// `RL.QUOTA` outcomes.
+pub static QUOTA: Outcomes = Outcomes::new();
 /// Leases granted by `RL.LEASE ACQUIRE` (new or refreshed by `ID`).
 pub static LEASES_GRANTED: Counter = Counter::new();
 /// `RL.LEASE ACQUIRE` calls denied because the key was full.
@@ -102,7 +104,7 @@ pub(crate) extern "C" fn info(
     _for_crash_report: std::os::raw::c_int,
 ) {
     super::ffi::guard((), || {
-        let fields: [(&CStr, &Counter); 18] = [
+        let fields: [(&CStr, &Counter); 22] = [
             (c"take_calls", &TAKE.calls),
             (c"take_allowed", &TAKE.allowed),
             (c"take_throttled", &TAKE.throttled),
@@ -112,6 +114,10 @@ pub(crate) extern "C" fn info(
             (c"window_allowed", &WINDOW.allowed),
             (c"window_throttled", &WINDOW.throttled),
             (c"window_boxed", &WINDOW.boxed),
+            (c"quota_calls", &QUOTA.calls),
+            (c"quota_allowed", &QUOTA.allowed),
+            (c"quota_throttled", &QUOTA.throttled),
+            (c"quota_boxed", &QUOTA.boxed),
             (c"lease_granted", &LEASES_GRANTED),
             (c"lease_denied", &LEASES_DENIED),
             (c"lease_released", &LEASES_RELEASED),

@@ -3,7 +3,8 @@
 //!
 //! Layout: one version byte, then the record as a MessagePack array of its
 //! fields in declaration order. Each version appends fields: version 1 had
-//! `[bucket, penalty]`, version 2 added `leases`, version 3 `window`. Older payloads (an RDB or
+//! `[bucket, penalty]`, version 2 added `leases`, version 3 `window`,
+//! version 4 `quota`. Older payloads (an RDB or
 //! AOF written by an older build) decode with the missing fields empty.
 //! Decoding accepts only canonical bytes (those that encode back to
 //! themselves in their version) holding a valid record, so corrupt input
@@ -12,7 +13,7 @@
 use super::record::Record;
 
 /// The current encoding version (first byte of every payload).
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,15 @@ fn encode_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     let _ = match version {
         1 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty)),
         2 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty, &record.leases)),
+        3 => rmp_serde::encode::write(
+            out,
+            &(
+                &record.bucket,
+                &record.penalty,
+                &record.leases,
+                &record.window,
+            ),
+        ),
         _ => rmp_serde::encode::write(out, record),
     };
 }
@@ -68,6 +78,7 @@ mod tests {
     use crate::core::bucket::Bucket;
     use crate::core::lease::Leases;
     use crate::core::penalty::Penalty;
+    use crate::core::quota::QuotaState;
     use crate::core::window::WindowState;
 
     fn sample() -> Record {
@@ -91,6 +102,10 @@ mod tests {
                 end: 1_700_000_060_000,
                 count: 3,
             })),
+            quota: Some(QuotaState {
+                end: 1_700_006_400_000,
+                count: 42,
+            }),
         }
     }
 
@@ -113,6 +128,7 @@ mod tests {
         r.penalty = None;
         r.leases = None;
         r.window = None;
+        r.quota = None;
         assert!(encode(&r).len() <= 24, "{} bytes", encode(&r).len());
     }
 
@@ -135,6 +151,7 @@ mod tests {
         let mut old = sample();
         old.leases = None;
         old.window = None;
+        old.quota = None;
         let mut v1 = Vec::new();
         encode_version(&old, 1, &mut v1);
         assert_eq!(v1[0], 1);
@@ -153,6 +170,7 @@ mod tests {
         );
         let mut v2_record = sample();
         v2_record.window = None;
+        v2_record.quota = None;
         let mut v2 = Vec::new();
         encode_version(&v2_record, 2, &mut v2);
         assert_eq!(decode(&v2), Ok(v2_record));

@@ -9,6 +9,7 @@ pub mod lease;
 pub mod limiter;
 pub mod limits;
 pub mod penalty;
+pub mod quota;
 pub mod record;
 pub mod reply;
 pub mod take;

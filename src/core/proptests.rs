@@ -872,7 +872,10 @@ proptest! {
             "cost {} under {:?} with {} spent", cost_b, b, spent);
         match reply.status {
             Status::Throttled => {
-                let rescaled = (a.tokens, a.period_ms) != (b.tokens, b.period_ms);
+                // A throttled probe (cost 0: B's capacity is below what was
+                // spent) writes nothing, even at another scale.
+                let foreign = (a.tokens, a.period_ms) != (b.tokens, b.period_ms);
+                let rescaled = foreign && cost_b > 0;
                 prop_assert_eq!(changed(fx.states_changed, 0), rescaled);
                 if rescaled {
                     let bk = state.buckets[0];
@@ -882,7 +885,12 @@ proptest! {
                 }
                 // The same points spent...
                 prop_assert_eq!(state.probe_one(0, b, t).remaining, under_b.remaining);
-                // ...and B's wait is exact from now on.
+                // ...and B's wait is exact from now on (a probe of a foreign
+                // state converts it at every read without storing it: its
+                // wait is B's reading of A's state, not checked here).
+                if foreign && !rescaled {
+                    return Ok(());
+                }
                 let r = reply.retry_after_ms;
                 prop_assert_eq!(state.peek(&req(&[b], cost_b), t + r).status, Status::Allowed);
                 prop_assert_eq!(state.peek(&req(&[b], cost_b), t + r - 1).status, Status::Throttled);

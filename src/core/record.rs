@@ -6,6 +6,7 @@ use super::bucket::{Bucket, Rate};
 use super::lease::Leases;
 use super::limiter::Limiter;
 use super::penalty::{Penalty, MANUAL};
+use super::quota::{Quota, QuotaState};
 use super::time::Millis;
 use super::window::{Window, WindowState};
 
@@ -23,6 +24,9 @@ pub struct Record {
     /// The `RL.WINDOW` window. Since encoding version 3.
     #[serde(default)]
     pub window: Option<Box<WindowState>>,
+    /// The `RL.QUOTA` count. Since encoding version 4.
+    #[serde(default)]
+    pub quota: Option<QuotaState>,
 }
 
 /// A limiter kind whose state lives in a [`Record`] (each kind in its own
@@ -41,6 +45,16 @@ impl InRecord for Window {
 
     fn write(record: &mut Record, state: Option<WindowState>) {
         record.window = state.map(Box::new);
+    }
+}
+
+impl InRecord for Quota {
+    fn read(record: &Record) -> Option<&QuotaState> {
+        record.quota.as_ref()
+    }
+
+    fn write(record: &mut Record, state: Option<QuotaState>) {
+        record.quota = state;
     }
 }
 
@@ -75,6 +89,7 @@ impl Record {
                 .as_deref()
                 .is_none_or(|l| l.is_valid() && !l.is_empty())
             && self.window.as_deref().is_none_or(WindowState::is_valid)
+            && self.quota.as_ref().is_none_or(QuotaState::is_valid)
     }
 
     /// The penalty state, or an empty one.
@@ -110,6 +125,12 @@ impl Record {
             match window.counts_until(now) {
                 Some(last) => until = until.max(Some(last.min(MANUAL - 1))),
                 None => self.window = None,
+            }
+        }
+        if let Some(quota) = &self.quota {
+            match quota.counts_until(now) {
+                Some(end) => until = until.max(Some(end.min(MANUAL - 1))),
+                None => self.quota = None,
             }
         }
         if let Some(leases) = self.leases.as_deref_mut() {

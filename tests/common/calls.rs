@@ -70,6 +70,12 @@ pub fn mixed_workload(con: &mut Connection, keys: usize) {
         for _ in 0..(i % 4) {
             call(con, &format!("RL.TAKE {k}:shaped 2 1 3600 DELAY 7200")).expect("DELAY");
         }
+        let period = ["DAY", "WEEK", "MONTH"][i % 3];
+        call(
+            con,
+            &format!("RL.QUOTA {k}:quota 100 {period} COST {}", 1 + i),
+        )
+        .expect("RL.QUOTA");
         let mode = ["", "EXACT", "FIXED"][i % 3];
         for _ in 0..(1 + i % 4) {
             let line = format!("RL.WINDOW {k} 3 3600 {mode} ALSO {t} 4 7200 STRIKES 2 3600");

@@ -17,6 +17,7 @@ use crate::core::limits::{
 };
 use crate::core::penalty::PenaltyPolicy;
 use crate::core::record::InRecord;
+use crate::core::reply::Reply;
 use crate::core::take::{decide, Request};
 
 /// Which key's limiter arguments are being read: errors name them
@@ -104,17 +105,46 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
     })
 }
 
-/// Run a parsed limiter call on the keys at `key_positions`: read every
-/// key's state and the first key's penalty state, [`decide`], commit what
-/// changed, announce a trip, count the outcome in `outcomes`, reply.
+/// Whether a call may write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Commit what the decision changed (a `COST 0` call writes nothing
+    /// anyway).
+    Commit,
+    /// A dry run (`RL.QUOTA ... PEEK`): decide, reply, write nothing.
+    DryRun,
+}
+
+/// Run a parsed limiter call on the keys at `key_positions`, reply with
+/// the 8 integers and count the outcome in `outcomes`.
 pub fn run_call<L: InRecord>(
     ctx: Ctx,
     args: &[Arg],
     key_positions: &[usize],
     req: &Request<L>,
+    effect: Effect,
     outcomes: &Outcomes,
 ) -> c_int {
-    let access = if req.cost == 0 {
+    match decide_call(ctx, args, key_positions, req, effect) {
+        Ok(reply) => {
+            outcomes.record(reply.status);
+            reply_ints(ctx, &reply.to_array())
+        }
+        Err(replied) => replied,
+    }
+}
+
+/// Read every key's state and the first key's penalty state, [`decide`],
+/// and (unless a dry run) commit what changed and announce a trip. On an
+/// error the error reply is sent and returned as `Err`.
+pub fn decide_call<L: InRecord>(
+    ctx: Ctx,
+    args: &[Arg],
+    key_positions: &[usize],
+    req: &Request<L>,
+    effect: Effect,
+) -> Result<Reply, c_int> {
+    let access = if req.cost == 0 || effect == Effect::DryRun {
         Access::Read
     } else {
         Access::Write
@@ -128,11 +158,11 @@ pub fn run_call<L: InRecord>(
     for key in &keys {
         match key.record() {
             Ok(record) => states.push(record.and_then(L::read).cloned()),
-            Err(WrongType) => return reply_error(ctx, errors::WRONGTYPE),
+            Err(WrongType) => return Err(reply_error(ctx, errors::WRONGTYPE)),
         }
     }
     let Some(first) = keys.first() else {
-        return reply_error(ctx, errors::INTERNAL);
+        return Err(reply_error(ctx, errors::INTERNAL));
     };
     let mut penalty = first
         .record()
@@ -143,7 +173,9 @@ pub fn run_call<L: InRecord>(
     let now = now_ms(ctx);
     let random = std::hash::RandomState::new().hash_one(now);
     let (reply, effects) = decide(&mut states, &mut penalty, req, now, random);
-
+    if effect == Effect::DryRun {
+        return Ok(reply);
+    }
     for (i, (key, state)) in keys.iter_mut().zip(states).enumerate() {
         let penalty_changed = i == 0 && effects.penalty_changed;
         let state_changed = effects.states_changed & (1 << i) != 0;
@@ -163,6 +195,5 @@ pub fn run_call<L: InRecord>(
         notify(ctx, c"rl.boxed", keys[0].name);
         stats::trip(active.level);
     }
-    outcomes.record(reply.status);
-    reply_ints(ctx, &reply.to_array())
+    Ok(reply)
 }

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod box_cmd;
 pub mod lease;
 pub mod limiter_call;
+pub mod quota;
 pub mod take;
 pub mod window;
 
@@ -43,6 +44,7 @@ macro_rules! entry {
 
 entry!(take_entry, take::run);
 entry!(window_entry, window::run);
+entry!(quota_entry, quota::run);
 entry!(apply_entry, apply::run);
 entry!(box_status_entry, box_cmd::status);
 entry!(box_trip_entry, box_cmd::trip);
@@ -104,6 +106,13 @@ pub fn register(ctx: Ctx) -> bool {
         ctx,
         c"rl.window",
         Some(window_entry),
+        c"write deny-oom getkeys-api",
+        1,
+        1,
+    ) && create(
+        ctx,
+        c"rl.quota",
+        Some(quota_entry),
         c"write deny-oom getkeys-api",
         1,
         1,

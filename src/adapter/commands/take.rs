@@ -8,7 +8,7 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_call, Clause};
+use super::limiter_call::{parse_call, run_call, Clause, Effect};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
@@ -63,7 +63,7 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
         return 0;
     }
     match parsed {
-        Ok(req) => run_call(ctx, args, &keys, &req, &stats::TAKE),
+        Ok(req) => run_call(ctx, args, &keys, &req, Effect::Commit, &stats::TAKE),
         Err(e) => reply_error(ctx, &e.to_string()),
     }
 }

@@ -1,0 +1,126 @@
+//! `RL.QUOTA key limit DAY|WEEK|MONTH [COST cost] [PEEK]`: at most `limit`
+//! points per calendar day, ISO week or month in UTC. The same parser,
+//! decision and commit path as `RL.TAKE` (so `ALSO`, `STRIKES` and
+//! `JITTER` work here too); `PEEK` is a dry run of the call's cost.
+
+use std::os::raw::c_int;
+
+use super::limiter_call::{parse_call, run_call, Clause, Effect};
+use crate::adapter::args::{is, set_once, Cursor};
+use crate::adapter::errors::ArgError;
+use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
+use crate::adapter::stats;
+use crate::core::limits::MAX_POINTS;
+use crate::core::quota::{Period, Quota};
+use crate::core::take::Request;
+
+const NAME: &str = "rl.quota";
+
+/// Parse an `RL.QUOTA` call: the request and whether it is a `PEEK`.
+pub fn parse<A: AsRef<[u8]>>(
+    args: &[A],
+    keys: &mut Vec<usize>,
+) -> Result<(Request<Quota>, bool), ArgError> {
+    let mut c = Cursor::new(NAME, args);
+    let mut peek = None;
+    let req = parse_call(&mut c, keys, quota, |word, _| {
+        if !is(word, "PEEK") {
+            return Ok(false);
+        }
+        set_once(&mut peek, "PEEK", ())?;
+        Ok(true)
+    })?;
+    Ok((req, peek.is_some()))
+}
+
+/// Read `limit DAY|WEEK|MONTH`.
+fn quota<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Quota, ArgError> {
+    let [limit, period] = match clause {
+        Clause::First => ["limit", "period"],
+        Clause::Also => ["ALSO limit", "ALSO period"],
+    };
+    let limit = c.integer(limit, 1, MAX_POINTS)?;
+    let word = c.word().ok_or(ArgError::Missing {
+        command: NAME,
+        what: period,
+    })?;
+    let period = if is(word, "DAY") {
+        Period::Day
+    } else if is(word, "WEEK") {
+        Period::Week
+    } else if is(word, "MONTH") {
+        Period::Month
+    } else {
+        return Err(ArgError::Period { what: period });
+    };
+    Ok(Quota { limit, period })
+}
+
+/// Run `RL.QUOTA`.
+pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
+    let mut keys = Vec::with_capacity(1);
+    let parsed = parse(args, &mut keys);
+    if is_keys_request(ctx) {
+        keys.iter().for_each(|&pos| declare_key(ctx, pos));
+        return 0;
+    }
+    match parsed {
+        Ok((req, false)) => run_call(ctx, args, &keys, &req, Effect::Commit, &stats::QUOTA),
+        // A dry run simulates no strike: it reports the cost's fit only.
+        Ok((req, true)) => {
+            let req = Request {
+                penalty: None,
+                ..req
+            };
+            run_call(ctx, args, &keys, &req, Effect::DryRun, &stats::QUOTA)
+        }
+        Err(e) => reply_error(ctx, &e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(line: &str) -> Result<(Request<Quota>, bool), ArgError> {
+        let args: Vec<&str> = line.split_whitespace().collect();
+        parse(&args, &mut Vec::new())
+    }
+
+    #[test]
+    fn syntax() {
+        let (req, peek) = parse_str("RL.QUOTA k 10000 month COST 25 PEEK").expect("valid");
+        assert_eq!(
+            req.limits[0],
+            Quota {
+                limit: 10_000,
+                period: Period::Month
+            }
+        );
+        assert_eq!((req.cost, peek), (25, true));
+        let (req, peek) = parse_str("RL.QUOTA k 5 DAY ALSO t 100 WEEK").expect("valid");
+        assert_eq!(req.limits[1].period, Period::Week);
+        assert!(!peek);
+    }
+
+    #[test]
+    fn bad_input() {
+        for (line, expected) in [
+            ("RL.QUOTA k 10 YEAR", "period must be DAY, WEEK or MONTH"),
+            ("RL.QUOTA k 10", "missing period"),
+            ("RL.QUOTA k 0 DAY", "limit must be"),
+            (
+                "RL.QUOTA k 10 DAY PEEK PEEK",
+                "PEEK is given more than once",
+            ),
+            ("RL.QUOTA k 10 DAY COST 11", "COST is above"),
+            ("RL.QUOTA k 10 DAY ALSO t 5 HOUR", "ALSO period must be"),
+        ] {
+            let err = parse_str(line).expect_err(line).to_string();
+            assert!(
+                err.starts_with("ERR ") && err.contains(expected),
+                "{line}: {err}"
+            );
+        }
+    }
+}

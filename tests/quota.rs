@@ -1,0 +1,151 @@
+//! RL.QUOTA against a real redis-server whose clock is moved to calendar
+//! edges: month ends, leap days, the turn of the year.
+
+mod common;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::*;
+
+/// Milliseconds since the epoch of `y-m-d hh:mm:ss` UTC, for years from
+/// 1970, by counting days (independent of the module's arithmetic).
+fn utc_ms(y: i64, m: i64, d: i64, hh: i64, mm: i64, ss: i64) -> i64 {
+    let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let month_days = |y: i64, m: i64| match m {
+        2 if leap(y) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    };
+    let days: i64 = (1970..y)
+        .map(|y| if leap(y) { 366 } else { 365 })
+        .sum::<i64>()
+        + (1..m).map(|m| month_days(y, m)).sum::<i64>()
+        + d
+        - 1;
+    days * 86_400_000 + ((hh * 60 + mm) * 60 + ss) * 1000
+}
+
+/// Move `clock` so that the server's time is now `target` ms.
+fn set_clock(clock: &TimeShift, target: i64) {
+    let real = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    clock.set_ms(target - real);
+}
+
+#[test]
+fn the_civil_helper_agrees_with_known_dates() {
+    assert_eq!(utc_ms(1970, 1, 1, 0, 0, 0), 0);
+    assert_eq!(utc_ms(2000, 3, 1, 0, 0, 0), 951_868_800_000);
+    assert_eq!(utc_ms(2028, 2, 29, 12, 0, 0), 1_835_438_400_000);
+}
+
+#[test]
+fn a_monthly_quota_resets_at_the_turn_of_the_month() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), &[]);
+    let mut con = server.client();
+    for (y, m, d, ny, nm) in [
+        (2026, 12, 31, 2027, 1),
+        (2028, 2, 29, 2028, 3),
+        (2027, 2, 28, 2027, 3),
+    ] {
+        let key = format!("q:{y}-{m}");
+        set_clock(&clock, utc_ms(y, m, d, 23, 59, 50));
+        let end = utc_ms(ny, nm, 1, 0, 0, 0);
+        for left in [2, 1, 0] {
+            assert_eq!(
+                ints(&mut con, &format!("RL.QUOTA {key} 3 MONTH"))[..3],
+                [1, 3, left]
+            );
+        }
+        let r = ints(&mut con, &format!("RL.QUOTA {key} 3 MONTH"));
+        assert_eq!(r[..3], [0, 3, 0], "{key}");
+        near(r[4], 9_000, 10_000, "until the first of the next month");
+        assert_eq!(r[3], r[4], "reset_ms is the end of the period");
+        assert_eq!(
+            int(&mut con, &format!("PEXPIRETIME {key}")),
+            end,
+            "the key expires when the period ends"
+        );
+        set_clock(&clock, end);
+        assert_eq!(
+            ints(&mut con, &format!("RL.QUOTA {key} 3 MONTH"))[..3],
+            [1, 3, 2],
+            "{key}: a new month"
+        );
+    }
+}
+
+#[test]
+fn weeks_are_iso_weeks_and_days_are_utc_days() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), &[]);
+    let mut con = server.client();
+    // Sunday 2027-01-03 is the last day of ISO week 53 of 2026.
+    set_clock(&clock, utc_ms(2027, 1, 3, 12, 0, 0));
+    let r = ints(&mut con, "RL.QUOTA w 10 WEEK");
+    near(r[3], 43_190_000, 43_200_000, "the week ends Monday 00:00");
+    let r = ints(&mut con, "RL.QUOTA d 10 DAY");
+    near(r[3], 43_190_000, 43_200_000, "the day ends at midnight UTC");
+    assert_eq!(int(&mut con, "PEXPIRETIME w"), utc_ms(2027, 1, 4, 0, 0, 0));
+    assert_eq!(int(&mut con, "PEXPIRETIME d"), utc_ms(2027, 1, 4, 0, 0, 0));
+}
+
+#[test]
+fn peek_is_a_dry_run_of_the_cost() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    assert_eq!(
+        ints(&mut con, "RL.QUOTA p 100 MONTH COST 60 PEEK")[..3],
+        [1, 100, 40]
+    );
+    assert_eq!(int(&mut con, "EXISTS p"), 0, "PEEK writes nothing");
+    ints(&mut con, "RL.QUOTA p 100 MONTH COST 60");
+    let offset = server.info_get("replication", "master_repl_offset");
+    assert_eq!(
+        ints(&mut con, "RL.QUOTA p 100 MONTH COST 60 PEEK STRIKES 1 60")[..3],
+        [0, 100, 40]
+    );
+    assert_eq!(
+        ints(&mut con, "RL.BOX STATUS p"),
+        [0, 0, 0, 0],
+        "a dry run counts no strike"
+    );
+    assert_eq!(server.info_get("replication", "master_repl_offset"), offset);
+    assert_eq!(
+        ints(&mut con, "RL.QUOTA p 100 MONTH COST 40")[..3],
+        [1, 100, 0]
+    );
+}
+
+#[test]
+fn bad_input_and_replication() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    for (line, needle) in [
+        ("RL.QUOTA k 10 YEAR", "period must be DAY, WEEK or MONTH"),
+        ("RL.QUOTA k 10", "missing period"),
+        ("RL.QUOTA k 0 DAY", "limit"),
+        ("RL.QUOTA k 10 DAY COST 11", "COST"),
+    ] {
+        expect_err(call(&mut con, line), needle);
+    }
+    assert_eq!(int(&mut con, "DBSIZE"), 0);
+    for line in [
+        "RL.QUOTA a 5 DAY",
+        "RL.QUOTA b 5 WEEK COST 3 ALSO c 10 MONTH",
+        "RL.QUOTA a 5 DAY COST 4",
+    ] {
+        ints(&mut con, line);
+    }
+    wait_replica(&mut con, 1, 5000);
+    assert_eq!(snapshot(&mut con), snapshot(&mut replica.client()));
+    assert_eq!(
+        info_field(&master.info("rl"), "rl_quota_calls").as_deref(),
+        Some("3")
+    );
+}
