@@ -65,6 +65,11 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
         Some(arg.as_ref())
     }
 
+    /// Whether arguments are left to read.
+    pub fn has_more(&self) -> bool {
+        self.pos < self.args.len()
+    }
+
     /// The raw bytes of the argument at `pos`.
     pub fn bytes_at(&self, pos: usize) -> &'a [u8] {
         self.args.get(pos).map_or(&[], |a| a.as_ref())
@@ -72,7 +77,7 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
 
     /// Ok when every argument has been read.
     pub fn finish(&self) -> Result<(), ArgError> {
-        if self.pos < self.args.len() {
+        if self.has_more() {
             Err(ArgError::Extra {
                 command: self.command,
             })

@@ -75,6 +75,8 @@ pub static TAKE: Outcomes = Outcomes::new();
 pub static WINDOW: Outcomes = Outcomes::new();
 /// `RL.QUOTA` outcomes.
 pub static QUOTA: Outcomes = Outcomes::new();
+/// `CL.THROTTLE` outcomes (limited calls count as throttled).
+pub static THROTTLE: Outcomes = Outcomes::new();
 /// Leases granted by `RL.LEASE ACQUIRE` (new or refreshed by `ID`).
 pub static LEASES_GRANTED: Counter = Counter::new();
 /// `RL.LEASE ACQUIRE` calls denied because the key was full.
@@ -104,7 +106,7 @@ pub(crate) extern "C" fn info(
     _for_crash_report: std::os::raw::c_int,
 ) {
     super::ffi::guard((), || {
-        let fields: [(&CStr, &Counter); 22] = [
+        let fields: [(&CStr, &Counter); 25] = [
             (c"take_calls", &TAKE.calls),
             (c"take_allowed", &TAKE.allowed),
             (c"take_throttled", &TAKE.throttled),
@@ -118,6 +120,9 @@ pub(crate) extern "C" fn info(
             (c"quota_allowed", &QUOTA.allowed),
             (c"quota_throttled", &QUOTA.throttled),
             (c"quota_boxed", &QUOTA.boxed),
+            (c"throttle_calls", &THROTTLE.calls),
+            (c"throttle_allowed", &THROTTLE.allowed),
+            (c"throttle_limited", &THROTTLE.throttled),
             (c"lease_granted", &LEASES_GRANTED),
             (c"lease_denied", &LEASES_DENIED),
             (c"lease_released", &LEASES_RELEASED),

@@ -52,6 +52,27 @@ impl RlKey {
         self.value().map(|v| v.map(|r| &*r))
     }
 
+    /// The bytes of a string value (`None` for any other type or no key):
+    /// used to read the value of another limiter (redis-cell) to convert.
+    pub fn string_value(&self) -> Option<&[u8]> {
+        if self.raw.is_null() {
+            return None;
+        }
+        let kind = unsafe { api!(RedisModule_KeyType)(self.raw) } as isize;
+        if kind != raw::REDISMODULE_KEYTYPE_STRING {
+            return None;
+        }
+        let mut len = 0usize;
+        let ptr = unsafe {
+            api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
+        };
+        if ptr.is_null() {
+            return None;
+        }
+        // Valid while the key is open and unmodified.
+        Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+    }
+
     /// A copy of the record to change and [`commit`] (empty when the key
     /// holds nothing).
     pub fn working_copy(&self) -> Record {

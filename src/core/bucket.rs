@@ -166,6 +166,23 @@ pub fn reset_ms(debt: i128, rate: &Rate) -> i64 {
     clamp_i64(ceil_div(debt.max(0), rate.ticks_per_ms()))
 }
 
+/// The bucket of a redis-cell value: its theoretical arrival time in
+/// nanoseconds since the epoch, rounded up to a tick of `rate` (so the
+/// conversion never grants a fraction of a point).
+pub fn from_tat_ns(tat_ns: i64, rate: &Rate) -> Bucket {
+    let ticks = ceil_div(
+        i128::from(tat_ns).saturating_mul(rate.ticks_per_ms()),
+        1_000_000,
+    );
+    let per_ms = rate.ticks_per_ms();
+    Bucket {
+        tat_ms: clamp_i64(ticks.div_euclid(per_ms)),
+        tat_frac: u64::try_from(ticks.rem_euclid(per_ms)).unwrap_or(0),
+        tokens: rate.tokens.max(1),
+        period_ms: rate.period_ms.max(1),
+    }
+}
+
 /// A bucket is a [`Limiter`] whose reading at `now` is its debt in ticks.
 impl Limiter for Rate {
     type State = Bucket;
@@ -303,6 +320,21 @@ mod tests {
         let d = debt(Some(&b), &per_second, NOW);
         assert_eq!(remaining(d, &per_second), 2900);
         assert_eq!(reset_ms(d, &per_second), 2000);
+    }
+
+    #[test]
+    fn a_redis_cell_tat_converts_without_granting_a_fraction() {
+        let r = rate(16, 30, 60_000); // one point every 2 s
+        let b = from_tat_ns(1_700_000_001_500_000_001, &r);
+        assert!(b.is_valid());
+        assert_eq!(
+            b.full_at_ms(),
+            1_700_000_001_501,
+            "rounded up, never earlier"
+        );
+        let d = debt(Some(&b), &r, 1_700_000_000_000);
+        assert_eq!(remaining(d, &r), 15, "1.5 s of debt: one point spent");
+        assert_eq!(from_tat_ns(0, &r).tat_ms, 0);
     }
 
     #[test]

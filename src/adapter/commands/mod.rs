@@ -12,6 +12,7 @@ pub mod lease;
 pub mod limiter_call;
 pub mod quota;
 pub mod take;
+pub mod throttle;
 pub mod window;
 
 use std::ffi::CStr;
@@ -45,6 +46,7 @@ macro_rules! entry {
 entry!(take_entry, take::run);
 entry!(window_entry, window::run);
 entry!(quota_entry, quota::run);
+entry!(throttle_entry, throttle::run);
 entry!(apply_entry, apply::run);
 entry!(box_status_entry, box_cmd::status);
 entry!(box_trip_entry, box_cmd::trip);
@@ -114,6 +116,13 @@ pub fn register(ctx: Ctx) -> bool {
         c"rl.quota",
         Some(quota_entry),
         c"write deny-oom getkeys-api",
+        1,
+        1,
+    ) && create(
+        ctx,
+        c"cl.throttle",
+        Some(throttle_entry),
+        c"write deny-oom",
         1,
         1,
     ) && create(ctx, c"rl.apply", Some(apply_entry), c"write", 1, 1)

@@ -1,0 +1,121 @@
+//! `CL.THROTTLE`: redis-cell's arguments and reply on rl's bucket, the
+//! cases of redis-cell's documentation as a table, and the conversion of
+//! a redis-cell value in place.
+
+mod common;
+
+use common::*;
+
+/// The server's clock (`TIME`) in nanoseconds.
+fn server_time_ns(con: &mut redis::Connection) -> i64 {
+    let t: (String, String) = redis::cmd("TIME").query(con).expect("TIME");
+    t.0.parse::<i64>().expect("seconds") * 1_000_000_000
+        + t.1.parse::<i64>().expect("micros") * 1000
+}
+
+#[test]
+fn the_cases_of_redis_cells_documentation() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    // "user123": a burst of 15, 30 per 60 s (one every 2 s), quantity 1.
+    // (line, expected [limited, limit, remaining, retry_after, reset_after])
+    let rows: &[(&str, [i64; 5])] = &[
+        ("CL.THROTTLE user123 15 30 60", [0, 16, 15, -1, 2]),
+        ("CL.THROTTLE user123 15 30 60 1", [0, 16, 14, -1, 4]),
+        ("CL.THROTTLE user123 15 30 60 14", [0, 16, 0, -1, 32]),
+        ("CL.THROTTLE user123 15 30 60", [1, 16, 0, 2, 32]),
+        ("CL.THROTTLE user123 15 30 60 0", [0, 16, 0, -1, 32]),
+        // A quantity above the burst can never be allowed.
+        ("CL.THROTTLE other 5 10 10 7", [1, 6, 6, -1, 0]),
+        ("CL.THROTTLE other 5 10 10 3", [0, 6, 3, -1, 3]),
+        ("CL.THROTTLE other 5 10 10 0", [0, 6, 3, -1, 3]),
+        // max_burst 0: one call at a time.
+        ("CL.THROTTLE single 0 1 1", [0, 1, 0, -1, 1]),
+        ("CL.THROTTLE single 0 1 1", [1, 1, 0, 1, 1]),
+    ];
+    for (line, expected) in rows {
+        assert_eq!(ints(&mut con, line), expected, "{line}");
+    }
+    assert_eq!(
+        value_str(&call(&mut con, "TYPE user123").expect("TYPE")),
+        "rl-record"
+    );
+    near(
+        int(&mut con, "PTTL user123"),
+        31_000,
+        32_000,
+        "the key lives until the bucket is full",
+    );
+    // The same bucket is an RL.TAKE bucket.
+    assert_eq!(
+        ints(&mut con, "RL.TAKE user123 16 30 60 COST 0")[..3],
+        [1, 16, 0]
+    );
+}
+
+#[test]
+fn a_redis_cell_value_is_converted_not_reset() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    // redis-cell's state: the theoretical arrival time in ns, just under
+    // 4 s ahead (2 points of 2 s spent; the module reads its clock in whole
+    // ms, so a TAT of exactly 4 s could read as a fraction more).
+    let tat = server_time_ns(&mut con) + 3_990_000_000;
+    let _: () = redis::cmd("SET")
+        .arg("cell")
+        .arg(tat.to_string())
+        .arg("PX")
+        .arg(4000)
+        .query(&mut con)
+        .expect("SET");
+    let r = ints(&mut con, "CL.THROTTLE cell 15 30 60");
+    assert_eq!(r[..2], [0, 16]);
+    assert_eq!(
+        r[2], 13,
+        "the 2 points spent under redis-cell are kept: {r:?}"
+    );
+    assert_eq!(
+        value_str(&call(&mut con, "TYPE cell").expect("TYPE")),
+        "rl-record"
+    );
+    wait_replica(&mut con, 1, 5000);
+    assert_eq!(snapshot(&mut con), snapshot(&mut replica.client()));
+
+    let _: () = redis::cmd("SET")
+        .arg("junk")
+        .arg("not a time")
+        .query(&mut con)
+        .expect("SET");
+    expect_err(call(&mut con, "CL.THROTTLE junk 15 30 60"), "WRONGTYPE");
+    let v: String = redis::cmd("GET").arg("junk").query(&mut con).expect("GET");
+    assert_eq!(
+        v, "not a time",
+        "a string that is not a redis-cell value is left alone"
+    );
+}
+
+#[test]
+fn bad_input_changes_nothing() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    for (line, needle) in [
+        ("CL.THROTTLE k", "missing max_burst"),
+        ("CL.THROTTLE k -1 30 60", "max_burst"),
+        ("CL.THROTTLE k 15 0 60", "count"),
+        ("CL.THROTTLE k 15 30 0", "period"),
+        ("CL.THROTTLE k 15 30 60 -2", "quantity"),
+        ("CL.THROTTLE k 15 30 60 1 1", "extra argument"),
+    ] {
+        expect_err(call(&mut con, line), needle);
+    }
+    assert_eq!(int(&mut con, "DBSIZE"), 0);
+    ints(&mut con, "CL.THROTTLE k 15 30 60");
+    ints(&mut con, "CL.THROTTLE k 15 30 60 99");
+    let info = server.info("rl");
+    assert_eq!(info_field(&info, "rl_throttle_calls").as_deref(), Some("2"));
+    assert_eq!(
+        info_field(&info, "rl_throttle_limited").as_deref(),
+        Some("1")
+    );
+}
