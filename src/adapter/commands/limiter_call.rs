@@ -171,7 +171,13 @@ pub fn decide_call<L: InRecord>(
         .map(|r| r.penalty_or_default())
         .unwrap_or_default();
     let now = now_ms(ctx);
-    let random = std::hash::RandomState::new().hash_one(now);
+    // Random bits only when JITTER asks for them (std seeds its hasher keys
+    // from the OS; hashing the time gives a fresh draw per call).
+    let random = if req.jitter_percent > 0 {
+        std::hash::RandomState::new().hash_one(now)
+    } else {
+        0
+    };
     let (reply, effects) = decide(&mut states, &mut penalty, req, now, random);
     if effect == Effect::DryRun {
         return Ok(reply);
