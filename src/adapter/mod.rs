@@ -19,7 +19,10 @@ pub fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let raw_ctx = ctx.ctx;
     let rl_ctx = ffi::Ctx::new(raw_ctx);
     let ok = ffi::guard(false, || {
+        // The type keeps no global state, so a replica may load an RDB
+        // from the socket while it serves the old data (swapdb).
         let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+            | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
             | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
         unsafe {
             api!(RedisModule_SetModuleOptions)(raw_ctx, options as i32);

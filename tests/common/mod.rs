@@ -1191,3 +1191,7 @@ impl Drop for TimeShift {
 mod calls;
 #[allow(unused_imports)]
 pub use self::calls::*;
+
+mod faults;
+#[allow(unused_imports)]
+pub use self::faults::*;
