@@ -73,7 +73,7 @@ pub fn mixed_workload(con: &mut Connection, keys: usize) {
         let period = ["DAY", "WEEK", "MONTH"][i % 3];
         call(
             con,
-            &format!("RL.QUOTA {k}:quota 100 {period} COST {}", 1 + i),
+            &format!("RL.QUOTA {k}:quota 100 {period} COST {}", 1 + i % 50),
         )
         .expect("RL.QUOTA");
         let mode = ["", "EXACT", "FIXED"][i % 3];
