@@ -131,22 +131,6 @@ fn copy_and_restore_round_trip() {
     assert!(usage > 0 && usage < 300, "MEMORY USAGE {usage}");
 }
 
-/// Redis's CRC-64 (Jones polynomial, reflected), which ends every DUMP.
-fn crc64(data: &[u8]) -> u64 {
-    let mut crc = 0u64;
-    for &b in data {
-        crc ^= u64::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0x95AC_9329_AC4B_C9B5
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    crc
-}
-
 /// A DUMP payload with `body` (type byte + value) and a valid trailer.
 fn with_trailer(body: &[u8], version: &[u8]) -> Vec<u8> {
     let mut out = body.to_vec();

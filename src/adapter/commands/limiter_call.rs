@@ -8,7 +8,9 @@ use std::os::raw::c_int;
 
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{notify, now_ms, reply_error, reply_ints, Arg, Ctx};
+use crate::adapter::ffi::{
+    declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx,
+};
 use crate::adapter::stats::{self, Outcomes};
 use crate::adapter::store::{commit, Access, RlKey, WrongType};
 use crate::core::limiter::Limiter;
@@ -113,6 +115,26 @@ pub enum Effect {
     Commit,
     /// A dry run (`RL.QUOTA ... PEEK`): decide, reply, write nothing.
     DryRun,
+}
+
+/// The entry of a limiter command once parsed: answer a getkeys request
+/// with the keys the parser found (even in an invalid call), reply a parse
+/// error, or run the call.
+pub fn run_parsed<L: InRecord>(
+    ctx: Ctx,
+    args: &[Arg],
+    key_positions: &[usize],
+    parsed: Result<(Request<L>, Effect), ArgError>,
+    outcomes: &Outcomes,
+) -> c_int {
+    if is_keys_request(ctx) {
+        key_positions.iter().for_each(|&pos| declare_key(ctx, pos));
+        return 0;
+    }
+    match parsed {
+        Ok((req, effect)) => run_call(ctx, args, key_positions, &req, effect, outcomes),
+        Err(e) => reply_error(ctx, &e.to_string()),
+    }
 }
 
 /// Run a parsed limiter call on the keys at `key_positions`, reply with

@@ -5,10 +5,10 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_call, Clause, Effect};
+use super::limiter_call::{parse_call, run_parsed, Clause, Effect};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
-use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
+use crate::adapter::ffi::{Arg, Ctx};
 use crate::adapter::stats;
 use crate::core::limits::MAX_POINTS;
 use crate::core::quota::{Period, Quota};
@@ -59,23 +59,18 @@ fn quota<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Quota,
 /// Run `RL.QUOTA`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = Vec::with_capacity(1);
-    let parsed = parse(args, &mut keys);
-    if is_keys_request(ctx) {
-        keys.iter().for_each(|&pos| declare_key(ctx, pos));
-        return 0;
-    }
-    match parsed {
-        Ok((req, false)) => run_call(ctx, args, &keys, &req, Effect::Commit, &stats::QUOTA),
+    let parsed = parse(args, &mut keys).map(|(req, peek)| match peek {
+        false => (req, Effect::Commit),
         // A dry run simulates no strike: it reports the cost's fit only.
-        Ok((req, true)) => {
-            let req = Request {
+        true => (
+            Request {
                 penalty: None,
                 ..req
-            };
-            run_call(ctx, args, &keys, &req, Effect::DryRun, &stats::QUOTA)
-        }
-        Err(e) => reply_error(ctx, &e.to_string()),
-    }
+            },
+            Effect::DryRun,
+        ),
+    });
+    run_parsed(ctx, args, &keys, parsed, &stats::QUOTA)
 }
 
 #[cfg(test)]

@@ -7,10 +7,10 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_call, Clause, Effect};
+use super::limiter_call::{parse_call, run_parsed, Clause, Effect};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
-use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
+use crate::adapter::ffi::{Arg, Ctx};
 use crate::adapter::stats;
 use crate::core::limits::{MAX_EXACT_LIMIT, MAX_POINTS};
 use crate::core::take::Request;
@@ -66,15 +66,8 @@ fn window<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Windo
 /// Run `RL.WINDOW`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = Vec::with_capacity(2);
-    let parsed = parse(args, &mut keys);
-    if is_keys_request(ctx) {
-        keys.iter().for_each(|&pos| declare_key(ctx, pos));
-        return 0;
-    }
-    match parsed {
-        Ok(req) => run_call(ctx, args, &keys, &req, Effect::Commit, &stats::WINDOW),
-        Err(e) => reply_error(ctx, &e.to_string()),
-    }
+    let parsed = parse(args, &mut keys).map(|req| (req, Effect::Commit));
+    run_parsed(ctx, args, &keys, parsed, &stats::WINDOW)
 }
 
 #[cfg(test)]
