@@ -4,7 +4,8 @@
 # Builds the release module, starts one redis-server with it on a free
 # 127.0.0.1 port (no persistence), loads the project's Lua baseline
 # (bench/baseline.lua), and runs redis-benchmark (50 clients, 100k random
-# keys) for INCR, RL.TAKE (allowed, throttled, boxed, with ALSO),
+# keys) for INCR, RL.TAKE (allowed, allowed on a stored key, throttled,
+# boxed, with ALSO),
 # RL.WINDOW (sliding, exact, fixed), RL.LEASE ACQUIRE and the Lua baseline
 # via EVALSHA. The workloads are interleaved (A B C A B C ...) over
 # $RL_BENCH_ROUNDS rounds at pipeline 1 and 32, then again at pipeline 32
@@ -13,9 +14,11 @@
 #
 # It prints a table of median throughput, the median of the per-round
 # ratios to INCR (same server, same round, same pipeline), usec_per_call
-# from INFO commandstats (reset before each run), the server's CPU use
-# during the run and the share of calls that took the intended path (from
-# INFO rl), then the memory table and where the targets of issue 6 stand.
+# from INFO commandstats (reset before each run), the server's CPU time per
+# call and its ratio to INCR's (from /proc), the server's CPU use during the
+# run and the share of calls that took the intended path (from INFO rl),
+# then the memory table and where the targets of issue 6 stand. The
+# results of a run, with the machine and the date: bench/RESULTS.md.
 # Absolute numbers depend on the machine and on what else runs on it: read
 # the ratios.
 #
@@ -29,7 +32,9 @@
 #   RL_BENCH_KEYSPACE=100000       -r of redis-benchmark
 #   RL_BENCH_MEM_KEYS=200000       keys per memory measurement
 #   RL_BENCH_SCALE=1         also run RL.TAKE at 1k, 100k and 1M keys
-#   RL_BENCH_ONLY="incr take"      run only these workloads (incr is always run)
+#   RL_BENCH_ONLY="take lua"       run only these workloads (incr always runs):
+#                            take take_live take_thr take_box take_also
+#                            win_s win_e win_f lease lua
 #   RL_BENCH_OUT=file        also write the report there
 #
 # Needs redis-server, redis-cli and redis-benchmark (Debian redis-tools).
