@@ -126,15 +126,15 @@ fn bad_input_and_replication() {
     let master = Server::start(&[]);
     let replica = start_replica(&master);
     let mut con = master.client();
-    for (line, needle) in [
-        ("RL.QUOTA k 10 YEAR", "period must be DAY, WEEK or MONTH"),
-        ("RL.QUOTA k 10", "missing period"),
-        ("RL.QUOTA k 0 DAY", "limit"),
-        ("RL.QUOTA k 10 DAY COST 11", "COST"),
-    ] {
-        expect_err(call(&mut con, line), needle);
-    }
-    assert_eq!(int(&mut con, "DBSIZE"), 0);
+    assert_rejected(
+        &mut con,
+        &[
+            ("RL.QUOTA k 10 YEAR", "period must be DAY, WEEK or MONTH"),
+            ("RL.QUOTA k 10", "missing period"),
+            ("RL.QUOTA k 0 DAY", "limit"),
+            ("RL.QUOTA k 10 DAY COST 11", "COST"),
+        ],
+    );
     for line in [
         "RL.QUOTA a 5 DAY",
         "RL.QUOTA b 5 WEEK COST 3 ALSO c 10 MONTH",

@@ -323,16 +323,7 @@ fn bad_input_is_an_error_that_names_the_argument_and_changes_nothing() {
         ("RL.BOX TRIP k 1 -5", "duration"),
         ("RL.BOX RELEASE k NOW", "unknown option"),
     ];
-    for (line, needle) in cases {
-        let e = expect_err(call(&mut con, line), needle);
-        let text = err_text(&e);
-        assert!(text.starts_with("ERR "), "{line}: {text}");
-    }
-    assert_eq!(
-        int(&mut con, "DBSIZE"),
-        0,
-        "no key created by a rejected call"
-    );
+    assert_rejected(&mut con, &cases);
 }
 
 #[test]

@@ -26,6 +26,18 @@ pub fn int(con: &mut Connection, line: &str) -> i64 {
     value_i64(&call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
 }
 
+/// Every line of `cases` is rejected with an error that starts with `ERR`
+/// and contains its needle, and no key exists afterwards (the database was
+/// empty): bad input changes nothing.
+pub fn assert_rejected(con: &mut Connection, cases: &[(&str, &str)]) {
+    for (line, needle) in cases {
+        let e = super::expect_err(call(con, line), needle);
+        let text = super::err_text(&e);
+        assert!(text.starts_with("ERR "), "{line}: {text}");
+    }
+    assert_eq!(int(con, "DBSIZE"), 0, "no key created by a rejected call");
+}
+
 /// Assert `v` is in `lo..=hi` (for millisecond fields that move with the
 /// real clock between two calls).
 pub fn near(v: i64, lo: i64, hi: i64, what: &str) {
