@@ -199,3 +199,44 @@ fn corrupt_and_truncated_restore_payloads_are_errors_not_crashes() {
     );
     assert_eq!(value_str(&call(&mut con, "PING").expect("PING")), "PONG");
 }
+
+/// An AOF written by an older build holds the effect as two commands,
+/// `RL.APPLY key payload` then `PEXPIREAT key at` (or `PERSIST key`): it
+/// must still replay to the same state. The test rewrites this build's
+/// AOF (`RL.APPLY key payload PXAT at | PERSIST`) into the old form.
+#[test]
+fn an_aof_of_the_older_two_command_form_still_replays() {
+    let server = Server::start(AOF);
+    let mut con = server.client();
+    mixed_workload(&mut con, 10);
+    call(&mut con, "RL.BOX TRIP legacy:manual 3 0").expect("a manual box");
+    let before = snapshot(&mut con);
+    server.kill9();
+
+    let (incr, cmds) = incremental_aof(&server);
+    let (mut old, mut rewritten) = (Vec::new(), 0);
+    for args in &cmds {
+        let arg = |i: usize| args[i].as_slice();
+        if args[0].eq_ignore_ascii_case(b"RL.APPLY") {
+            old.extend(resp_command(&[arg(0), arg(1), arg(2)]));
+            match args.len() {
+                5 => old.extend(resp_command(&[b"PEXPIREAT", arg(1), arg(4)])),
+                4 => old.extend(resp_command(&[b"PERSIST", arg(1)])),
+                n => panic!("RL.APPLY with {n} arguments"),
+            }
+            rewritten += 1;
+        } else {
+            let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+            old.extend(resp_command(&refs));
+        }
+    }
+    assert!(rewritten > 20, "only {rewritten} RL.APPLY in the AOF");
+    std::fs::write(&incr, old).expect("write the old-form AOF");
+
+    server.restart();
+    assert_eq!(
+        snapshot(&mut server.client()),
+        before,
+        "the old-form AOF replays to the same state"
+    );
+}

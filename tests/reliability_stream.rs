@@ -1,12 +1,10 @@
 //! Reliability, item 3: the replication stream and the AOF hold only
-//! deterministic effects (`RL.APPLY` with an absolute `PEXPIREAT`,
-//! `PERSIST` or `DEL`), never a time-dependent `RL.*` command and never a
+//! deterministic effects (`RL.APPLY key payload` with an absolute
+//! `PXAT` or `PERSIST`, or `DEL`), never a time-dependent `RL.*` command and never a
 //! relative expiry, for plain calls, calls inside `MULTI` and `EVAL`,
 //! throttled calls, boxes, windows and leases.
 
 mod common;
-
-use std::io::BufReader;
 
 use common::*;
 use redis::Connection;
@@ -43,7 +41,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "plain allowed RL.TAKE",
             run: |c| q(c, "RL.TAKE s:plain 10 1 60 COST 3"),
-            expect: &["MULTI", "RL.APPLY", "PEXPIREAT", "EXEC"],
+            expect: &["RL.APPLY"],
         },
         Scenario {
             label: "RL.TAKE with ALSO and JITTER",
@@ -53,14 +51,7 @@ fn scenarios() -> Vec<Scenario> {
                     "RL.TAKE s:{t}:a 10 1 60 COST 2 ALSO s:{t}:b 5 1 60 JITTER 50",
                 )
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["MULTI", "RL.APPLY", "RL.APPLY", "EXEC"],
         },
         Scenario {
             label: "calls inside MULTI/EXEC",
@@ -86,14 +77,7 @@ fn scenarios() -> Vec<Scenario> {
                     .arg(0);
                 let _: redis::Value = pipe.query(c).expect("MULTI/EXEC");
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["MULTI", "RL.APPLY", "RL.APPLY", "EXEC"],
         },
         Scenario {
             label: "calls inside EVAL",
@@ -111,16 +95,7 @@ fn scenarios() -> Vec<Scenario> {
                     .query(c)
                     .expect("EVAL");
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["MULTI", "RL.APPLY", "RL.APPLY", "RL.APPLY", "EXEC"],
         },
         Scenario {
             label: "throttled without STRIKES (writes nothing)",
@@ -129,7 +104,7 @@ fn scenarios() -> Vec<Scenario> {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2");
                 assert_eq!(r[0], 0, "throttled");
             },
-            expect: &["MULTI", "RL.APPLY", "PEXPIREAT", "EXEC"],
+            expect: &["RL.APPLY"],
         },
         Scenario {
             label: "throttled with STRIKES (a strike is written)",
@@ -137,7 +112,7 @@ fn scenarios() -> Vec<Scenario> {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 3 60 JITTER 100");
                 assert_eq!((r[0], r[6]), (0, 2), "throttled, one strike");
             },
-            expect: &["MULTI", "RL.APPLY", "PEXPIREAT", "EXEC"],
+            expect: &["RL.APPLY"],
         },
         Scenario {
             label: "the call that trips a box, then a call meeting it",
@@ -147,7 +122,7 @@ fn scenarios() -> Vec<Scenario> {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 1");
                 assert_eq!(r[0], -1, "boxed");
             },
-            expect: &["MULTI", "RL.APPLY", "PEXPIREAT", "EXEC"],
+            expect: &["RL.APPLY"],
         },
         Scenario {
             label: "RL.WINDOW sliding, exact and fixed, one throttled with STRIKES",
@@ -158,24 +133,7 @@ fn scenarios() -> Vec<Scenario> {
                 let r = ints(c, "RL.WINDOW s:w2 3 60 EXACT STRIKES 5 60");
                 assert_eq!(r[0], 0, "throttled");
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["RL.APPLY", "RL.APPLY", "RL.APPLY", "RL.APPLY"],
         },
         Scenario {
             label: "manual box (PERSIST), then RELEASE FORGET (DEL)",
@@ -183,7 +141,7 @@ fn scenarios() -> Vec<Scenario> {
                 q(c, "RL.BOX TRIP s:manual 3 0");
                 assert_eq!(int(c, "RL.BOX RELEASE s:manual FORGET"), 1);
             },
-            expect: &["MULTI", "RL.APPLY", "PERSIST", "EXEC", "DEL"],
+            expect: &["RL.APPLY", "DEL"],
         },
         Scenario {
             label: "RL.LEASE acquire, renew, denied acquire, release of the last lease",
@@ -193,17 +151,7 @@ fn scenarios() -> Vec<Scenario> {
                 assert_eq!(ints_or_nil_status(c, "RL.LEASE ACQUIRE s:lease 1 60"), 0);
                 assert_eq!(int(c, "RL.LEASE RELEASE s:lease a"), 1);
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "DEL",
-            ],
+            expect: &["RL.APPLY", "RL.APPLY", "DEL"],
         },
         Scenario {
             label: "RL.QUOTA, then a PEEK (writes nothing)",
@@ -211,14 +159,7 @@ fn scenarios() -> Vec<Scenario> {
                 q(c, "RL.QUOTA s:quota 10 DAY COST 2 ALSO s:quota2 100 MONTH");
                 q(c, "RL.QUOTA s:quota 10 DAY COST 5 PEEK");
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["MULTI", "RL.APPLY", "RL.APPLY", "EXEC"],
         },
         Scenario {
             label: "CL.THROTTLE, and a redis-cell string converted in place",
@@ -232,19 +173,7 @@ fn scenarios() -> Vec<Scenario> {
             },
             // The conversion and the charge are two effects on one key
             // (redundant, still deterministic).
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "SET",
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["RL.APPLY", "SET", "MULTI", "RL.APPLY", "RL.APPLY", "EXEC"],
         },
         Scenario {
             label: "RL.TAKE with DELAY: allowed, then delayed (status 2)",
@@ -253,16 +182,7 @@ fn scenarios() -> Vec<Scenario> {
                 let r = ints(c, "RL.TAKE s:delay 1 10 1 DELAY 5");
                 assert_eq!(r[0], 2, "delayed: {r:?}");
             },
-            expect: &[
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-                "MULTI",
-                "RL.APPLY",
-                "PEXPIREAT",
-                "EXEC",
-            ],
+            expect: &["RL.APPLY", "RL.APPLY"],
         },
         Scenario {
             label: "probes and reads (COST 0, STATUS, LIST) write nothing",
@@ -312,13 +232,23 @@ fn check(
                 relative += 1;
             }
         }
-        if n == "PEXPIREAT" {
-            let at: i64 = String::from_utf8_lossy(&c[2]).parse().expect("ms");
-            assert!(
-                at > now_ms - 60_000 && at < now_ms + 3_153_600_000_000 + 60_000,
-                "{label}: PEXPIREAT is an absolute time: {}",
-                show_command(c)
-            );
+        if n == "RL.APPLY" {
+            // RL.APPLY key payload PXAT <absolute ms> | PERSIST
+            let option = c
+                .get(3)
+                .map(|o| String::from_utf8_lossy(o).to_ascii_uppercase());
+            match (option.as_deref(), c.len()) {
+                (Some("PXAT"), 5) => {
+                    let at: i64 = String::from_utf8_lossy(&c[4]).parse().expect("ms");
+                    assert!(
+                        at > now_ms - 60_000 && at < now_ms + 3_153_600_000_000 + 60_000,
+                        "{label}: PXAT is an absolute time: {}",
+                        show_command(c)
+                    );
+                }
+                (Some("PERSIST"), 4) => {}
+                _ => panic!("{label}: RL.APPLY without its expiry: {}", show_command(c)),
+            }
         }
     }
     assert_eq!(
@@ -395,32 +325,7 @@ fn the_aof_holds_only_deterministic_effects() {
     for s in &all {
         (s.run)(&mut con);
     }
-    let dir = server.dir.join("appendonlydir");
-    let incr = std::fs::read_dir(&dir)
-        .expect("appendonlydir")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
-        .expect("an incremental AOF file");
-    let bytes = std::fs::read(&incr).expect("read the AOF");
-    let mut reader = BufReader::new(&bytes[..]);
-    let mut cmds = Vec::new();
-    loop {
-        match read_resp(&mut reader) {
-            Ok(Resp::Array(Some(items))) => cmds.push(
-                items
-                    .into_iter()
-                    .map(|i| match i {
-                        Resp::Bulk(Some(b)) => b,
-                        other => panic!("AOF argument {other:?}"),
-                    })
-                    .collect::<Vec<_>>(),
-            ),
-            Ok(other) => panic!("AOF holds {other:?}"),
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-            Err(e) => panic!("AOF parse: {e}"),
-        }
-    }
+    let (_, cmds) = incremental_aof(&server);
     let expect: Vec<&str> = all.iter().flat_map(|s| s.expect.iter().copied()).collect();
     let (verbatim, relative, effects) = check("AOF", &cmds, &expect, now_ms());
     // The AOF replays to the same state.

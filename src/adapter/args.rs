@@ -97,6 +97,7 @@ pub fn set_once<T>(slot: &mut Option<T>, option: &'static str, value: T) -> Resu
 }
 
 /// Whether `word` is `keyword`, ignoring ASCII case.
+#[inline]
 pub fn is(word: &[u8], keyword: &str) -> bool {
     word.eq_ignore_ascii_case(keyword.as_bytes())
 }
@@ -116,25 +117,31 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
 /// Seconds as a plain decimal (`60`, `0.25`, `1.5`), with at most
 /// millisecond precision (more decimals are accepted only when they are
 /// zeros), returned in milliseconds, at most
-/// [`crate::core::limits::MAX_DURATION_MS`].
+/// [`crate::core::limits::MAX_DURATION_MS`]. One pass, no allocation.
 pub fn parse_duration_ms(bytes: &[u8]) -> Option<u64> {
-    let (whole, fraction) = match bytes.iter().position(|&b| b == b'.') {
-        Some(dot) => (&bytes[..dot], &bytes[dot + 1..]),
-        None => (bytes, &[][..]),
+    let dot = bytes.iter().position(|&b| b == b'.');
+    let (whole, fraction) = match dot {
+        Some(at) => (&bytes[..at], Some(&bytes[at + 1..])),
+        None => (bytes, None),
     };
-    if whole.is_empty() || (bytes.contains(&b'.') && fraction.is_empty()) {
-        return None;
-    }
-    if fraction.len() > 3 && fraction[3..].iter().any(|&b| b != b'0') {
-        return None;
-    }
-    let mut millis = [b'0'; 3];
-    for (slot, &b) in millis.iter_mut().zip(fraction) {
-        *slot = b;
-    }
-    let extra_ok = fraction.iter().all(u8::is_ascii_digit);
     let seconds = parse_integer(whole)?;
-    let ms = parse_integer(&millis).filter(|_| extra_ok)?;
+    let mut ms = 0u64;
+    if let Some(fraction) = fraction {
+        if fraction.is_empty() {
+            return None;
+        }
+        for (i, &b) in fraction.iter().enumerate() {
+            let digit = u64::from(b.checked_sub(b'0').filter(|d| *d <= 9)?);
+            match i {
+                0..=2 => ms = ms * 10 + digit,
+                _ if digit != 0 => return None,
+                _ => {}
+            }
+        }
+        for _ in fraction.len()..3 {
+            ms *= 10;
+        }
+    }
     seconds
         .checked_mul(1000)?
         .checked_add(ms)
@@ -173,6 +180,10 @@ mod tests {
         assert_eq!(parse_duration_ms(b"0.001"), Some(1));
         assert_eq!(parse_duration_ms(b"1.5000"), Some(1500));
         assert_eq!(parse_duration_ms(b"0"), Some(0));
+        assert_eq!(parse_duration_ms(b"2.1"), Some(2100));
+        assert_eq!(parse_duration_ms(b"2.12"), Some(2120));
+        assert_eq!(parse_duration_ms(b"3153600000"), Some(3_153_600_000_000));
+        assert_eq!(parse_duration_ms(b"0.000"), Some(0));
         for bad in [
             "",
             ".5",
@@ -184,6 +195,11 @@ mod tests {
             "nan",
             "1.2.3",
             "1.a",
+            "1.-5",
+            "1.5a",
+            "1.0001",
+            "a.5",
+            ".",
             "3153600001",
             "99999999999999999999",
         ] {

@@ -1,10 +1,12 @@
 //! Key access and the one commit path. Every write of the module goes
-//! through [`commit`] (or [`apply_replicated`] on a replica): it stores the
-//! record, sets the key's absolute expiry, signals the modification and
-//! replicates the *effect* (`RL.APPLY key payload` followed by
-//! `PEXPIREAT key at`, `PERSIST key` or `DEL key`), never the
-//! time-dependent command, so replicas and AOF replays reach the same bytes.
+//! through [`commit_in_place`] (or [`apply_replicated`] on a replica): it
+//! prunes the record where it lives, sets the key's absolute expiry,
+//! signals the modification and replicates the *effect* as one command
+//! (`RL.APPLY key payload PXAT at`, `RL.APPLY key payload PERSIST` or
+//! `DEL key`), never the time-dependent command, so replicas and AOF
+//! replays reach the same bytes.
 
+use std::cell::RefCell;
 use std::os::raw::{c_char, c_int, c_longlong};
 
 use redis_module::raw;
@@ -33,6 +35,9 @@ pub struct RlKey {
     raw: *mut raw::RedisModuleKey,
     /// The key name as Redis gave it.
     pub name: Arg,
+    /// The record was created by [`RlKey::edit`] in this call: the key did
+    /// not exist before, so deleting it again is not an effect.
+    created: bool,
 }
 
 impl RlKey {
@@ -43,7 +48,11 @@ impl RlKey {
             Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
         };
         let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
-        RlKey { raw, name }
+        RlKey {
+            raw,
+            name,
+            created: false,
+        }
     }
 
     /// The record held by the key: `None` when the key does not exist,
@@ -79,9 +88,18 @@ impl RlKey {
         self.record().ok().flatten().cloned().unwrap_or_default()
     }
 
-    /// The record, writable in place.
-    fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
+    /// The record, writable in place (`None` when the key holds nothing).
+    pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
         self.value()
+    }
+
+    /// The record to change in place and then [`commit_in_place`]: the
+    /// key's own, or a new empty one put in the key (opened for writing).
+    pub fn edit(&mut self) -> Result<&mut Record, WrongType> {
+        if self.value()?.is_none() {
+            self.store(Record::default());
+        }
+        self.value()?.ok_or(WrongType)
     }
 
     /// The value pointer behind the key. Private: callers get `&Record`
@@ -104,24 +122,30 @@ impl RlKey {
     }
 
     /// Put `record` in the key, in place when it already holds one (which
-    /// keeps its TTL until the caller sets a new one).
+    /// keeps its TTL until the caller sets a new one); a value of another
+    /// type is replaced.
     fn store(&mut self, record: Record) {
-        match self.record_mut() {
+        match self.value() {
             Ok(Some(existing)) => *existing = record,
-            _ => unsafe {
-                api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), into_raw(record));
-            },
+            missing_or_other => {
+                self.created |= missing_or_other.is_ok();
+                unsafe {
+                    api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), into_raw(record));
+                }
+            }
         }
     }
 
     /// Set the key's expiry to the absolute time `at` (ms), exactly: a
-    /// replica receives the same `PEXPIREAT` and must end with the same
+    /// replica receives the same `at` and must end with the same
     /// `PEXPIRETIME`. Redis 7.0 has only a relative `RM_SetExpire`, so the
     /// clock is read around it until no millisecond boundary was crossed.
-    fn expire_at(&self, at: Millis) {
+    /// Returns whether the expiry is exactly `at` (always, unless `at` is
+    /// not in the future or the clock kept moving).
+    fn expire_at(&self, at: Millis) -> bool {
         if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
             unsafe { set_abs(self.raw, at) };
-            return;
+            return true;
         }
         let clock = api!(RedisModule_Milliseconds);
         let set = api!(RedisModule_SetExpire);
@@ -129,7 +153,30 @@ impl RlKey {
             let before = unsafe { clock() };
             unsafe { set(self.raw, at.saturating_sub(before).max(0)) };
             if unsafe { clock() } == before {
-                return;
+                return at > before;
+            }
+        }
+        false
+    }
+
+    /// [`RlKey::expire_at`] for a replicated `at`, which may already be
+    /// past on this server's clock (a replica behind, an AOF replayed
+    /// later): then Redis' own `PEXPIREAT` sets it (which, on a replica or
+    /// while loading, keeps an expired key for the master's `DEL`).
+    fn expire_at_exactly(&self, ctx: Ctx, at: Millis) {
+        if self.expire_at(at) {
+            return;
+        }
+        unsafe {
+            let reply = api!(RedisModule_Call)(
+                ctx.ptr(),
+                c"PEXPIREAT".as_ptr(),
+                c"sl".as_ptr(),
+                self.name.0,
+                at as c_longlong,
+            );
+            if !reply.is_null() {
+                api!(RedisModule_FreeCallReply)(reply);
             }
         }
     }
@@ -157,76 +204,128 @@ impl Drop for RlKey {
     }
 }
 
-/// Store `record` as the state of `key` at `now`: drop what no longer
-/// matters, delete the key when nothing does, otherwise set the value and
-/// the TTL of its longest-lived part; replicate exactly that.
-pub fn commit(ctx: Ctx, key: &mut RlKey, mut record: Record, now: Millis) {
+/// Store `record` as the state of `key` at `now` (see
+/// [`commit_in_place`]).
+pub fn commit(ctx: Ctx, key: &mut RlKey, record: Record, now: Millis) {
+    key.store(record);
+    commit_in_place(ctx, key, now);
+}
+
+/// Commit the record the key holds (changed through [`RlKey::edit`]) as
+/// its state at `now`: drop what no longer matters, delete the key when
+/// nothing does, otherwise set the TTL of its longest-lived part, and
+/// replicate exactly that as one command.
+pub fn commit_in_place(ctx: Ctx, key: &mut RlKey, now: Millis) {
+    let Ok(Some(record)) = key.value() else {
+        return;
+    };
     let retention = record.prune(now);
     if retention == Retention::Delete {
-        if matches!(key.record(), Ok(Some(_))) {
-            // Free the pruned record, not the old one, so the type's `free`
-            // does not count the leases just swept a second time.
-            key.store(record);
-            key.delete();
-            replicate(ctx, c"DEL", key.name, None);
+        // The type's `free` gets the pruned record, so the leases just
+        // swept are not counted a second time.
+        key.delete();
+        if !key.created {
+            replicate_del(ctx, key.name);
             key.signal_modified(ctx);
         }
         return;
     }
-    let payload = codec::encode(&record);
-    key.store(record);
-    replicate(ctx, c"RL.APPLY", key.name, Some(&payload));
-    set_retention(ctx, key, retention);
+    with_encoded(record, |payload| {
+        replicate_apply(ctx, key.name, payload, retention);
+    });
+    match retention {
+        Retention::Until(at) => {
+            key.expire_at(at);
+        }
+        Retention::Forever => key.persist(),
+        Retention::Delete => {}
+    }
     key.signal_modified(ctx);
 }
 
+/// What a replicated `RL.APPLY` says about the key's expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicatedExpiry {
+    /// `PXAT at`: expire at the absolute time `at` (ms).
+    At(Millis),
+    /// `PERSIST`: no expiry (a manual box).
+    Persist,
+    /// Neither (the form written by older builds, followed by its own
+    /// `PEXPIREAT` or `PERSIST`): leave the expiry alone.
+    Unchanged,
+}
+
 /// Apply a replicated payload on a replica or during AOF loading: the
-/// value only; the `PEXPIREAT`/`PERSIST` that follows sets the TTL.
+/// value and, when the command carries it, the absolute expiry.
 pub fn apply_replicated(
     ctx: Ctx,
     key: &mut RlKey,
     payload: &[u8],
+    expiry: ReplicatedExpiry,
 ) -> Result<(), codec::CodecError> {
     let record = codec::decode(payload)?;
     key.store(record);
+    match expiry {
+        ReplicatedExpiry::At(at) => key.expire_at_exactly(ctx, at),
+        ReplicatedExpiry::Persist => key.persist(),
+        ReplicatedExpiry::Unchanged => {}
+    }
     key.signal_modified(ctx);
     Ok(())
 }
 
-fn set_retention(ctx: Ctx, key: &RlKey, retention: Retention) {
-    match retention {
-        Retention::Until(at) => {
-            key.expire_at(at);
-            unsafe {
-                api!(RedisModule_Replicate)(
-                    ctx.ptr(),
-                    c"PEXPIREAT".as_ptr(),
-                    c"sl".as_ptr(),
-                    key.name.0,
-                    at as c_longlong,
-                );
+/// Encode `record` into a buffer reused across calls (the server runs
+/// commands on one thread), so a write allocates nothing once warm.
+fn with_encoded<T>(record: &Record, use_bytes: impl FnOnce(&[u8]) -> T) -> T {
+    /// Larger buffers (a key with many leases) are not kept.
+    const KEEP_CAPACITY: usize = 64 * 1024;
+    thread_local! {
+        static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    BUFFER.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            codec::encode_into(record, &mut buf);
+            let out = use_bytes(&buf);
+            if buf.capacity() > KEEP_CAPACITY {
+                *buf = Vec::new();
             }
+            out
         }
-        Retention::Forever => {
-            key.persist();
-            replicate(ctx, c"PERSIST", key.name, None);
-        }
-        Retention::Delete => {}
+        Err(_) => use_bytes(&codec::encode(record)),
+    })
+}
+
+/// Replicate the new value of `key` with its expiry, as one command.
+fn replicate_apply(ctx: Ctx, key: Arg, payload: &[u8], retention: Retention) {
+    let (ptr, len) = (payload.as_ptr().cast::<c_char>(), payload.len());
+    let apply = api!(RedisModule_Replicate);
+    unsafe {
+        match retention {
+            Retention::Until(at) => apply(
+                ctx.ptr(),
+                c"RL.APPLY".as_ptr(),
+                c"sbcl".as_ptr(),
+                key.0,
+                ptr,
+                len,
+                c"PXAT".as_ptr(),
+                at as c_longlong,
+            ),
+            Retention::Forever => apply(
+                ctx.ptr(),
+                c"RL.APPLY".as_ptr(),
+                c"sbc".as_ptr(),
+                key.0,
+                ptr,
+                len,
+                c"PERSIST".as_ptr(),
+            ),
+            Retention::Delete => 0,
+        };
     }
 }
 
-fn replicate(ctx: Ctx, command: &std::ffi::CStr, key: Arg, payload: Option<&[u8]>) {
-    unsafe {
-        match payload {
-            Some(bytes) => api!(RedisModule_Replicate)(
-                ctx.ptr(),
-                command.as_ptr(),
-                c"sb".as_ptr(),
-                key.0,
-                bytes.as_ptr().cast::<c_char>(),
-                bytes.len(),
-            ),
-            None => api!(RedisModule_Replicate)(ctx.ptr(), command.as_ptr(), c"s".as_ptr(), key.0),
-        };
-    }
+/// Replicate the deletion of `key`.
+fn replicate_del(ctx: Ctx, key: Arg) {
+    unsafe { api!(RedisModule_Replicate)(ctx.ptr(), c"DEL".as_ptr(), c"s".as_ptr(), key.0) };
 }

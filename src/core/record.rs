@@ -34,6 +34,10 @@ pub struct Record {
 pub trait InRecord: Limiter {
     /// This kind's part of `record`.
     fn read(record: &Record) -> Option<&Self::State>;
+    /// Take this kind's part out of `record`, to [`InRecord::write`] it
+    /// back (changed or not) before the record is used again: it may leave
+    /// a placeholder (an allocation kept for the state to come back to).
+    fn take(record: &mut Record) -> Option<Self::State>;
     /// Replace this kind's part of `record`.
     fn write(record: &mut Record, state: Option<Self::State>);
 }
@@ -43,14 +47,25 @@ impl InRecord for Window {
         record.window.as_deref()
     }
 
+    fn take(record: &mut Record) -> Option<WindowState> {
+        record.window.as_deref_mut().map(std::mem::take)
+    }
+
     fn write(record: &mut Record, state: Option<WindowState>) {
-        record.window = state.map(Box::new);
+        match (record.window.as_deref_mut(), state) {
+            (Some(slot), Some(state)) => *slot = state,
+            (_, state) => record.window = state.map(Box::new),
+        }
     }
 }
 
 impl InRecord for Quota {
     fn read(record: &Record) -> Option<&QuotaState> {
         record.quota.as_ref()
+    }
+
+    fn take(record: &mut Record) -> Option<QuotaState> {
+        record.quota.take()
     }
 
     fn write(record: &mut Record, state: Option<QuotaState>) {
@@ -61,6 +76,10 @@ impl InRecord for Quota {
 impl InRecord for Rate {
     fn read(record: &Record) -> Option<&Bucket> {
         record.bucket.as_ref()
+    }
+
+    fn take(record: &mut Record) -> Option<Bucket> {
+        record.bucket.take()
     }
 
     fn write(record: &mut Record, state: Option<Bucket>) {
@@ -99,7 +118,10 @@ impl Record {
 
     /// Store `penalty`, dropping it when nothing in it is live at `now`.
     pub fn set_penalty(&mut self, mut penalty: Penalty, now: Millis) {
-        self.penalty = penalty.prune(now).then(|| Box::new(penalty));
+        match (self.penalty.as_deref_mut(), penalty.prune(now)) {
+            (Some(slot), true) => *slot = penalty,
+            (_, live) => self.penalty = live.then(|| Box::new(penalty)),
+        }
     }
 
     /// Drop the parts that no longer matter at `now`, and say how long the

@@ -2,6 +2,8 @@
 //! all-or-nothing, behind the penalty box of the first key. `RL.TAKE` is
 //! this decision on token buckets.
 
+use arrayvec::ArrayVec;
+
 use super::bucket::{Bucket, Rate};
 use super::limiter::Limiter;
 use super::limits::MAX_BUCKETS;
@@ -13,8 +15,9 @@ use super::time::Millis;
 /// first, then each `ALSO` in order), the cost and the options.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request<L> {
-    /// One limiter per key, at most [`MAX_BUCKETS`].
-    pub limits: Vec<L>,
+    /// One limiter per key, at most [`MAX_BUCKETS`] (a fixed array: a
+    /// call allocates nothing).
+    pub limits: Limits<L>,
     /// Points the request spends; 0 is a probe.
     pub cost: u64,
     /// `STRIKES` and its companions, when given.
@@ -27,14 +30,18 @@ pub struct Request<L> {
     pub delay_ms: Option<u64>,
 }
 
+/// The limiters of one call, first key first.
+pub type Limits<L> = ArrayVec<L, MAX_BUCKETS>;
+
 /// An `RL.TAKE` call: buckets.
 pub type TakeRequest = Request<Rate>;
 
 impl<L: Clone> Request<L> {
-    /// A call of `cost` on keys with these limiters, with no options.
+    /// A call of `cost` on keys with these limiters (the first
+    /// [`MAX_BUCKETS`]), with no options.
     pub fn new(limits: &[L], cost: u64) -> Request<L> {
         Request {
-            limits: limits.to_vec(),
+            limits: limits.iter().take(MAX_BUCKETS).cloned().collect(),
             cost,
             penalty: None,
             jitter_percent: 0,

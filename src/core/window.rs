@@ -180,6 +180,14 @@ pub enum WindowState {
     },
 }
 
+/// A placeholder: an empty fixed window that ended at time 0 (it counts
+/// nothing), left where a state was taken out to work on.
+impl Default for WindowState {
+    fn default() -> Self {
+        WindowState::Fixed { end: 0, count: 0 }
+    }
+}
+
 /// What a call needs to know of one key at `now` ([`Limiter::see`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WindowSeen {

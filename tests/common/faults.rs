@@ -301,6 +301,37 @@ pub fn read_resp<R: BufRead>(r: &mut R) -> std::io::Result<Resp> {
     }
 }
 
+/// The path of the server's incremental AOF file and the commands it
+/// holds, in order.
+pub fn incremental_aof(server: &Server) -> (PathBuf, Vec<Vec<Vec<u8>>>) {
+    let path = std::fs::read_dir(server.dir.join("appendonlydir"))
+        .expect("appendonlydir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".incr.aof"))
+        .expect("an incremental AOF file");
+    let bytes = std::fs::read(&path).expect("read the AOF");
+    let mut reader = std::io::BufReader::new(&bytes[..]);
+    let mut cmds = Vec::new();
+    loop {
+        match read_resp(&mut reader) {
+            Ok(Resp::Array(Some(items))) => cmds.push(
+                items
+                    .into_iter()
+                    .map(|i| match i {
+                        Resp::Bulk(Some(b)) => b,
+                        other => panic!("AOF argument {other:?}"),
+                    })
+                    .collect(),
+            ),
+            Ok(other) => panic!("AOF holds {other:?}"),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => panic!("AOF parse: {e}"),
+        }
+    }
+    (path, cmds)
+}
+
 /// A RESP command (array of bulk strings) of `args`.
 pub fn resp_command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();

@@ -6,13 +6,15 @@
 use std::hash::BuildHasher;
 use std::os::raw::c_int;
 
+use arrayvec::ArrayVec;
+
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::{self, ArgError};
 use crate::adapter::ffi::{
     declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx,
 };
 use crate::adapter::stats::{self, Outcomes};
-use crate::adapter::store::{commit, Access, RlKey, WrongType};
+use crate::adapter::store::{commit_in_place, Access, RlKey};
 use crate::core::limiter::Limiter;
 use crate::core::limits::{
     DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_POINTS, MAX_THRESHOLD,
@@ -20,7 +22,11 @@ use crate::core::limits::{
 use crate::core::penalty::PenaltyPolicy;
 use crate::core::record::InRecord;
 use crate::core::reply::Reply;
-use crate::core::take::{decide, Request};
+use crate::core::take::{decide, Limits, Request};
+
+/// The positions of a call's keys in its arguments, first key first (a
+/// fixed array: parsing allocates nothing).
+pub type KeyPositions = ArrayVec<usize, MAX_BUCKETS>;
 
 /// Which key's limiter arguments are being read: errors name them
 /// `capacity` for the first key and `ALSO capacity` for the others.
@@ -39,12 +45,16 @@ pub enum Clause {
 /// request gets the keys even of a call that is otherwise invalid.
 pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
     c: &mut Cursor<'a, A>,
-    keys: &mut Vec<usize>,
+    keys: &mut KeyPositions,
     mut limiter: impl FnMut(&mut Cursor<'a, A>, Clause) -> Result<L, ArgError>,
     mut own_word: impl FnMut(&[u8], &mut Cursor<'a, A>) -> Result<bool, ArgError>,
 ) -> Result<Request<L>, ArgError> {
-    keys.push(c.key("key")?);
-    let mut limits = vec![limiter(c, Clause::First)?];
+    keys.try_push(c.key("key")?)
+        .map_err(|_| ArgError::TooManyBuckets)?;
+    let mut limits = Limits::new();
+    limits
+        .try_push(limiter(c, Clause::First)?)
+        .map_err(|_| ArgError::TooManyBuckets)?;
     let mut cost = None;
     let mut strikes = None;
     let mut boxes = None;
@@ -57,8 +67,11 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
             if limits.len() >= MAX_BUCKETS {
                 return Err(ArgError::TooManyBuckets);
             }
-            keys.push(c.key("ALSO key")?);
-            limits.push(limiter(c, Clause::Also)?);
+            keys.try_push(c.key("ALSO key")?)
+                .map_err(|_| ArgError::TooManyBuckets)?;
+            limits
+                .try_push(limiter(c, Clause::Also)?)
+                .map_err(|_| ArgError::TooManyBuckets)?;
         } else if is(word, "STRIKES") {
             let threshold = c.integer("STRIKES threshold", 1, MAX_THRESHOLD)?;
             let window = c.duration_ms("STRIKES window", false)?;
@@ -157,8 +170,11 @@ pub fn run_call<L: InRecord>(
 }
 
 /// Read every key's state and the first key's penalty state, [`decide`],
-/// and (unless a dry run) commit what changed and announce a trip. On an
-/// error the error reply is sent and returned as `Err`.
+/// and (unless a dry run or a probe) commit what changed and announce a
+/// trip. A call that may write takes each state out of its record and
+/// puts it back changed or not, so nothing is copied or allocated; the
+/// others read copies. On an error the error reply is sent and returned
+/// as `Err`.
 pub fn decide_call<L: InRecord>(
     ctx: Ctx,
     args: &[Arg],
@@ -166,22 +182,16 @@ pub fn decide_call<L: InRecord>(
     req: &Request<L>,
     effect: Effect,
 ) -> Result<Reply, c_int> {
-    let access = if req.cost == 0 || effect == Effect::DryRun {
-        Access::Read
-    } else {
-        Access::Write
-    };
-    let mut keys: Vec<RlKey> = key_positions
+    let writes = req.cost > 0 && effect == Effect::Commit;
+    let access = if writes { Access::Write } else { Access::Read };
+    let mut keys: ArrayVec<RlKey, MAX_BUCKETS> = key_positions
         .iter()
+        .take(MAX_BUCKETS)
         .filter_map(|&pos| args.get(pos))
         .map(|&name| RlKey::open(ctx, name, access))
         .collect();
-    let mut states: Vec<Option<L::State>> = Vec::with_capacity(keys.len());
-    for key in &keys {
-        match key.record() {
-            Ok(record) => states.push(record.and_then(L::read).cloned()),
-            Err(WrongType) => return Err(reply_error(ctx, errors::WRONGTYPE)),
-        }
+    if keys.iter().any(|key| key.record().is_err()) {
+        return Err(reply_error(ctx, errors::WRONGTYPE));
     }
     let Some(first) = keys.first() else {
         return Err(reply_error(ctx, errors::INTERNAL));
@@ -192,6 +202,14 @@ pub fn decide_call<L: InRecord>(
         .flatten()
         .map(|r| r.penalty_or_default())
         .unwrap_or_default();
+    let mut states: ArrayVec<Option<L::State>, MAX_BUCKETS> = keys
+        .iter_mut()
+        .map(|key| match key.record_mut() {
+            Ok(Some(record)) if writes => L::take(record),
+            Ok(Some(record)) => L::read(record).cloned(),
+            _ => None,
+        })
+        .collect();
     let now = now_ms(ctx);
     // Random bits only when JITTER asks for them (std seeds its hasher keys
     // from the OS; hashing the time gives a fresh draw per call).
@@ -201,23 +219,27 @@ pub fn decide_call<L: InRecord>(
         0
     };
     let (reply, effects) = decide(&mut states, &mut penalty, req, now, random);
-    if effect == Effect::DryRun {
+    if !writes {
         return Ok(reply);
     }
     for (i, (key, state)) in keys.iter_mut().zip(states).enumerate() {
         let penalty_changed = i == 0 && effects.penalty_changed;
         let state_changed = effects.states_changed & (1 << i) != 0;
         if !state_changed && !penalty_changed {
+            // Put the state taken out back, unchanged.
+            if let Ok(Some(record)) = key.record_mut() {
+                L::write(record, state);
+            }
             continue;
         }
-        let mut record = key.working_copy();
-        if state_changed {
-            L::write(&mut record, state);
-        }
+        let Ok(record) = key.edit() else {
+            continue;
+        };
+        L::write(record, state);
         if penalty_changed {
             record.set_penalty(penalty, now);
         }
-        commit(ctx, key, record, now);
+        commit_in_place(ctx, key, now);
     }
     if let Some(active) = effects.tripped {
         notify(ctx, c"rl.boxed", keys[0].name);

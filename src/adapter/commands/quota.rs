@@ -5,7 +5,7 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_parsed, Clause, Effect};
+use super::limiter_call::{parse_call, run_parsed, Clause, Effect, KeyPositions};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
@@ -19,7 +19,7 @@ const NAME: &str = "rl.quota";
 /// Parse an `RL.QUOTA` call: the request and whether it is a `PEEK`.
 pub fn parse<A: AsRef<[u8]>>(
     args: &[A],
-    keys: &mut Vec<usize>,
+    keys: &mut KeyPositions,
 ) -> Result<(Request<Quota>, bool), ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut peek = None;
@@ -58,7 +58,7 @@ fn quota<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Quota,
 
 /// Run `RL.QUOTA`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
-    let mut keys = Vec::with_capacity(1);
+    let mut keys = KeyPositions::new();
     let parsed = parse(args, &mut keys).map(|(req, peek)| match peek {
         false => (req, Effect::Commit),
         // A dry run simulates no strike: it reports the cost's fit only.
@@ -79,7 +79,7 @@ mod tests {
 
     fn parse_str(line: &str) -> Result<(Request<Quota>, bool), ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args, &mut Vec::new())
+        parse(&args, &mut KeyPositions::new())
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_parsed, Clause, Effect};
+use super::limiter_call::{parse_call, run_parsed, Clause, Effect, KeyPositions};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
@@ -20,7 +20,7 @@ use crate::core::take::TakeRequest;
 const NAME: &str = "rl.take";
 
 /// Parse an `RL.TAKE` call; the key positions are pushed to `keys`.
-pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut Vec<usize>) -> Result<TakeRequest, ArgError> {
+pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut KeyPositions) -> Result<TakeRequest, ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut delay = None;
     let mut req = parse_call(&mut c, keys, rate, |word, c| {
@@ -56,7 +56,7 @@ fn rate<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Rate, A
 
 /// Run `RL.TAKE`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
-    let mut keys = Vec::with_capacity(2);
+    let mut keys = KeyPositions::new();
     let parsed = parse(args, &mut keys).map(|req| (req, Effect::Commit));
     run_parsed(ctx, args, &keys, parsed, &stats::TAKE)
 }
@@ -68,7 +68,7 @@ mod tests {
 
     fn parse_str(line: &str) -> Result<TakeRequest, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args, &mut Vec::new())
+        parse(&args, &mut KeyPositions::new())
     }
 
     #[test]
@@ -99,9 +99,9 @@ mod tests {
         let args = [
             "RL.TAKE", "a", "1", "1", "1", "ALSO", "b", "1", "1", "1", "ALSO", "c", "x",
         ];
-        let mut keys = vec![];
+        let mut keys = KeyPositions::new();
         assert!(parse(&args, &mut keys).is_err());
-        assert_eq!(keys, vec![1, 6, 11]);
+        assert_eq!(keys.as_slice(), &[1, 6, 11]);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_parsed, Clause, Effect};
+use super::limiter_call::{parse_call, run_parsed, Clause, Effect, KeyPositions};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
@@ -23,7 +23,7 @@ const NAME: &str = "rl.window";
 /// offset is a stable hash of its name.
 pub fn parse<A: AsRef<[u8]>>(
     args: &[A],
-    keys: &mut Vec<usize>,
+    keys: &mut KeyPositions,
 ) -> Result<Request<Window>, ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut mode = None;
@@ -65,7 +65,7 @@ fn window<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Windo
 
 /// Run `RL.WINDOW`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
-    let mut keys = Vec::with_capacity(2);
+    let mut keys = KeyPositions::new();
     let parsed = parse(args, &mut keys).map(|req| (req, Effect::Commit));
     run_parsed(ctx, args, &keys, parsed, &stats::WINDOW)
 }
@@ -76,7 +76,7 @@ mod tests {
 
     fn parse_str(line: &str) -> Result<Request<Window>, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args, &mut Vec::new())
+        parse(&args, &mut KeyPositions::new())
     }
 
     #[test]
