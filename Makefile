@@ -43,6 +43,7 @@ run: deps build
 test: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
 	@rm -f $(FIGURES)
 	@set -o pipefail; \

@@ -14,10 +14,7 @@ use redis_module::raw;
 use super::ffi::{api, guard, Ctx, RStr};
 use super::stats;
 use crate::core::codec;
-use crate::core::lease::Leases;
-use crate::core::penalty::Penalty;
 use crate::core::record::Record;
-use crate::core::window::WindowState;
 
 /// The type name Redis shows in `TYPE` (exactly 9 characters).
 pub const TYPE_NAME: &CStr = c"rl-record";
@@ -135,22 +132,19 @@ extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: RStr, value: *mut c
     })
 }
 
+/// Bytes Redis allocates around every module value and does not count in
+/// `MEMORY USAGE` itself: the value object (`robj`) and its module-value
+/// wrapper (type and value pointers), 16 bytes each.
+const REDIS_WRAPPERS: usize = 2 * 16;
+
+/// The memory of a value as the allocator sees it: Redis' wrappers, then
+/// each allocation of the record at its allocator size (`RM_MallocSize`).
 extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard(0, || match unsafe { from_raw(value.cast_mut()) } {
         Some(record) => {
-            std::mem::size_of::<Record>()
-                + record
-                    .penalty
-                    .as_ref()
-                    .map_or(0, |_| std::mem::size_of::<Penalty>())
-                + record
-                    .leases
-                    .as_deref()
-                    .map_or(0, |l| std::mem::size_of::<Leases>() + l.heap_bytes())
-                + record
-                    .window
-                    .as_deref()
-                    .map_or(0, |w| std::mem::size_of::<WindowState>() + w.heap_bytes())
+            let allocated =
+                |ptr: *const u8| unsafe { api!(RedisModule_MallocSize)(ptr.cast_mut().cast()) };
+            REDIS_WRAPPERS + allocated(value.cast()) + record.heap_bytes(allocated)
         }
         None => 0,
     })
@@ -187,7 +181,7 @@ extern "C" fn free(value: *mut c_void) {
     guard((), || {
         if !value.is_null() {
             let record = unsafe { Box::from_raw(value.cast::<Record>()) };
-            if let Some(leases) = record.leases.as_deref() {
+            if let Some(leases) = record.leases() {
                 let now = unsafe { api!(RedisModule_Milliseconds)() };
                 stats::LEASES_EXPIRED.add(leases.expired(now));
             }

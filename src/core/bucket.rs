@@ -13,6 +13,8 @@
 //! below 10^34, far inside `i128`; arithmetic is saturating anyway so that
 //! corrupt stored bytes can never overflow.
 
+use std::num::NonZeroU64;
+
 use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
@@ -26,8 +28,10 @@ pub struct Bucket {
     pub tat_ms: i64,
     /// Remainder of the TAT in ticks; invariant: `tat_frac < tokens`.
     pub tat_frac: u64,
-    /// The `tokens` of the rate that last charged the bucket (the tick scale).
-    pub tokens: u64,
+    /// The `tokens` of the rate that last charged the bucket (the tick
+    /// scale). Never zero, which also lets `Option<Bucket>` be as small as
+    /// a bucket.
+    pub tokens: NonZeroU64,
     /// The `period` in ms of the rate that last charged the bucket.
     pub period_ms: u64,
 }
@@ -72,7 +76,7 @@ impl Bucket {
     /// Whether `tat_frac < tokens` and the scale is non-zero: what a decoded
     /// bucket must satisfy.
     pub fn is_valid(&self) -> bool {
-        self.tokens >= 1 && self.period_ms >= 1 && self.tat_frac < self.tokens
+        self.period_ms >= 1 && self.tat_frac < self.tokens.get()
     }
 
     /// The first millisecond at which the bucket is full again.
@@ -97,7 +101,7 @@ impl Bucket {
 pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
     let Some(b) = bucket else { return 0 };
     let stored = (i128::from(b.tat_ms) - i128::from(now))
-        .saturating_mul(i128::from(b.tokens.max(1)))
+        .saturating_mul(i128::from(b.tokens.get()))
         .saturating_add(i128::from(b.tat_frac));
     if stored <= 0 {
         return 0;
@@ -123,7 +127,7 @@ pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
 /// nothing (a throttled one) must rewrite it so that it refills at the new
 /// rate from then on and `retry_after_ms` stays true.
 pub fn needs_rewrite(bucket: &Bucket, rate: &Rate) -> bool {
-    bucket.tokens != rate.tokens || bucket.period_ms != rate.period_ms
+    bucket.tokens.get() != rate.tokens || bucket.period_ms != rate.period_ms
 }
 
 /// `ceil(a * m / d)` for `a >= 0`, `m >= 0`, `d >= 1`, saturating.
@@ -166,6 +170,11 @@ pub fn reset_ms(debt: i128, rate: &Rate) -> i64 {
     clamp_i64(ceil_div(debt.max(0), rate.ticks_per_ms()))
 }
 
+/// The tick scale of a rate of `tokens` points per period (at least 1).
+pub fn tick_scale(tokens: u64) -> NonZeroU64 {
+    NonZeroU64::new(tokens).unwrap_or(NonZeroU64::MIN)
+}
+
 /// The bucket of a redis-cell value: its theoretical arrival time in
 /// nanoseconds since the epoch, rounded up to a tick of `rate` (so the
 /// conversion never grants a fraction of a point).
@@ -178,7 +187,7 @@ pub fn from_tat_ns(tat_ns: i64, rate: &Rate) -> Bucket {
     Bucket {
         tat_ms: clamp_i64(ticks.div_euclid(per_ms)),
         tat_frac: u64::try_from(ticks.rem_euclid(per_ms)).unwrap_or(0),
-        tokens: rate.tokens.max(1),
+        tokens: tick_scale(rate.tokens),
         period_ms: rate.period_ms.max(1),
     }
 }
@@ -242,7 +251,7 @@ pub fn charge(debt: i128, cost: u64, rate: &Rate, now: i64) -> (Bucket, i128) {
         tat_ms: clamp_i64(tat.div_euclid(ticks)),
         // Below `tokens`, which is a u64.
         tat_frac: u64::try_from(tat.rem_euclid(ticks)).unwrap_or(0),
-        tokens: rate.tokens.max(1),
+        tokens: tick_scale(rate.tokens),
         period_ms: rate.period_ms.max(1),
     };
     (bucket, new_debt)

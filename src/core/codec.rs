@@ -36,14 +36,14 @@ fn encode_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     // Writing into a Vec cannot fail for these plain types.
     let _ = match version {
         1 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty)),
-        2 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty, &record.leases)),
+        2 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty, record.leases())),
         3 => rmp_serde::encode::write(
             out,
             &(
                 &record.bucket,
                 &record.penalty,
-                &record.leases,
-                &record.window,
+                record.leases(),
+                record.window(),
             ),
         ),
         _ => rmp_serde::encode::write(out, record),
@@ -82,31 +82,30 @@ mod tests {
     use crate::core::window::WindowState;
 
     fn sample() -> Record {
-        Record {
-            bucket: Some(Bucket {
-                tat_ms: 1_700_000_000_123,
-                tat_frac: 2,
-                tokens: 3,
-                period_ms: 1000,
-            }),
-            penalty: Some(Box::new(Penalty {
-                strikes: 4,
-                strikes_until: 1_700_000_060_000,
-                offenses: 1,
-                offenses_until: 1_700_086_400_000,
-                box_level: 0,
-                box_until: 0,
-            })),
-            leases: Some(Box::new(leases())),
-            window: Some(Box::new(WindowState::Fixed {
-                end: 1_700_000_060_000,
-                count: 3,
-            })),
-            quota: Some(QuotaState {
-                end: 1_700_006_400_000,
-                count: 42,
-            }),
-        }
+        let mut record = Record::with_bucket(Bucket {
+            tat_ms: 1_700_000_000_123,
+            tat_frac: 2,
+            tokens: crate::core::bucket::tick_scale(3),
+            period_ms: 1000,
+        });
+        record.penalty = Some(Box::new(Penalty {
+            strikes: 4,
+            strikes_until: 1_700_000_060_000,
+            offenses: 1,
+            offenses_until: 1_700_086_400_000,
+            box_level: 0,
+            box_until: 0,
+        }));
+        record.set_leases(Some(Box::new(leases())));
+        record.set_window(Some(WindowState::Fixed {
+            end: 1_700_000_060_000,
+            count: 3,
+        }));
+        record.set_quota(Some(QuotaState {
+            end: 1_700_006_400_000,
+            count: 42,
+        }));
+        record
     }
 
     fn leases() -> Leases {
@@ -126,9 +125,9 @@ mod tests {
     fn small_payloads() {
         let mut r = sample();
         r.penalty = None;
-        r.leases = None;
-        r.window = None;
-        r.quota = None;
+        r.set_leases(None);
+        r.set_window(None);
+        r.set_quota(None);
         assert!(encode(&r).len() <= 24, "{} bytes", encode(&r).len());
     }
 
@@ -149,9 +148,9 @@ mod tests {
     #[test]
     fn a_version_1_payload_still_decodes() {
         let mut old = sample();
-        old.leases = None;
-        old.window = None;
-        old.quota = None;
+        old.set_leases(None);
+        old.set_window(None);
+        old.set_quota(None);
         let mut v1 = Vec::new();
         encode_version(&old, 1, &mut v1);
         assert_eq!(v1[0], 1);
@@ -169,8 +168,8 @@ mod tests {
             "a v1 payload has no leases"
         );
         let mut v2_record = sample();
-        v2_record.window = None;
-        v2_record.quota = None;
+        v2_record.set_window(None);
+        v2_record.set_quota(None);
         let mut v2 = Vec::new();
         encode_version(&v2_record, 2, &mut v2);
         assert_eq!(decode(&v2), Ok(v2_record));

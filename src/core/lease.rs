@@ -106,9 +106,48 @@ pub fn deadline_after(now: Millis, ttl_ms: u64) -> Millis {
 ///
 /// Ids made this way sort by creation time (to the millisecond), so `LIST`
 /// shows generated leases oldest first.
-pub fn format_id(random: [u64; 2], now: Millis) -> String {
-    let time = now.cast_unsigned() & 0xffff_ffff_ffff;
-    format!("{time:012x}{:04x}{:016x}", random[1] & 0xffff, random[0])
+pub fn format_id(random: [u64; 2], now: Millis) -> GeneratedId {
+    let mut id = [0u8; GENERATED_ID_LEN];
+    let (time, rest) = id.split_at_mut(12);
+    let (high, low) = rest.split_at_mut(4);
+    write_hex(time, now.cast_unsigned());
+    write_hex(high, random[1]);
+    write_hex(low, random[0]);
+    GeneratedId(id)
+}
+
+/// Write the low `4 * out.len()` bits of `value` as lowercase hex digits.
+fn write_hex(out: &mut [u8], mut value: u64) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for slot in out.iter_mut().rev() {
+        *slot = DIGITS[(value & 0xf) as usize];
+        value >>= 4;
+    }
+}
+
+/// A lease id made by [`format_id`], held on the stack; reads as a `str`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct GeneratedId([u8; GENERATED_ID_LEN]);
+
+impl std::ops::Deref for GeneratedId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // Hex digits only, so always UTF-8.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for GeneratedId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl PartialEq<&str> for GeneratedId {
+    fn eq(&self, other: &&str) -> bool {
+        &**self == *other
+    }
 }
 
 impl Leases {

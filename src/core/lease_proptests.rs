@@ -220,7 +220,7 @@ fn run(ops: &[Op], max_bound: u64) -> Result<Run, TestCaseError> {
                 let id = match id {
                     Id::Pool(i) => pool_id(i),
                     Id::Generated(random) => {
-                        let id = format_id(random, now).into_bytes();
+                        let id = format_id(random, now).as_bytes().to_vec();
                         prop_assert!(seen.insert(id.clone()), "generated id repeated");
                         generated.push(id.clone());
                         id

@@ -8,6 +8,7 @@
 
 use proptest::prelude::*;
 use proptest::strategy::Union;
+use std::num::NonZeroU64;
 
 use super::bucket::{self, Bucket, Rate};
 use super::codec::{decode, encode, CodecError, VERSION};
@@ -215,7 +216,7 @@ fn any_valid_bucket() -> impl Strategy<Value = Bucket> {
         |(tat_ms, tokens, period_ms, r, last)| Bucket {
             tat_ms,
             tat_frac: if last { tokens - 1 } else { r % tokens },
-            tokens,
+            tokens: bucket::tick_scale(tokens),
             period_ms,
         },
     )
@@ -256,10 +257,11 @@ fn any_valid_record() -> impl Strategy<Value = Record> {
         prop::option::of(any_valid_bucket()),
         prop::option::of(any_valid_penalty()),
     )
-        .prop_map(|(bucket, penalty)| Record {
-            bucket,
-            penalty: penalty.map(Box::new),
-            ..Record::default()
+        .prop_map(|(bucket, penalty)| {
+            let mut record = Record::default();
+            record.bucket = bucket;
+            record.penalty = penalty.map(Box::new);
+            record
         })
 }
 
@@ -486,7 +488,7 @@ fn check_calls_change_only_what_they_report(
                 // Rewritten at the scale of the rate it is read with.
                 let b = state.buckets[k];
                 prop_assert_eq!(
-                    b.map(|b| (b.tokens, b.period_ms)),
+                    b.map(|b| (b.tokens.get(), b.period_ms)),
                     Some((rate.tokens, rate.period_ms))
                 );
             }
@@ -849,8 +851,8 @@ proptest! {
         }
         let t = now + delta as i64;
         let stored = state.buckets[0].map_or(Ok(0), |bk| {
-            prop_assert_eq!((bk.tokens, bk.period_ms), (a.tokens, a.period_ms));
-            Ok((i128::from(bk.tat_ms) - i128::from(t)) * i(bk.tokens) + i(bk.tat_frac))
+            prop_assert_eq!((bk.tokens.get(), bk.period_ms), (a.tokens, a.period_ms));
+            Ok((i128::from(bk.tat_ms) - i128::from(t)) * i(bk.tokens.get()) + i(bk.tat_frac))
         })?.max(0);
         let spent = ceil_div(stored, i(a.period_ms));
         prop_assert!(spent <= i(a.capacity), "spent {spent} of {a:?}");
@@ -879,7 +881,7 @@ proptest! {
                 prop_assert_eq!(changed(fx.states_changed, 0), rescaled);
                 if rescaled {
                     let bk = state.buckets[0];
-                    prop_assert_eq!(bk.map(|bk| (bk.tokens, bk.period_ms)), Some((b.tokens, b.period_ms)));
+                    prop_assert_eq!(bk.map(|bk| (bk.tokens.get(), bk.period_ms)), Some((b.tokens, b.period_ms)));
                 } else {
                     prop_assert_eq!(&state, &before);
                 }
@@ -1012,18 +1014,27 @@ proptest! {
         let mut record = record;
         match breakage {
             0 => {
-                let mut b = record.bucket.unwrap_or(Bucket { tat_ms: T0, tat_frac: 0, tokens: 1, period_ms: 1 });
-                b.tat_frac = b.tokens.saturating_add(junk % 3).max(b.tokens);
+                let mut b = record.bucket.unwrap_or(Bucket { tat_ms: T0, tat_frac: 0, tokens: NonZeroU64::MIN, period_ms: 1 });
+                b.tat_frac = b.tokens.get().saturating_add(junk % 3).max(b.tokens.get());
                 record.bucket = Some(b);
             }
             1 => {
-                let mut b = record.bucket.unwrap_or(Bucket { tat_ms: T0, tat_frac: 0, tokens: 1, period_ms: 1 });
-                b.tokens = 0;
-                b.tat_frac = 0;
-                record.bucket = Some(b);
+                // A zero scale cannot be held in a `Bucket`: write its bytes.
+                let b = record.bucket.unwrap_or(Bucket { tat_ms: T0, tat_frac: 0, tokens: NonZeroU64::MIN, period_ms: 1 });
+                let fields = (
+                    Some((b.tat_ms, 0u64, 0u64, b.period_ms)),
+                    &record.penalty,
+                    record.leases(),
+                    record.window(),
+                    record.quota(),
+                );
+                let mut bytes = vec![VERSION];
+                prop_assert!(rmp_serde::encode::write(&mut bytes, &fields).is_ok());
+                prop_assert_eq!(decode(&bytes), Err(CodecError::Malformed));
+                return Ok(());
             }
             2 => {
-                let mut b = record.bucket.unwrap_or(Bucket { tat_ms: T0, tat_frac: 0, tokens: 1, period_ms: 1 });
+                let mut b = record.bucket.unwrap_or(Bucket { tat_ms: T0, tat_frac: 0, tokens: NonZeroU64::MIN, period_ms: 1 });
                 b.period_ms = 0;
                 record.bucket = Some(b);
             }
@@ -1210,7 +1221,9 @@ proptest! {
                 prop_assert!(b.is_valid(), "take wrote an invalid bucket {b:?}");
             }
             prop_assert!(penalty.is_valid());
-            let mut record = Record { bucket: buckets[0], penalty: Some(Box::new(penalty)), ..Record::default() };
+            let mut record = Record::default();
+            record.bucket = buckets[0];
+            record.penalty = Some(Box::new(penalty));
             prop_assert_eq!(decode(&encode(&record)), Ok(record.clone()));
             let _ = record.prune(now);
         }
@@ -1325,7 +1338,7 @@ mod counterexamples {
         buckets[MAX_BUCKETS] = Some(Bucket {
             tat_ms: T0,
             tat_frac: 0,
-            tokens: 2,
+            tokens: bucket::tick_scale(2),
             period_ms: 1,
         });
         let mut penalty = Penalty::default();

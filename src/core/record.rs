@@ -1,6 +1,7 @@
 //! What one RL key holds: each part is present only while it matters.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::bucket::{Bucket, Rate};
 use super::lease::Leases;
@@ -10,23 +11,185 @@ use super::quota::{Quota, QuotaState};
 use super::time::Millis;
 use super::window::{Window, WindowState};
 
-/// The value of one key of the module type.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The value of one key of the module type. Small for the common keys:
+/// the bucket lives inline, the penalty state and the parts of the other
+/// commands each behind one pointer that is null while they hold nothing
+/// (a bucket-only key is one 56-byte allocation).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Record {
     /// The `RL.TAKE` bucket.
     pub bucket: Option<Bucket>,
-    /// Strikes, offenses and box (boxed to keep bucket-only keys small).
+    /// Strikes, offenses and box.
     pub penalty: Option<Box<Penalty>>,
+    /// The window, quota and leases; `None` when all three are (never an
+    /// allocation holding nothing).
+    others: Option<Box<Others>>,
+}
+
+/// The parts of a [`Record`] that only some keys hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Others {
+    /// The `RL.WINDOW` window. Since encoding version 3.
+    window: Option<WindowState>,
+    /// The `RL.QUOTA` count. Since encoding version 4.
+    quota: Option<QuotaState>,
     /// The `RL.LEASE` leases (never an empty set: `None` then). Since
     /// encoding version 2.
+    leases: Option<Box<Leases>>,
+}
+
+impl Others {
+    fn is_empty(&self) -> bool {
+        self.window.is_none() && self.quota.is_none() && self.leases.is_none()
+    }
+}
+
+/// The fields of a [`Record`] as they are encoded, in order: each version
+/// of the codec appends fields, and a payload of an older version decodes
+/// with the missing ones empty.
+#[derive(Deserialize)]
+struct EncodedRecord {
+    bucket: Option<Bucket>,
+    penalty: Option<Box<Penalty>>,
     #[serde(default)]
-    pub leases: Option<Box<Leases>>,
-    /// The `RL.WINDOW` window. Since encoding version 3.
+    leases: Option<Box<Leases>>,
     #[serde(default)]
-    pub window: Option<Box<WindowState>>,
-    /// The `RL.QUOTA` count. Since encoding version 4.
+    window: Option<WindowState>,
     #[serde(default)]
-    pub quota: Option<QuotaState>,
+    quota: Option<QuotaState>,
+}
+
+impl Serialize for Record {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut fields = serializer.serialize_struct("Record", 5)?;
+        fields.serialize_field("bucket", &self.bucket)?;
+        fields.serialize_field("penalty", &self.penalty)?;
+        fields.serialize_field("leases", &self.leases())?;
+        fields.serialize_field("window", &self.window())?;
+        fields.serialize_field("quota", &self.quota())?;
+        fields.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Record {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let e = EncodedRecord::deserialize(deserializer)?;
+        let mut record = Record {
+            bucket: e.bucket,
+            penalty: e.penalty,
+            others: None,
+        };
+        record.set_window(e.window);
+        record.set_quota(e.quota);
+        record.set_leases(e.leases);
+        Ok(record)
+    }
+}
+
+impl Record {
+    /// A record holding only `bucket`.
+    pub fn with_bucket(bucket: Bucket) -> Record {
+        Record {
+            bucket: Some(bucket),
+            ..Record::default()
+        }
+    }
+
+    /// The `RL.WINDOW` window.
+    pub fn window(&self) -> Option<&WindowState> {
+        self.others.as_ref()?.window.as_ref()
+    }
+
+    /// The `RL.QUOTA` count.
+    pub fn quota(&self) -> Option<&QuotaState> {
+        self.others.as_ref()?.quota.as_ref()
+    }
+
+    /// The `RL.LEASE` leases (never an empty set).
+    pub fn leases(&self) -> Option<&Leases> {
+        self.others.as_ref()?.leases.as_deref()
+    }
+
+    /// Replace the window.
+    pub fn set_window(&mut self, window: Option<WindowState>) {
+        match (self.others.as_deref_mut(), window) {
+            (
+                Some(Others {
+                    window: Some(slot), ..
+                }),
+                Some(w),
+            ) => *slot = w,
+            (_, w) => self.edit_others(|o| o.window = w),
+        }
+    }
+
+    /// Replace the quota count.
+    pub fn set_quota(&mut self, quota: Option<QuotaState>) {
+        self.edit_others(|o| o.quota = quota);
+    }
+
+    /// Replace the leases (an empty set is stored as none).
+    pub fn set_leases(&mut self, leases: Option<Box<Leases>>) {
+        let leases = leases.filter(|l| !l.is_empty());
+        self.edit_others(|o| o.leases = leases);
+    }
+
+    /// The leases to change in place, an empty set first when there are
+    /// none: put it back with [`Record::set_leases`] or [`Record::prune`]
+    /// if it may have stayed empty.
+    pub fn leases_or_insert(&mut self) -> &mut Leases {
+        let others = self.others.get_or_insert_with(Box::default);
+        others.leases.get_or_insert_with(Box::default)
+    }
+
+    /// Take the window out, leaving a placeholder in its place (the
+    /// allocation kept for it to come back to with [`Record::set_window`]).
+    fn take_window(&mut self) -> Option<WindowState> {
+        self.others
+            .as_deref_mut()?
+            .window
+            .as_mut()
+            .map(std::mem::take)
+    }
+
+    /// Change the other parts, then drop their allocation if it holds
+    /// nothing.
+    fn edit_others(&mut self, change: impl FnOnce(&mut Others)) {
+        match self.others.as_deref_mut() {
+            Some(others) => change(others),
+            None => {
+                let mut others = Others::default();
+                change(&mut others);
+                if others.is_empty() {
+                    return;
+                }
+                self.others = Some(Box::new(others));
+            }
+        }
+        if self.others.as_deref().is_some_and(Others::is_empty) {
+            self.others = None;
+        }
+    }
+
+    /// Bytes this record holds on the heap beyond the record itself.
+    /// `allocated` gives the allocator's size of the allocation at an
+    /// address (its size class, not the size asked for); the nested
+    /// collections (a lease set's tree nodes, a window log) are counted by
+    /// what they hold.
+    pub fn heap_bytes(&self, allocated: impl Fn(*const u8) -> usize) -> usize {
+        fn address<T>(value: &T) -> *const u8 {
+            std::ptr::from_ref(value).cast()
+        }
+        let penalty = self.penalty.as_deref().map_or(0, |p| allocated(address(p)));
+        let others = self.others.as_deref().map_or(0, |o| {
+            allocated(address(o))
+                + o.window.as_ref().map_or(0, WindowState::heap_bytes)
+                + o.leases
+                    .as_deref()
+                    .map_or(0, |l| allocated(address(l)) + l.heap_bytes())
+        });
+        penalty + others
+    }
 }
 
 /// A limiter kind whose state lives in a [`Record`] (each kind in its own
@@ -44,32 +207,30 @@ pub trait InRecord: Limiter {
 
 impl InRecord for Window {
     fn read(record: &Record) -> Option<&WindowState> {
-        record.window.as_deref()
+        record.window()
     }
 
     fn take(record: &mut Record) -> Option<WindowState> {
-        record.window.as_deref_mut().map(std::mem::take)
+        record.take_window()
     }
 
     fn write(record: &mut Record, state: Option<WindowState>) {
-        match (record.window.as_deref_mut(), state) {
-            (Some(slot), Some(state)) => *slot = state,
-            (_, state) => record.window = state.map(Box::new),
-        }
+        record.set_window(state);
     }
 }
 
 impl InRecord for Quota {
     fn read(record: &Record) -> Option<&QuotaState> {
-        record.quota.as_ref()
+        record.quota()
     }
 
     fn take(record: &mut Record) -> Option<QuotaState> {
-        record.quota.take()
+        // Copied, not taken: taking could empty the other parts.
+        record.quota().copied()
     }
 
     fn write(record: &mut Record, state: Option<QuotaState>) {
-        record.quota = state;
+        record.set_quota(state);
     }
 }
 
@@ -103,12 +264,10 @@ impl Record {
     pub fn is_valid(&self) -> bool {
         self.bucket.as_ref().is_none_or(Bucket::is_valid)
             && self.penalty.as_deref().is_none_or(Penalty::is_valid)
-            && self
-                .leases
-                .as_deref()
-                .is_none_or(|l| l.is_valid() && !l.is_empty())
-            && self.window.as_deref().is_none_or(WindowState::is_valid)
-            && self.quota.as_ref().is_none_or(QuotaState::is_valid)
+            && self.others.as_deref().is_none_or(|o| !o.is_empty())
+            && self.leases().is_none_or(|l| l.is_valid() && !l.is_empty())
+            && self.window().is_none_or(WindowState::is_valid)
+            && self.quota().is_none_or(QuotaState::is_valid)
     }
 
     /// The penalty state, or an empty one.
@@ -143,23 +302,28 @@ impl Record {
                 self.penalty = None;
             }
         }
-        if let Some(window) = self.window.as_deref() {
-            match window.counts_until(now) {
-                Some(last) => until = until.max(Some(last.min(MANUAL - 1))),
-                None => self.window = None,
+        if let Some(others) = self.others.as_deref_mut() {
+            if let Some(window) = &others.window {
+                match window.counts_until(now) {
+                    Some(last) => until = until.max(Some(last.min(MANUAL - 1))),
+                    None => others.window = None,
+                }
             }
-        }
-        if let Some(quota) = &self.quota {
-            match quota.counts_until(now) {
-                Some(end) => until = until.max(Some(end.min(MANUAL - 1))),
-                None => self.quota = None,
+            if let Some(quota) = &others.quota {
+                match quota.counts_until(now) {
+                    Some(end) => until = until.max(Some(end.min(MANUAL - 1))),
+                    None => others.quota = None,
+                }
             }
-        }
-        if let Some(leases) = self.leases.as_deref_mut() {
-            leases.sweep(now);
-            match leases.last_deadline(now) {
-                Some(deadline) => until = until.max(Some(deadline)),
-                None => self.leases = None,
+            if let Some(leases) = others.leases.as_deref_mut() {
+                leases.sweep(now);
+                match leases.last_deadline(now) {
+                    Some(deadline) => until = until.max(Some(deadline)),
+                    None => others.leases = None,
+                }
+            }
+            if others.is_empty() {
+                self.others = None;
             }
         }
         match until {
@@ -205,10 +369,44 @@ mod tests {
         let mut leased = Record::default();
         let mut leases = Leases::new();
         leases.acquire(b"job", 1, 30_000, NOW);
-        leased.leases = Some(Box::new(leases));
+        leased.set_leases(Some(Box::new(leases)));
         assert_eq!(leased.prune(NOW), Retention::Until(NOW + 30_000));
         assert_eq!(leased.prune(NOW + 30_000), Retention::Delete);
         assert_eq!(leased, Record::default());
         assert_eq!(empty, Record::default());
+    }
+
+    #[test]
+    fn heap_bytes_counts_each_allocation_once() {
+        let class = |_: *const u8| 64;
+        let rate = Rate {
+            capacity: 10,
+            tokens: 10,
+            period_ms: 1000,
+        };
+        let mut r = Record::with_bucket(charge(0, 5, &rate, NOW).0);
+        assert_eq!(r.heap_bytes(class), 0, "the bucket is inline");
+        r.set_penalty(
+            Penalty {
+                strikes: 1,
+                strikes_until: NOW + 1,
+                ..Penalty::default()
+            },
+            NOW,
+        );
+        assert_eq!(r.heap_bytes(class), 64);
+        r.set_quota(Some(QuotaState {
+            end: NOW + 1,
+            count: 1,
+        }));
+        assert_eq!(r.heap_bytes(class), 128, "penalty + the other parts");
+        let mut leases = Leases::new();
+        leases.acquire(b"job", 1, 30_000, NOW);
+        let lease_heap = leases.heap_bytes();
+        r.set_leases(Some(Box::new(leases)));
+        assert_eq!(r.heap_bytes(class), 192 + lease_heap);
+        r.set_quota(None);
+        r.set_leases(None);
+        assert_eq!(r.heap_bytes(class), 64, "no empty allocation is kept");
     }
 }

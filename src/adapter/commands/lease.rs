@@ -13,9 +13,10 @@ use crate::adapter::ffi::{
     now_ms, reply_array, reply_bulk, reply_error, reply_int, reply_null, Arg, Ctx,
 };
 use crate::adapter::stats;
-use crate::adapter::store::{commit, Access, RlKey};
-use crate::core::lease::{format_id, Acquire, Leases};
+use crate::adapter::store::{commit_in_place, Access, RlKey};
+use crate::core::lease::{format_id, Acquire, GeneratedId, Leases};
 use crate::core::limits::{MAX_LEASES, MAX_LEASE_ID_LEN};
+use crate::core::record::Record;
 use crate::core::time::Millis;
 
 const NAME: &str = "rl.lease";
@@ -104,48 +105,71 @@ fn lease_id<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>) -> Result<usize, ArgError> {
     Ok(pos)
 }
 
-/// Parse and open the key; on error the reply is already sent.
-fn open(ctx: Ctx, args: &[Arg], access: Access) -> Result<(LeaseCommand, RlKey, Leases), c_int> {
+/// Parse the call and open its key; on error the reply is already sent.
+fn open(ctx: Ctx, args: &[Arg], access: Access) -> Result<(LeaseCommand, RlKey), c_int> {
     let command = parse(args).map_err(|e| reply_error(ctx, &e.to_string()))?;
     let name = args
         .get(command.key())
         .copied()
         .ok_or_else(|| reply_error(ctx, errors::INTERNAL))?;
     let key = RlKey::open(ctx, name, access);
-    let leases = match key.record() {
-        Ok(record) => record
-            .and_then(|r| r.leases.as_deref())
-            .cloned()
-            .unwrap_or_default(),
-        Err(_) => return Err(reply_error(ctx, errors::WRONGTYPE)),
-    };
-    Ok((command, key, leases))
+    if key.record().is_err() {
+        return Err(reply_error(ctx, errors::WRONGTYPE));
+    }
+    Ok((command, key))
 }
 
-/// Store `leases` after a successful call, which swept the leases that
-/// had expired (`expired` of them, counted in `INFO`); the key is deleted
-/// when no lease is left.
-fn store(ctx: Ctx, key: &mut RlKey, leases: Leases, expired: u64, now: Millis) {
-    stats::LEASES_EXPIRED.add(expired);
-    let mut record = key.working_copy();
-    record.leases = Some(Box::new(leases));
-    commit(ctx, key, record, now);
+/// Run `change` on the key's leases where they live (a new empty set when
+/// the key holds none and `create` is set; otherwise `None` without
+/// running it). `change` returns its result and whether it changed the
+/// set: then the call is committed (the leases it swept counted as
+/// expired in `INFO`), otherwise nothing is written and nothing is left
+/// behind. The core's lease operations change nothing when they fail.
+fn with_leases<T>(
+    ctx: Ctx,
+    key: &mut RlKey,
+    now: Millis,
+    create: bool,
+    change: impl FnOnce(&mut Leases) -> (T, bool),
+) -> Option<T> {
+    let has_leases = matches!(key.record(), Ok(Some(r)) if r.leases().is_some());
+    if !has_leases && !create {
+        return None;
+    }
+    let record = key.edit().ok()?;
+    let leases = record.leases_or_insert();
+    let expired = leases.expired(now);
+    let (out, changed) = change(leases);
+    if changed {
+        stats::LEASES_EXPIRED.add(expired);
+        commit_in_place(ctx, key, now);
+    } else if !has_leases {
+        // Leave no empty set behind (and no key this call created).
+        record.set_leases(None);
+        if key.is_new() {
+            commit_in_place(ctx, key, now);
+        }
+    }
+    Some(out)
 }
 
 /// A new opaque lease id: the time and 80 random bits from two
 /// independently seeded hashers (std seeds them from the OS), never a
 /// counter; drawn again in the unlikely case it is live on this key.
-fn new_id(leases: &Leases, now: Millis) -> Vec<u8> {
-    let mut id = Vec::new();
-    for attempt in 0..4u64 {
+fn new_id(leases: &Leases, now: Millis) -> GeneratedId {
+    let draw = |attempt: u64| {
         let words = [
             std::hash::RandomState::new().hash_one((now, attempt)),
             std::hash::RandomState::new().hash_one((attempt, now)),
         ];
-        id = format_id(words, now).into_bytes();
-        if !leases.is_live(&id, now) {
+        format_id(words, now)
+    };
+    let mut id = draw(0);
+    for attempt in 1..4u64 {
+        if !leases.is_live(id.as_bytes(), now) {
             break;
         }
+        id = draw(attempt);
     }
     id
 }
@@ -156,7 +180,7 @@ fn arg_bytes(args: &[Arg], pos: usize) -> &[u8] {
 
 /// Run `RL.LEASE ACQUIRE`.
 pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key, mut leases) = match open(ctx, args, Access::Write) {
+    let (command, mut key) = match open(ctx, args, Access::Write) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
@@ -167,19 +191,30 @@ pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
         return reply_error(ctx, errors::INTERNAL);
     };
     let now = now_ms(ctx);
-    let id: Vec<u8> = match id {
-        Some(pos) => arg_bytes(args, pos).to_vec(),
-        None => new_id(&leases, now),
+    let outcome = with_leases(ctx, &mut key, now, true, |leases| {
+        let generated = id.is_none().then(|| new_id(leases, now));
+        let id = generated
+            .as_ref()
+            .map_or_else(|| arg_bytes(args, id.unwrap_or_default()), |g| g.as_bytes());
+        let outcome = leases.acquire(id, max, ttl_ms, now);
+        let granted = !matches!(outcome, Acquire::Denied { .. });
+        ((outcome, generated), granted)
+    });
+    let Some((outcome, generated)) = outcome else {
+        return reply_error(ctx, errors::INTERNAL);
+    };
+    let id = match (&generated, id) {
+        (Some(g), _) => g.as_bytes(),
+        (None, Some(pos)) => arg_bytes(args, pos),
+        (None, None) => &[],
     };
     let max_reply = i64::try_from(max).unwrap_or(i64::MAX);
-    let expired = leases.expired(now);
-    match leases.acquire(&id, max, ttl_ms, now) {
+    match outcome {
         Acquire::Granted { in_use } | Acquire::Refreshed { in_use } => {
-            store(ctx, &mut key, leases, expired, now);
             stats::LEASES_GRANTED.incr();
             reply_array(ctx, 5);
             reply_int(ctx, 1);
-            reply_bulk(ctx, &id);
+            reply_bulk(ctx, id);
             reply_int(ctx, i64::try_from(in_use).unwrap_or(i64::MAX));
             reply_int(ctx, max_reply);
             reply_int(ctx, 0)
@@ -201,7 +236,7 @@ pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
 
 /// Run `RL.LEASE RELEASE`: 1 when a live lease was removed.
 pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key, mut leases) = match open(ctx, args, Access::Write) {
+    let (command, mut key) = match open(ctx, args, Access::Write) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
@@ -209,10 +244,12 @@ pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
         return reply_error(ctx, errors::INTERNAL);
     };
     let now = now_ms(ctx);
-    let expired = leases.expired(now);
-    let released = leases.release(arg_bytes(args, id), now);
+    let released = with_leases(ctx, &mut key, now, false, |leases| {
+        let released = leases.release(arg_bytes(args, id), now);
+        (released, released)
+    })
+    .unwrap_or(false);
     if released {
-        store(ctx, &mut key, leases, expired, now);
         stats::LEASES_RELEASED.incr();
     }
     reply_int(ctx, i64::from(released))
@@ -221,7 +258,7 @@ pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
 /// Run `RL.LEASE RENEW`: 1 when the lease was live and now expires `ttl`
 /// from now.
 pub fn renew(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key, mut leases) = match open(ctx, args, Access::Write) {
+    let (command, mut key) = match open(ctx, args, Access::Write) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
@@ -229,22 +266,23 @@ pub fn renew(ctx: Ctx, args: &[Arg]) -> c_int {
         return reply_error(ctx, errors::INTERNAL);
     };
     let now = now_ms(ctx);
-    let expired = leases.expired(now);
-    let renewed = leases.renew(arg_bytes(args, id), ttl_ms, now);
-    if renewed {
-        store(ctx, &mut key, leases, expired, now);
-    }
+    let renewed = with_leases(ctx, &mut key, now, false, |leases| {
+        let renewed = leases.renew(arg_bytes(args, id), ttl_ms, now);
+        (renewed, renewed)
+    })
+    .unwrap_or(false);
     reply_int(ctx, i64::from(renewed))
 }
 
 /// Run `RL.LEASE LIST`: `[lease-id, ms_left]` pairs of the live leases.
 pub fn list(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (_, _key, leases) = match open(ctx, args, Access::Read) {
+    let (_, key) = match open(ctx, args, Access::Read) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
     let now = now_ms(ctx);
-    let live: Vec<(&[u8], i64)> = leases.list(now).collect();
+    let leases = key.record().ok().flatten().and_then(Record::leases);
+    let live: Vec<(&[u8], i64)> = leases.into_iter().flat_map(|l| l.list(now)).collect();
     reply_array(ctx, live.len());
     for (id, ms_left) in live {
         reply_array(ctx, 2);

@@ -77,10 +77,7 @@ fn convert_redis_cell(ctx: Ctx, name: Arg, rate: &Rate) -> Result<(), c_int> {
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok())
         .ok_or_else(|| reply_error(ctx, errors::WRONGTYPE))?;
-    let record = Record {
-        bucket: Some(from_tat_ns(tat_ns, rate)),
-        ..Record::default()
-    };
+    let record = Record::with_bucket(from_tat_ns(tat_ns, rate));
     commit(ctx, &mut key, record, now_ms(ctx));
     Ok(())
 }
