@@ -59,4 +59,15 @@ fn keys_in_two_slots_get_crossslot() {
         .expect("GETKEYS"),
     );
     assert_eq!(keys, ["rl:{a}:key", "rl:{b}:tenant"]);
+    // The replicated effect declares every key it writes, old form too.
+    let keys = str_array(
+        call(
+            &mut con,
+            "COMMAND GETKEYS RL.APPLY rl:{a}:key p 1 rl:{a}:tenant q PERSIST",
+        )
+        .expect("GETKEYS"),
+    );
+    assert_eq!(keys, ["rl:{a}:key", "rl:{a}:tenant"]);
+    let keys = str_array(call(&mut con, "COMMAND GETKEYS RL.APPLY k p").expect("GETKEYS"));
+    assert_eq!(keys, ["k"]);
 }

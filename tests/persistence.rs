@@ -200,10 +200,10 @@ fn corrupt_and_truncated_restore_payloads_are_errors_not_crashes() {
     assert_eq!(value_str(&call(&mut con, "PING").expect("PING")), "PONG");
 }
 
-/// An AOF written by an older build holds the effect as two commands,
-/// `RL.APPLY key payload` then `PEXPIREAT key at` (or `PERSIST key`): it
-/// must still replay to the same state. The test rewrites this build's
-/// AOF (`RL.APPLY key payload PXAT at | PERSIST`) into the old form.
+/// An AOF written by an older build holds the effect as two commands per
+/// key, `RL.APPLY key payload` then `PEXPIREAT key at` (or `PERSIST key`):
+/// it must still replay to the same state. The test rewrites this build's
+/// AOF (`RL.APPLY key payload <at | PERSIST> [...]`) into the old form.
 #[test]
 fn an_aof_of_the_older_two_command_form_still_replays() {
     let server = Server::start(AOF);
@@ -218,13 +218,23 @@ fn an_aof_of_the_older_two_command_form_still_replays() {
     for args in &cmds {
         let arg = |i: usize| args[i].as_slice();
         if args[0].eq_ignore_ascii_case(b"RL.APPLY") {
-            old.extend(resp_command(&[arg(0), arg(1), arg(2)]));
-            match args.len() {
-                5 => old.extend(resp_command(&[b"PEXPIREAT", arg(1), arg(4)])),
-                4 => old.extend(resp_command(&[b"PERSIST", arg(1)])),
-                n => panic!("RL.APPLY with {n} arguments"),
+            // key payload expiry, per key.
+            assert_eq!(
+                (args.len() - 1) % 3,
+                0,
+                "RL.APPLY with {} arguments",
+                args.len()
+            );
+            for group in args[1..].chunks(3) {
+                let (key, payload, expiry) = (&group[0][..], &group[1][..], &group[2][..]);
+                old.extend(resp_command(&[arg(0), key, payload]));
+                if expiry.eq_ignore_ascii_case(b"PERSIST") {
+                    old.extend(resp_command(&[b"PERSIST", key]));
+                } else {
+                    old.extend(resp_command(&[b"PEXPIREAT", key, expiry]));
+                }
+                rewritten += 1;
             }
-            rewritten += 1;
         } else {
             let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
             old.extend(resp_command(&refs));

@@ -2,18 +2,23 @@
 //! through [`commit_in_place`] (or [`apply_replicated`] on a replica): it
 //! prunes the record where it lives, sets the key's absolute expiry,
 //! signals the modification and replicates the *effect* as one command
-//! (`RL.APPLY key payload PXAT at`, `RL.APPLY key payload PERSIST` or
-//! `DEL key`), never the time-dependent command, so replicas and AOF
-//! replays reach the same bytes.
+//! for all the keys of a call (`RL.APPLY key payload <at-ms | PERSIST>
+//! [key payload <at-ms | PERSIST>]...`; `DEL key` for a key deleted),
+//! never the time-dependent command, so replicas and AOF replays reach the
+//! same bytes.
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::os::raw::{c_char, c_int, c_longlong};
+
+use arrayvec::ArrayVec;
 
 use redis_module::raw;
 
-use super::ffi::{api, Arg, Ctx};
+use super::ffi::{api, Arg, Ctx, RStr};
 use super::rtype::{from_raw, into_raw, rl_type};
 use crate::core::codec;
+use crate::core::limits::MAX_BUCKETS;
 use crate::core::record::{Record, Retention};
 use crate::core::time::Millis;
 
@@ -217,58 +222,77 @@ pub fn commit(ctx: Ctx, key: &mut RlKey, record: Record, now: Millis) {
 }
 
 /// Commit the record the key holds (changed through [`RlKey::edit`]) as
-/// its state at `now`: drop what no longer matters, delete the key when
-/// nothing does, otherwise set the TTL of its longest-lived part, and
-/// replicate exactly that as one command.
+/// its state at `now` (see [`commit_keys`]).
 pub fn commit_in_place(ctx: Ctx, key: &mut RlKey, now: Millis) {
-    let Ok(Some(record)) = key.value() else {
-        return;
-    };
-    let retention = record.prune(now);
-    if retention == Retention::Delete {
-        // The type's `free` gets the pruned record, so the leases just
-        // swept are not counted a second time.
-        key.delete();
-        if !key.created {
-            replicate_del(ctx, key.name);
+    commit_keys(ctx, std::iter::once(key), now);
+}
+
+/// Commit the records `keys` hold (changed through [`RlKey::edit`]) as
+/// their states at `now`: drop what no longer matters in each, delete a
+/// key when nothing does, otherwise set the TTL of its longest-lived part;
+/// then replicate exactly that, every kept key in one `RL.APPLY` (a key
+/// deleted replicates as `DEL`).
+pub fn commit_keys<'k>(ctx: Ctx, keys: impl IntoIterator<Item = &'k mut RlKey>, now: Millis) {
+    with_buffer(|payloads| {
+        let mut applied = AppliedKeys::new();
+        for key in keys {
+            let Ok(Some(record)) = key.value() else {
+                continue;
+            };
+            let retention = record.prune(now);
+            let at = match retention {
+                Retention::Delete => {
+                    // The type's `free` gets the pruned record, so the
+                    // leases just swept are not counted a second time.
+                    key.delete();
+                    if !key.created {
+                        replicate_del(ctx, key.name);
+                        key.signal_modified(ctx);
+                    }
+                    continue;
+                }
+                Retention::Until(at) => Some(at),
+                Retention::Forever => None,
+            };
+            if applied.is_full() {
+                replicate_applied(ctx, &applied, payloads);
+                applied.clear();
+                payloads.clear();
+            }
+            let start = payloads.len();
+            codec::encode_append(record, payloads);
+            applied.push((key.name, start..payloads.len(), at));
+            match at {
+                Some(at) => {
+                    key.expire_at(at);
+                }
+                None => key.persist(),
+            }
             key.signal_modified(ctx);
         }
-        return;
-    }
-    with_encoded(record, |payload| {
-        replicate_apply(ctx, key.name, payload, retention);
+        replicate_applied(ctx, &applied, payloads);
     });
-    match retention {
-        Retention::Until(at) => {
-            key.expire_at(at);
-        }
-        Retention::Forever => key.persist(),
-        Retention::Delete => {}
-    }
-    key.signal_modified(ctx);
 }
+
+/// The keys of one `RL.APPLY`: name, payload (a range of the shared
+/// buffer) and absolute expiry (`None`: no expiry).
+type AppliedKeys = ArrayVec<(Arg, Range<usize>, Option<Millis>), MAX_BUCKETS>;
 
 /// What a replicated `RL.APPLY` says about the key's expiry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplicatedExpiry {
-    /// `PXAT at`: expire at the absolute time `at` (ms).
+    /// Expire at this absolute time (ms).
     At(Millis),
     /// `PERSIST`: no expiry (a manual box).
     Persist,
-    /// Neither (the form written by older builds, followed by its own
+    /// Not given (the form written by older builds, followed by its own
     /// `PEXPIREAT` or `PERSIST`): leave the expiry alone.
     Unchanged,
 }
 
-/// Apply a replicated payload on a replica or during AOF loading: the
-/// value and, when the command carries it, the absolute expiry.
-pub fn apply_replicated(
-    ctx: Ctx,
-    key: &mut RlKey,
-    payload: &[u8],
-    expiry: ReplicatedExpiry,
-) -> Result<(), codec::CodecError> {
-    let record = codec::decode(payload)?;
+/// Apply a replicated value (decoded and checked) on a replica or during
+/// AOF loading, and, when the command carries it, its absolute expiry.
+pub fn apply_replicated(ctx: Ctx, key: &mut RlKey, record: Record, expiry: ReplicatedExpiry) {
     key.store(record);
     match expiry {
         ReplicatedExpiry::At(at) => key.expire_at_exactly(ctx, at),
@@ -276,12 +300,11 @@ pub fn apply_replicated(
         ReplicatedExpiry::Unchanged => {}
     }
     key.signal_modified(ctx);
-    Ok(())
 }
 
-/// Encode `record` into a buffer reused across calls (the server runs
-/// commands on one thread), so a write allocates nothing once warm.
-fn with_encoded<T>(record: &Record, use_bytes: impl FnOnce(&[u8]) -> T) -> T {
+/// Run `body` with a buffer reused across calls (the server runs commands
+/// on one thread), so a write allocates nothing once warm.
+fn with_buffer<T>(body: impl FnOnce(&mut Vec<u8>) -> T) -> T {
     /// Larger buffers (a key with many leases) are not kept.
     const KEEP_CAPACITY: usize = 64 * 1024;
     thread_local! {
@@ -289,44 +312,52 @@ fn with_encoded<T>(record: &Record, use_bytes: impl FnOnce(&[u8]) -> T) -> T {
     }
     BUFFER.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buf) => {
-            codec::encode_into(record, &mut buf);
-            let out = use_bytes(&buf);
+            buf.clear();
+            let out = body(&mut buf);
             if buf.capacity() > KEEP_CAPACITY {
                 *buf = Vec::new();
             }
             out
         }
-        Err(_) => use_bytes(&codec::encode(record)),
+        Err(_) => body(&mut Vec::new()),
     })
 }
 
-/// Replicate the new value of `key` with its expiry, as one command.
-fn replicate_apply(ctx: Ctx, key: Arg, payload: &[u8], retention: Retention) {
-    let (ptr, len) = (payload.as_ptr().cast::<c_char>(), payload.len());
-    let apply = api!(RedisModule_Replicate);
-    unsafe {
-        match retention {
-            Retention::Until(at) => apply(
-                ctx.ptr(),
-                c"RL.APPLY".as_ptr(),
-                c"sbcl".as_ptr(),
-                key.0,
-                ptr,
-                len,
-                c"PXAT".as_ptr(),
-                at as c_longlong,
-            ),
-            Retention::Forever => apply(
-                ctx.ptr(),
-                c"RL.APPLY".as_ptr(),
-                c"sbc".as_ptr(),
-                key.0,
-                ptr,
-                len,
-                c"PERSIST".as_ptr(),
-            ),
-            Retention::Delete => 0,
+/// Replicate `RL.APPLY key payload expiry [key payload expiry]...` for the
+/// `applied` keys (nothing when there are none); `expiry` is the absolute
+/// ms time or `PERSIST`.
+fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
+    if applied.is_empty() {
+        return;
+    }
+    let create = api!(RedisModule_CreateString);
+    let mut argv: ArrayVec<RStr, { 3 * MAX_BUCKETS }> = ArrayVec::new();
+    let mut created: ArrayVec<RStr, { 2 * MAX_BUCKETS }> = ArrayVec::new();
+    for (name, range, at) in applied {
+        let payload = payloads.get(range.clone()).unwrap_or_default();
+        let expiry = match at {
+            Some(at) => unsafe { api!(RedisModule_CreateStringFromLongLong)(ctx.ptr(), *at) },
+            None => unsafe { create(ctx.ptr(), c"PERSIST".as_ptr(), 7) },
         };
+        let payload =
+            unsafe { create(ctx.ptr(), payload.as_ptr().cast::<c_char>(), payload.len()) };
+        argv.push(name.0);
+        argv.push(payload);
+        argv.push(expiry);
+        created.push(payload);
+        created.push(expiry);
+    }
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx.ptr(),
+            c"RL.APPLY".as_ptr(),
+            c"v".as_ptr(),
+            argv.as_mut_ptr(),
+            argv.len(),
+        );
+        for s in created {
+            api!(RedisModule_FreeString)(ctx.ptr(), s);
+        }
     }
 }
 

@@ -26,12 +26,24 @@ pub enum CodecError {
 
 /// Encode `record` into `out` (cleared first).
 pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
-    encode_version(record, VERSION, out);
+    out.clear();
+    encode_append(record, out);
+}
+
+/// Encode `record` at the end of `out`.
+pub fn encode_append(record: &Record, out: &mut Vec<u8>) {
+    append_version(record, VERSION, out);
 }
 
 /// Encode `record` as `version` lays it out (the fields that version has).
+#[cfg(test)]
 fn encode_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     out.clear();
+    append_version(record, version, out);
+}
+
+/// Append `record` to `out` as `version` lays it out.
+fn append_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     out.push(version);
     // Writing into a Vec cannot fail for these plain types.
     let _ = match version {
@@ -65,7 +77,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record, CodecError> {
     }
     let record: Record = rmp_serde::from_slice(body).map_err(|_| CodecError::Malformed)?;
     let mut canonical = Vec::with_capacity(bytes.len());
-    encode_version(&record, version, &mut canonical);
+    append_version(&record, version, &mut canonical);
     if !record.is_valid() || canonical != bytes {
         return Err(CodecError::Malformed);
     }

@@ -1,86 +1,130 @@
-//! `RL.APPLY key payload [PXAT ms | PERSIST]`: the replicated effect of
-//! every RL write: the key's new value and its absolute expiry (or none,
-//! for a manual box). The form without `PXAT`/`PERSIST`, written by older
-//! builds and by AOF rewrites (followed by their own `PEXPIREAT`), sets the
-//! value only. It is internal: accepted only over the replication link or
-//! while an AOF is being loaded, so no client can overwrite its own limiter
-//! state (and, say, empty its penalty box).
+//! `RL.APPLY key payload expiry [key payload expiry]...`: the replicated
+//! effect of every RL write: each key's new value and its absolute expiry
+//! (`expiry` is a time in ms, or `PERSIST` for a manual box). The form
+//! `RL.APPLY key payload`, written by older builds and by AOF rewrites
+//! (followed by their own `PEXPIREAT`), sets the value only. It is
+//! internal: accepted only over the replication link or while an AOF is
+//! being loaded, so no client can overwrite its own limiter state (and,
+//! say, empty its penalty box).
 
 use std::os::raw::c_int;
 
+use arrayvec::ArrayVec;
 use redis_module::raw;
 
-use crate::adapter::args::{is, Cursor};
+use crate::adapter::args::{is, parse_integer, Cursor};
 use crate::adapter::errors::{self, ArgError};
 use crate::adapter::ffi::{context_flags, reply_error, reply_simple, Arg, Ctx};
 use crate::adapter::store::{apply_replicated, Access, ReplicatedExpiry, RlKey};
+use crate::core::codec;
+use crate::core::limits::MAX_BUCKETS;
+use crate::core::record::Record;
 
-/// The largest `PXAT`: the latest time a signed ms clock holds.
-const MAX_AT: u64 = i64::MAX as u64;
+/// One key of the command: positions of the key and its payload, and the
+/// expiry.
+type Applied = (usize, usize, ReplicatedExpiry);
 
-/// Parse `key payload [PXAT ms | PERSIST]`: the positions of the key and
-/// the payload, and the expiry.
-fn parse<A: AsRef<[u8]>>(args: &[A]) -> Result<(usize, usize, ReplicatedExpiry), ArgError> {
+/// Parse `key payload [expiry [key payload expiry]...]`.
+fn parse<A: AsRef<[u8]>>(args: &[A]) -> Result<ArrayVec<Applied, MAX_BUCKETS>, ArgError> {
     let mut c = Cursor::new("rl.apply", args);
+    let mut applied = ArrayVec::new();
     let key = c.key("key")?;
     let payload = c.key("payload")?;
-    let expiry = match c.word() {
-        None => ReplicatedExpiry::Unchanged,
-        Some(w) if is(w, "PXAT") => {
-            let at = c.integer("PXAT", 0, MAX_AT)?;
-            ReplicatedExpiry::At(i64::try_from(at).unwrap_or(i64::MAX))
-        }
-        Some(w) if is(w, "PERSIST") => ReplicatedExpiry::Persist,
-        Some(w) => return Err(ArgError::unknown_option(c.command(), w)),
-    };
-    c.finish()?;
-    Ok((key, payload, expiry))
+    if !c.has_more() {
+        applied.push((key, payload, ReplicatedExpiry::Unchanged));
+        return Ok(applied);
+    }
+    applied.push((key, payload, expiry(&mut c)?));
+    while c.has_more() {
+        let key = c.key("key")?;
+        let payload = c.key("payload")?;
+        let entry = (key, payload, expiry(&mut c)?);
+        applied
+            .try_push(entry)
+            .map_err(|_| ArgError::TooManyBuckets)?;
+    }
+    Ok(applied)
 }
 
-/// Run `RL.APPLY`.
+/// An expiry: an absolute time in ms, or `PERSIST`.
+fn expiry<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>) -> Result<ReplicatedExpiry, ArgError> {
+    let word = c.word().ok_or(ArgError::Missing {
+        command: "rl.apply",
+        what: "expiry",
+    })?;
+    if is(word, "PERSIST") {
+        return Ok(ReplicatedExpiry::Persist);
+    }
+    parse_integer(word)
+        .and_then(|at| i64::try_from(at).ok())
+        .map(ReplicatedExpiry::At)
+        .ok_or(ArgError::Integer {
+            what: "expiry",
+            min: 0,
+            max: i64::MAX as u64,
+        })
+}
+
+/// Run `RL.APPLY`: every payload is checked before any key is written.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
     if context_flags(ctx) & trusted == 0 {
         return reply_error(ctx, errors::INTERNAL_ONLY);
     }
-    let (key, payload, expiry) = match parse(args) {
-        Ok(parsed) => parsed,
+    let applied = match parse(args) {
+        Ok(applied) => applied,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let mut key = RlKey::open(ctx, args[key], Access::Write);
-    match apply_replicated(ctx, &mut key, args[payload].as_ref(), expiry) {
-        Ok(()) => reply_simple(ctx, c"OK"),
-        Err(_) => reply_error(ctx, errors::BAD_PAYLOAD),
+    let mut records: ArrayVec<Record, MAX_BUCKETS> = ArrayVec::new();
+    for &(_, payload, _) in &applied {
+        match codec::decode(args[payload].as_ref()) {
+            Ok(record) => records.push(record),
+            Err(_) => return reply_error(ctx, errors::BAD_PAYLOAD),
+        }
     }
+    for (&(key, _, expiry), record) in applied.iter().zip(records) {
+        let mut key = RlKey::open(ctx, args[key], Access::Write);
+        apply_replicated(ctx, &mut key, record, expiry);
+    }
+    reply_simple(ctx, c"OK")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse_str(line: &str) -> Result<ReplicatedExpiry, ArgError> {
+    fn parse_str(line: &str) -> Result<Vec<Applied>, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args).map(|(_, _, e)| e)
+        parse(&args).map(|a| a.to_vec())
     }
 
     #[test]
     fn forms() {
-        assert_eq!(parse_str("RL.APPLY k p"), Ok(ReplicatedExpiry::Unchanged));
         assert_eq!(
-            parse_str("RL.APPLY k p PXAT 1700000000000"),
-            Ok(ReplicatedExpiry::At(1_700_000_000_000))
+            parse_str("RL.APPLY k p"),
+            Ok(vec![(1, 2, ReplicatedExpiry::Unchanged)])
         );
         assert_eq!(
-            parse_str("RL.APPLY k p persist"),
-            Ok(ReplicatedExpiry::Persist)
+            parse_str("RL.APPLY k p 1700000000000"),
+            Ok(vec![(1, 2, ReplicatedExpiry::At(1_700_000_000_000))])
         );
+        assert_eq!(
+            parse_str("RL.APPLY k p persist j q 5"),
+            Ok(vec![
+                (1, 2, ReplicatedExpiry::Persist),
+                (4, 5, ReplicatedExpiry::At(5))
+            ])
+        );
+        let many = format!("RL.APPLY{}", " k p 1".repeat(MAX_BUCKETS + 1));
         for bad in [
             "RL.APPLY k",
-            "RL.APPLY k p PXAT",
-            "RL.APPLY k p PXAT -1",
-            "RL.APPLY k p PXAT 9223372036854775808",
-            "RL.APPLY k p PERSIST extra",
-            "RL.APPLY k p EX 10",
+            "RL.APPLY k p -1",
+            "RL.APPLY k p 9223372036854775808",
+            "RL.APPLY k p 1 j",
+            "RL.APPLY k p 1 j q",
+            "RL.APPLY k p PXAT 10",
+            "RL.APPLY k p EX",
+            many.as_str(),
         ] {
             assert!(parse_str(bad).is_err(), "{bad}");
         }

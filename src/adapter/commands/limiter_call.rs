@@ -14,7 +14,7 @@ use crate::adapter::ffi::{
     declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx,
 };
 use crate::adapter::stats::{self, Outcomes};
-use crate::adapter::store::{commit_in_place, Access, RlKey};
+use crate::adapter::store::{commit_keys, Access, RlKey};
 use crate::core::limiter::Limiter;
 use crate::core::limits::{
     DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_POINTS, MAX_THRESHOLD,
@@ -222,6 +222,7 @@ pub fn decide_call<L: InRecord>(
     if !writes {
         return Ok(reply);
     }
+    let mut written = 0u32;
     for (i, (key, state)) in keys.iter_mut().zip(states).enumerate() {
         let penalty_changed = i == 0 && effects.penalty_changed;
         let state_changed = effects.states_changed & (1 << i) != 0;
@@ -239,8 +240,14 @@ pub fn decide_call<L: InRecord>(
         if penalty_changed {
             record.set_penalty(penalty, now);
         }
-        commit_in_place(ctx, key, now);
+        written |= 1 << i;
     }
+    let changed_keys = keys
+        .iter_mut()
+        .enumerate()
+        .filter(|(i, _)| written & (1 << i) != 0)
+        .map(|(_, key)| key);
+    commit_keys(ctx, changed_keys, now);
     if let Some(active) = effects.tripped {
         notify(ctx, c"rl.boxed", keys[0].name);
         stats::trip(active.level);

@@ -56,13 +56,14 @@ entry!(lease_release_entry, lease::release);
 entry!(lease_renew_entry, lease::renew);
 entry!(lease_list_entry, lease::list);
 
+/// Register a command whose keys are the arguments `first`, `first +
+/// step`, ... up to `last` (negative: counted from the end).
 fn create(
     ctx: Ctx,
     name: &CStr,
     func: raw::RedisModuleCmdFunc,
     flags: &CStr,
-    first: c_int,
-    last: c_int,
+    [first, last, step]: [c_int; 3],
 ) -> bool {
     let status = unsafe {
         api!(RedisModule_CreateCommand)(
@@ -72,7 +73,7 @@ fn create(
             flags.as_ptr(),
             first,
             last,
-            1,
+            step,
         )
     };
     status == raw::REDISMODULE_OK as c_int
@@ -102,31 +103,33 @@ pub fn register(ctx: Ctx) -> bool {
         c"rl.take",
         Some(take_entry),
         c"write deny-oom getkeys-api",
-        1,
-        1,
+        [1, 1, 1],
     ) && create(
         ctx,
         c"rl.window",
         Some(window_entry),
         c"write deny-oom getkeys-api",
-        1,
-        1,
+        [1, 1, 1],
     ) && create(
         ctx,
         c"rl.quota",
         Some(quota_entry),
         c"write deny-oom getkeys-api",
-        1,
-        1,
+        [1, 1, 1],
     ) && create(
         ctx,
         c"cl.throttle",
         Some(throttle_entry),
         c"write deny-oom",
-        1,
-        1,
-    ) && create(ctx, c"rl.apply", Some(apply_entry), c"write", 1, 1)
-        && create(ctx, c"rl.box", None, c"", 0, 0)
+        [1, 1, 1],
+    ) && create(
+        ctx,
+        c"rl.apply",
+        Some(apply_entry),
+        c"write",
+        // key payload expiry [key payload expiry]...
+        [1, -1, 3],
+    ) && create(ctx, c"rl.box", None, c"", [0, 0, 0])
         && create_sub(
             ctx,
             c"rl.box",
@@ -142,7 +145,7 @@ pub fn register(ctx: Ctx) -> bool {
             Some(box_release_entry),
             c"write fast",
         )
-        && create(ctx, c"rl.lease", None, c"", 0, 0)
+        && create(ctx, c"rl.lease", None, c"", [0, 0, 0])
         && create_sub(
             ctx,
             c"rl.lease",
