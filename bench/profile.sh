@@ -10,6 +10,8 @@
 #              on random keys (each call finds its bucket gone: created anew)
 #   take_live  the same call on a stored, drained bucket (updated in place)
 #   take_also  take with one ALSO bucket (a stored tenant bucket)
+#   take_plain RL.TAKE k 3000 3000 60 (no STRIKES: the work of CL.THROTTLE)
+#   throttle   CL.THROTTLE k 2999 3000 60 (rl's redis-cell command)
 #   window     RL.WINDOW k 3000 60 (sliding) on random keys
 #   lease      RL.LEASE ACQUIRE k 1000 1 on random keys
 #   incr       INCR on random keys (the floor)
@@ -117,6 +119,8 @@ take_live)
 take_also)
     pipe_keys "RL.TAKE rl:{t:{I}}:tenant 100000 100000 3600 COST 50000"
     CMD="RL.TAKE rl:{ka:__rand_int__} 3000 3000 60 COST 1 ALSO rl:{t:__rand_int__}:tenant 100000 100000 3600 $P" ;;
+take_plain) CMD="RL.TAKE rl:{kp:__rand_int__} 3000 3000 60" ;;
+throttle) CMD="CL.THROTTLE rl:{c:__rand_int__} 2999 3000 60"; STAT=cl.throttle ;;
 window) CMD="RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"; STAT=rl.window ;;
 lease) CMD="RL.LEASE ACQUIRE rl:{l:__rand_int__} 1000 1"; STAT="rl.lease|acquire" ;;
 incr) CMD="INCR bench:n:__rand_int__"; STAT=incr ;;

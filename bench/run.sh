@@ -34,6 +34,7 @@
 #   RL_BENCH_SCALE=1         also run RL.TAKE at 1k, 100k and 1M keys
 #   RL_BENCH_ONLY="take lua"       run only these workloads (incr always runs):
 #                            take take_live take_thr take_box take_also
+#                            take_plain throttle
 #                            win_s win_e win_f lease lua
 #   RL_BENCH_OUT=file        also write the report there
 #
@@ -160,6 +161,12 @@ add take_box "RL.TAKE boxed" rl.take take_boxed \
     "RL.TAKE rl:{bx:__rand_int__} 3000 3000 60 COST 1 $P"
 add take_also "RL.TAKE +ALSO" rl.take take_allowed \
     "RL.TAKE rl:{ka:__rand_int__} 3000 3000 60 COST 1 ALSO rl:{t:__rand_int__}:tenant 100000 100000 3600 $P"
+# The work CL.THROTTLE does (one bucket, no penalty box), as RL.TAKE and
+# as rl's own CL.THROTTLE (redis-cell's command and reply, 5 arguments).
+add take_plain "RL.TAKE no STRIKES" rl.take take_allowed \
+    "RL.TAKE rl:{kp:__rand_int__} 3000 3000 60"
+add throttle "CL.THROTTLE (rl)" cl.throttle throttle_allowed \
+    "CL.THROTTLE rl:{c:__rand_int__} 2999 3000 60"
 add win_s "RL.WINDOW sliding" rl.window window_allowed \
     "RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"
 add win_e "RL.WINDOW EXACT" rl.window window_allowed \
@@ -561,6 +568,10 @@ report() {
                 print "  " (conf_i == 1 ? "pipeline 32, no replica:" : "pipeline 32, with a replica:")
                 line("RL.TAKE allowed >= 0.8x INCR: " fig(conf " take"), t >= 0.8)
                 line(sprintf("RL.TAKE allowed >= 2x CL.THROTTLE (%.2fx INCR): %.2fx", cell, t / cell), t / cell >= 2)
+                if ((conf " take_plain") in m)
+                    line(sprintf("CL.THROTTLE-equivalent work (RL.TAKE without STRIKES) >= 2x CL.THROTTLE: %.2fx", m[conf " take_plain"] / cell), m[conf " take_plain"] / cell >= 2)
+                if ((conf " throttle") in m)
+                    line(sprintf("rl CL.THROTTLE >= 2x redis-cell CL.THROTTLE: %.2fx", m[conf " throttle"] / cell), m[conf " throttle"] / cell >= 2)
                 printf "           (usec/call: RL.TAKE %.2f, INCR %.2f here; the issue: CL.THROTTLE %.1f, INCR 0.5)\n",
                     u[conf " take"], u[conf " incr"], cellu
                 if ((conf " lua") in m)
