@@ -221,6 +221,16 @@ local function validate_route(i, r, tiers)
     if not r.auth then
         check(positive_int(r.cost), "routes[%d] (%s): cost must be an integer >= 1", i, r.template)
     end
+    -- a range without a cost (a schema-filled empty record) is no range
+    if r.range and r.range.cost == nil then
+        r.range = nil
+    end
+    if r.range then
+        check(positive_int(r.range.cost) and positive_int(r.range.max_days),
+            "routes[%d].range: cost and max_days must be integers >= 1", i)
+        r.range.from_arg = r.range.from_arg or "from"
+        r.range.to_arg = r.range.to_arg or "to"
+    end
     r.name = (r.method or "ANY") .. " " .. r.template
     r.pattern = _M.template_pattern(r.template)
     r.critical = r.critical and true or false
@@ -270,6 +280,15 @@ function _M.build(user)
     end
     for i, r in ipairs(conf.routes) do
         validate_route(i, r, conf.tiers)
+    end
+    -- every tier must afford every request (RL.TAKE refuses a cost above
+    -- a bucket's capacity)
+    for _, r in ipairs(conf.routes) do
+        local cost = math.max(r.cost or 0, r.range and r.range.cost or 0)
+        for name, t in pairs(conf.tiers) do
+            check(cost <= t.key.burst and cost <= t.tenant.burst,
+                "tier %s: burst below the cost %d of %s", name, cost, r.name)
+        end
     end
     conf.default_route.name = conf.default_route.template
     conf.default_route.critical = conf.default_route.critical and true or false

@@ -318,7 +318,8 @@ end
 --- Header filter: adds the rate-limit fields decided in the access phase.
 function Gateway:header_filter(req)
     local st = req.ctx().rl
-    if not st then
+    -- shadow mode is invisible to clients
+    if not st or self.conf.shadow then
         return
     end
     for k, v in pairs(st.headers) do
