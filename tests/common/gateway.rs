@@ -289,13 +289,19 @@ impl Nginx {
             .collect()
     }
 
-    /// Stops nginx: TERM to its process group, then KILL after 5 s.
+    /// Stops nginx: TERM to its process group (the master and its
+    /// workers), then KILL after 5 s. The shell's `kill` needs no procps.
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let group = format!("-{}", child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let group = child.id();
+        let signal = |sig: &str| {
+            let _ = Command::new("sh")
+                .args(["-c", &format!("kill -{sig} -- -{group} 2>/dev/null")])
+                .status();
+        };
+        signal("TERM");
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = child.try_wait() {
@@ -303,10 +309,7 @@ impl Nginx {
             }
             sleep(Duration::from_millis(20));
         }
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .stderr(Stdio::null())
-            .status();
+        signal("KILL");
         let _ = child.wait();
     }
 }
