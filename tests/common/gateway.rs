@@ -290,7 +290,8 @@ impl Nginx {
     }
 
     /// Stops nginx: TERM to its process group (the master and its
-    /// workers), then KILL after 5 s. The shell's `kill` needs no procps.
+    /// workers), then KILL after 5 s; every wait is bounded. The shell's
+    /// `kill` needs no procps (dash's takes `-PGID`, not `-- -PGID`).
     pub fn stop(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
@@ -298,19 +299,27 @@ impl Nginx {
         let group = child.id();
         let signal = |sig: &str| {
             let _ = Command::new("sh")
-                .args(["-c", &format!("kill -{sig} -- -{group} 2>/dev/null")])
+                .args(["-c", &format!("kill -{sig} -{group} 2>/dev/null")])
                 .status();
         };
-        signal("TERM");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = child.try_wait() {
-                break;
+        let exited = |child: &mut Child, within: Duration| {
+            let deadline = Instant::now() + within;
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return true;
+                }
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                sleep(Duration::from_millis(20));
             }
-            sleep(Duration::from_millis(20));
-        }
+        };
+        signal("TERM");
+        let _ = exited(&mut child, Duration::from_secs(5));
+        // workers that outlive their master, or a master that ignored TERM
         signal("KILL");
-        let _ = child.wait();
+        let _ = child.kill();
+        let _ = exited(&mut child, Duration::from_secs(5));
     }
 }
 
