@@ -13,8 +13,10 @@ mod gateway;
 use std::time::{Duration, Instant};
 
 use common::Server;
-use common::{call, int, ints};
-use gateway::{agent, counter, get, poll, post, post_form, Nginx, Resp};
+use common::{int, ints};
+use gateway::{
+    agent, counter, get, leases, poll, post, post_form, problem, ratelimit, Nginx, Resp,
+};
 use serde_json::Value;
 
 const SANDBOX: (&str, &str) = ("X-Api-Key", "k-sandbox");
@@ -28,55 +30,6 @@ fn setup() -> (Server, Nginx) {
     let redis = Server::start(&[]);
     let nginx = Nginx::start(redis.port);
     (redis, nginx)
-}
-
-fn is_request_id(v: &Value) -> bool {
-    v.as_str()
-        .is_some_and(|s| s.len() == 32 && s.chars().all(|c| c.is_ascii_hexdigit()))
-}
-
-/// The problem+json checks every refusal shares; returns the body.
-fn problem(r: &Resp, status: u16, kind: &str) -> Value {
-    assert_eq!(r.status, status, "{r:#?}");
-    assert_eq!(r.must("Content-Type"), "application/problem+json");
-    let b = r.json();
-    assert_eq!(
-        b["type"].as_str(),
-        Some(format!("https://api.example.com/problems/{kind}").as_str()),
-        "{b}"
-    );
-    assert!(b["title"].as_str().is_some_and(|t| !t.is_empty()), "{b}");
-    assert_eq!(b["status"].as_u64(), Some(u64::from(status)), "{b}");
-    assert!(b["detail"].as_str().is_some_and(|t| !t.is_empty()), "{b}");
-    assert!(
-        b["instance"]
-            .as_str()
-            .is_some_and(|i| i.starts_with("/v1/")),
-        "{b}"
-    );
-    assert!(is_request_id(&b["request_id"]), "{b}");
-    // nothing internal: no key names, no Redis, no other tenant
-    let lower = r.body.to_lowercase();
-    for leak in ["rl:", "{t:", "redis", "lease:", "bigco", "loadco", "auth:"] {
-        assert!(!lower.contains(leak), "body leaks {leak:?}: {}", r.body);
-    }
-    b
-}
-
-/// Checks `RateLimit: "name";r=R;t=T` and returns (name, r, t).
-fn ratelimit(r: &Resp) -> (String, i64, Option<i64>) {
-    let v = r.must("RateLimit");
-    let mut parts = v.split(';');
-    let name = parts.next().expect("name").trim_matches('"').to_string();
-    let (mut rem, mut reset) = (None, None);
-    for p in parts {
-        if let Some(x) = p.strip_prefix("r=") {
-            rem = x.parse().ok();
-        } else if let Some(x) = p.strip_prefix("t=") {
-            reset = x.parse().ok();
-        }
-    }
-    (name, rem.expect("r= in RateLimit"), reset)
 }
 
 #[test]
@@ -317,14 +270,6 @@ fn penalty_box_levels_and_manual_review() {
         .iter()
         .any(|e| e["box_level"] == 3 && e["status"] == 403));
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
-}
-
-/// Live leases on `key`.
-fn leases(con: &mut redis::Connection, key: &str) -> usize {
-    match call(con, &format!("RL.LEASE LIST {key}")).expect("RL.LEASE LIST") {
-        redis::Value::Array(v) => v.len(),
-        other => panic!("RL.LEASE LIST: {other:?}"),
-    }
 }
 
 #[test]

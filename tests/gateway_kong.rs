@@ -10,37 +10,10 @@ mod gateway;
 
 use std::time::Duration;
 
-use common::{call, int, Server};
-use gateway::{agent, get, poll, post, post_form, Nginx, Resp};
-use serde_json::Value;
+use common::{int, Server};
+use gateway::{agent, get, leases, poll, post, post_form, problem, Nginx};
 
 const ASYNC: Duration = Duration::from_secs(10);
-
-fn problem(r: &Resp, status: u16, kind: &str) -> Value {
-    assert_eq!(r.status, status, "{r:#?}");
-    assert_eq!(r.must("Content-Type"), "application/problem+json");
-    let b = r.json();
-    assert_eq!(
-        b["type"].as_str(),
-        Some(format!("https://api.example.com/problems/{kind}").as_str()),
-        "{b}"
-    );
-    assert_eq!(b["status"].as_u64(), Some(u64::from(status)));
-    assert!(b["request_id"].as_str().is_some_and(|s| s.len() == 32));
-    assert!(
-        !r.body.contains("kong:{"),
-        "key name in the body: {}",
-        r.body
-    );
-    b
-}
-
-fn leases(con: &mut redis::Connection, key: &str) -> usize {
-    match call(con, &format!("RL.LEASE LIST {key}")).expect("RL.LEASE LIST") {
-        redis::Value::Array(v) => v.len(),
-        other => panic!("RL.LEASE LIST: {other:?}"),
-    }
-}
 
 #[test]
 fn kong_plugin_allows_throttles_boxes_and_locks_out() {

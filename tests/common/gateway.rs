@@ -35,6 +35,8 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
+use serde_json::Value;
+
 use super::common::{free_port, fresh_dir, tail};
 
 /// Longest wait for nginx to answer after it was started.
@@ -273,13 +275,18 @@ impl Nginx {
             .collect()
     }
 
-    /// Errors in error.log (Lua errors, nginx alerts) other than the
+    /// Errors in error.log (Lua errors, nginx alerts, writes to Lua
+    /// globals) other than the
     /// socket errors nginx itself logs when Redis dies under a pooled
     /// connection (a test asserts there are none).
     pub fn lua_errors(&self) -> Vec<String> {
         self.error_log()
             .lines()
-            .filter(|l| l.contains("[error]") || l.contains("[alert]") || l.contains("[crit]"))
+            .filter(|l| {
+                ["[error]", "[alert]", "[crit]", "global variable"]
+                    .iter()
+                    .any(|s| l.contains(s))
+            })
             .filter(|l| {
                 !["recv() failed", "send() failed", "connect() failed"]
                     .iter()
@@ -458,5 +465,68 @@ pub fn poll(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
             "timed out after {timeout:?}: {what}"
         );
         sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Assertions shared by the gateway tests
+// ---------------------------------------------------------------------------
+
+pub fn is_request_id(v: &Value) -> bool {
+    v.as_str()
+        .is_some_and(|s| s.len() == 32 && s.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// The problem+json checks every refusal shares; returns the body.
+pub fn problem(r: &Resp, status: u16, kind: &str) -> Value {
+    assert_eq!(r.status, status, "{r:#?}");
+    assert_eq!(r.must("Content-Type"), "application/problem+json");
+    let b = r.json();
+    assert_eq!(
+        b["type"].as_str(),
+        Some(format!("https://api.example.com/problems/{kind}").as_str()),
+        "{b}"
+    );
+    assert!(b["title"].as_str().is_some_and(|t| !t.is_empty()), "{b}");
+    assert_eq!(b["status"].as_u64(), Some(u64::from(status)), "{b}");
+    assert!(b["detail"].as_str().is_some_and(|t| !t.is_empty()), "{b}");
+    assert!(
+        b["instance"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("/v1/")),
+        "{b}"
+    );
+    assert!(is_request_id(&b["request_id"]), "{b}");
+    // nothing internal: no key names, no Redis, no other tenant
+    let lower = r.body.to_lowercase();
+    for leak in [
+        "rl:", "kong:", "shadow:", "{t:", "redis", "lease:", "bigco", "loadco", "auth:",
+    ] {
+        assert!(!lower.contains(leak), "body leaks {leak:?}: {}", r.body);
+    }
+    b
+}
+
+/// Checks `RateLimit: "name";r=R;t=T` and returns (name, r, t).
+pub fn ratelimit(r: &Resp) -> (String, i64, Option<i64>) {
+    let v = r.must("RateLimit");
+    let mut parts = v.split(';');
+    let name = parts.next().expect("name").trim_matches('"').to_string();
+    let (mut rem, mut reset) = (None, None);
+    for p in parts {
+        if let Some(x) = p.strip_prefix("r=") {
+            rem = x.parse().ok();
+        } else if let Some(x) = p.strip_prefix("t=") {
+            reset = x.parse().ok();
+        }
+    }
+    (name, rem.expect("r= in RateLimit"), reset)
+}
+
+/// Live leases on `key`.
+pub fn leases(con: &mut redis::Connection, key: &str) -> usize {
+    match super::common::call(con, &format!("RL.LEASE LIST {key}")).expect("RL.LEASE LIST") {
+        redis::Value::Array(v) => v.len(),
+        other => panic!("RL.LEASE LIST: {other:?}"),
     }
 }

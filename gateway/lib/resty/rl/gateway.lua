@@ -7,7 +7,8 @@
 --   gw:log(req)            log phase: count, log, release leases, record
 --                          failed logins (in a timer: no cosockets here)
 -- `req` is the front end's adapter, a table of functions:
---   header(name), method(), path(), arg(name), client_ip(), request_id(),
+--   header(name), method(), path(), arg(name) (query string, then a form
+--   or JSON body; raw values), client_ip(), request_id(),
 --   ctx() (per-request table), exit(status, body, headers),
 --   set_header(name, value), status() (response status, log phase),
 --   warn(message).
@@ -248,10 +249,7 @@ end
 function Gateway:auth_access(req, st)
     local conf = self.conf
     local a = conf.auth
-    local subject = req.arg(a.subject_arg)
-    if type(subject) == "table" then
-        subject = subject[1]
-    end
+    local subject = policy.arg(req, a.subject_arg)
     local ip = conf.client_ip_header and req.header(conf.client_ip_header) or req.client_ip()
     local skey, ikey = policy.auth_keys(conf, subject, ip)
     local windows = { { skey, a.subject }, { ikey, a.ip } }

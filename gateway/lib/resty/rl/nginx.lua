@@ -54,9 +54,6 @@ _M.adapter = {
         if v == nil then
             v = body_args()[name]
         end
-        if type(v) == "number" then
-            v = tostring(v)
-        end
         return v
     end,
     client_ip = function()

@@ -18,6 +18,23 @@ function _M.key_part(v)
     return md5(v)
 end
 
+--- A request argument as one string, or nil: the first of repeated
+--- values; a number as text; a bare flag (`?x`, true) or anything else
+--- as nil.
+function _M.arg(req, name)
+    local v = req.arg(name)
+    if type(v) == "table" then
+        v = v[1]
+    end
+    if type(v) == "number" then
+        return tostring(v)
+    end
+    if type(v) ~= "string" then
+        return nil
+    end
+    return v
+end
+
 --- The route of a request: the first configured route whose method and
 --- template match, else the default route.
 function _M.match_route(conf, method, path)
@@ -77,8 +94,8 @@ function _M.cost(route, req)
     if not r then
         return route.cost
     end
-    local from = day_number(req.arg(r.from_arg))
-    local to_arg = req.arg(r.to_arg)
+    local from = day_number(_M.arg(req, r.from_arg))
+    local to_arg = _M.arg(req, r.to_arg)
     local to = to_arg and day_number(to_arg) or math.floor(ngx.time() / 86400)
     if not from or not to or to - from > r.max_days then
         return r.cost
@@ -96,10 +113,7 @@ end
 function _M.lease_key(conf, ident, spec, req)
     local tag = conf.key_prefix .. ":{t:" .. _M.key_part(ident.tenant) .. "}"
     if spec.scope == "arg" then
-        local v = req.arg(spec.arg)
-        if type(v) == "table" then
-            v = v[1]
-        end
+        local v = _M.arg(req, spec.arg)
         -- no id: one shared lock for the requests that name none
         return tag .. ":lease:" .. spec.name .. ":" .. _M.key_part(v or "-")
     end

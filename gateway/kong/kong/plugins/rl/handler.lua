@@ -58,9 +58,6 @@ local adapter = {
             local body = kong.request.get_body()
             v = type(body) == "table" and body[name] or nil
         end
-        if type(v) == "number" then
-            v = tostring(v)
-        end
         return v
     end,
     client_ip = function()
