@@ -54,10 +54,10 @@ end
 --- The `detail` sentence of a rate-limit refusal.
 function _M.rate_detail(tier_name, budget, cost, wait_s)
     return string.format(
-        "Tier %s: %s budget of %d points per %d s (burst %d); this request costs %d points; "
+        "Tier %s: %s budget of %d points per %d s (burst %d); this request costs %d %s; "
         .. "the budget refills at %.3g points per second; retry in %d s.",
         tier_name, budget.scope, budget.rate, budget.period, budget.burst, cost,
-        budget.rate / budget.period, wait_s)
+        cost == 1 and "point" or "points", budget.rate / budget.period, wait_s)
 end
 
 return _M
