@@ -499,6 +499,13 @@ fn redis_slow_or_dead_fails_closed_on_critical_routes_and_degrades_elsewhere() {
         let b = problem(&r, 503, "rate-limiter-unavailable");
         assert_eq!(r.must("Retry-After"), "15");
         assert_eq!(b["retry_after_seconds"], 15);
+        assert_eq!(b["quota_tier"], "growth");
+        // the static policies, but no live counter
+        assert_eq!(
+            r.must("RateLimit-Policy"),
+            r#""growth-key";q=1;w=60, "growth-tenant";q=1;w=60"#
+        );
+        assert!(r.header("RateLimit").is_none());
         let r = post_form(
             a,
             &format!("{main}/v1/auth/token"),
@@ -506,6 +513,7 @@ fn redis_slow_or_dead_fails_closed_on_critical_routes_and_degrades_elsewhere() {
             &[("client_id", "alice")],
         );
         problem(&r, 503, "rate-limiter-unavailable");
+        assert!(r.must("RateLimit-Policy").starts_with("\"auth-subject\""));
         let r = get(a, &read, &[GROWTH]);
         assert_eq!(r.status, 200, "{r:#?}");
         assert_eq!(ratelimit(&r).0, "growth-key-degraded");
@@ -695,9 +703,10 @@ fn under_load_admitted_points_never_exceed_the_budget() {
     let total: u64 = results.iter().map(|r| r.1 + r.2).sum();
     assert_eq!(total, 6 * per_conn);
     let (k1, k2) = (admitted(0), admitted(1));
-    // key: burst 50 + 10/s; tenant: burst 75 + 15/s (cost 1 each)
-    let key_cap = 50.0 + 10.0 * elapsed;
-    let tenant_cap = 75.0 + 15.0 * elapsed;
+    // key: burst 50 + 100/s; tenant: burst 75 + 150/s (cost 1 each); the
+    // module counts on its clock, within the interval measured here
+    let key_cap = 50.0 + 100.0 * elapsed;
+    let tenant_cap = 75.0 + 150.0 * elapsed;
     eprintln!(
         "load: {total} requests in {elapsed:.2} s, admitted {k1} + {k2} (key cap {key_cap:.0}, tenant cap {tenant_cap:.0})"
     );
@@ -711,7 +720,11 @@ fn under_load_admitted_points_never_exceed_the_budget() {
         k1 + k2
     );
     // and the budget was used, not refused wholesale
-    assert!(k1 + k2 >= 75, "admitted {} < the tenant's burst", k1 + k2);
+    assert!(
+        (k1 + k2) as f64 >= 75.0_f64.max(tenant_cap / 2.0),
+        "admitted {} of a budget of {tenant_cap:.0}",
+        k1 + k2
+    );
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
 }
 

@@ -35,9 +35,9 @@ return function(overrides)
                 strikes = { threshold = 100, window = 60 }, box = { 300, 3600, 0 },
                 offenses_ttl = 86400, concurrency = { reconcile = 8, export = 3 },
             },
-            -- the load test: 10 points/s per key, 15/s per tenant
+            -- the load test: 100 points/s per key, 150/s per tenant
             load = {
-                key = { rate = 600, burst = 50 }, tenant = { rate = 900, burst = 75 }, period = 60,
+                key = { rate = 6000, burst = 50 }, tenant = { rate = 9000, burst = 75 }, period = 60,
                 strikes = { threshold = 1000000000, window = 60 }, box = { 300, 3600, 86400 },
                 offenses_ttl = 86400, concurrency = { reconcile = 1, export = 1 },
             },

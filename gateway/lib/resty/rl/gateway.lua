@@ -72,7 +72,9 @@ function Gateway:redis_failed(req, st, err, tier, key, tenant_key)
     st.redis_error = err
     if st.route.critical then
         local wait = conf.fail_closed_retry_after
-        st.headers = { ["Retry-After"] = tostring(wait) }
+        -- the static policies stay; there is no live RateLimit to give
+        st.headers = { ["RateLimit-Policy"] = st.headers["RateLimit-Policy"],
+                       ["Retry-After"] = tostring(wait) }
         st.retry_after = wait
         return self:refuse(req, st, 503, "rate-limiter-unavailable", "failed_closed", {
             detail = "The rate limiter is unavailable and this route fails closed; retry in "
@@ -203,6 +205,7 @@ function Gateway:access(req)
     end
     st.ident, st.tier_name = ident, ident.tier
     local tier = conf.tiers[ident.tier]
+    st.headers["RateLimit-Policy"] = headers.policy(tier_policies(ident.tier, tier))
     st.cost = policy.cost(route, req)
     local key, tenant_key = policy.bucket_keys(conf, ident)
     local reply, err = store.take(conf, key, tenant_key, tier, st.cost)
@@ -254,6 +257,11 @@ function Gateway:auth_access(req, st)
     local skey, ikey = policy.auth_keys(conf, subject, ip)
     local windows = { { skey, a.subject }, { ikey, a.ip } }
     st.auth = { windows = windows }
+    local pols = {
+        { name = "auth-subject", quota = a.subject.limit, window = a.subject.window },
+        { name = "auth-ip", quota = a.ip.limit, window = a.ip.window },
+    }
+    st.headers["RateLimit-Policy"] = headers.policy(pols)
     local replies, err = store.auth_windows(conf, windows, 0)
     if not replies then
         return self:redis_failed(req, st, err)
@@ -278,10 +286,6 @@ function Gateway:auth_access(req, st)
             replies[i] = recorded[j]
         end
     end
-    local pols = {
-        { name = "auth-subject", quota = a.subject.limit, window = a.subject.window },
-        { name = "auth-ip", quota = a.ip.limit, window = a.ip.window },
-    }
     local b = replies[2][3] < replies[1][3] and 2 or 1
     for i, r in ipairs(replies) do
         if r[1] == -1 then

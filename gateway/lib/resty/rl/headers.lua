@@ -25,16 +25,22 @@ function _M.policy_item(p)
     return sf_string(p.name) .. ";q=" .. p.quota .. ";w=" .. p.window
 end
 
+--- The RateLimit-Policy field value: the policies that apply, each
+--- {name, quota, window}.
+function _M.policy(policies)
+    local items = {}
+    for i, p in ipairs(policies) do
+        items[i] = _M.policy_item(p)
+    end
+    return table.concat(items, ", ")
+end
+
 --- Sets the rate-limit fields in `out` (a header table).
 --- `policies`: the policies that apply, each {name, quota, window};
 --- `binding`: {name, limit, remaining, reset_ms} for the policy that binds
 --- (reset_ms -1 or nil: no reset time, as in a manual box).
 function _M.ratelimit(out, conf, policies, binding)
-    local items = {}
-    for i, p in ipairs(policies) do
-        items[i] = _M.policy_item(p)
-    end
-    out["RateLimit-Policy"] = table.concat(items, ", ")
+    out["RateLimit-Policy"] = _M.policy(policies)
     local rl = sf_string(binding.name) .. ";r=" .. math.max(binding.remaining, 0)
     local has_reset = binding.reset_ms and binding.reset_ms >= 0
     if has_reset then

@@ -56,13 +56,24 @@ local function done(red, rconf)
     end
 end
 
--- Runs `fn(red)` on a pooled connection; returns what fn returns, or nil
--- and an error (the connection is then closed).
+-- Runs `fn(red)` on a pooled connection within the time budget: what
+-- the connection took is deducted from the budget of the command (so a
+-- call takes about timeout_ms at most, not one per socket operation).
+-- Returns what fn returns, or nil and an error (the connection is then
+-- closed).
 local function with_redis(rconf, fn)
+    local deadline = ngx.now() * 1000 + rconf.timeout_ms
     local red, err = connect(rconf)
     if not red then
         return nil, err
     end
+    -- ngx.now() is refreshed by the event loop after a yield (a new connect)
+    local left = deadline - ngx.now() * 1000
+    if left < 1 then
+        red:close()
+        return nil, "timeout (connect used the budget)"
+    end
+    red:set_timeout(left)
     local res
     res, err = fn(red)
     if res == nil then
