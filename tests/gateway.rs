@@ -655,6 +655,15 @@ fn shadow_mode_logs_and_lets_everything_through() {
     poll(ASYNC, "conflict line", || {
         nginx.events().iter().any(|e| e["would_be"] == "conflict")
     });
+    // an unknown key would get 401; shadow lets it through
+    let r = get(&a, &url, &[("X-Api-Key", "nope")]);
+    assert_eq!(r.status, 200, "{r:#?}");
+    poll(ASYNC, "unauthenticated line", || {
+        nginx
+            .events()
+            .iter()
+            .any(|e| e["would_be"] == "unauthenticated")
+    });
     // Redis down: a critical route would fail closed; shadow lets it through
     redis.kill9();
     let r = post(

@@ -51,7 +51,7 @@ end
 function Gateway:refuse(req, st, status, kind, decision, fields)
     local conf = self.conf
     st.status_would_be = status
-    if conf.shadow and decision ~= "unauthenticated" then
+    if conf.shadow then
         st.decision, st.would_be = "shadow_allowed", decision
         st.headers = {}
         return

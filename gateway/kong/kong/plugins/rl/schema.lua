@@ -5,27 +5,37 @@
 
 local typedefs = require "kong.db.schema.typedefs"
 
-local budget = {
-    type = "record",
-    fields = {
-        { rate = { type = "integer", required = true, gt = 0 } },
-        { burst = { type = "integer", required = true, gt = 0 } },
-    },
-}
+-- Field definitions are built by functions: each use gets its own table
+-- (Kong annotates field tables when it loads a schema).
 
-local durations = { type = "array", len_eq = 3, elements = { type = "number", between = { 0, 31536000 } } }
+-- A budget: points per period, and the burst.
+local function budget()
+    return {
+        type = "record",
+        fields = {
+            { rate = { type = "integer", required = true, gt = 0 } },
+            { burst = { type = "integer", required = true, gt = 0 } },
+        },
+    }
+end
+
+-- Box durations of levels 1, 2, 3 in seconds (0: manual).
+local function durations()
+    return { type = "array", len_eq = 3,
+             elements = { type = "number", between = { 0, 31536000 } } }
+end
 
 local tier = {
     type = "record",
     fields = {
-        { key = budget },
-        { tenant = budget },
+        { key = budget() },
+        { tenant = budget() },
         { period = { type = "number", default = 60, gt = 0 } },
         { strikes = { type = "record", fields = {
             { threshold = { type = "integer", required = true, gt = 0 } },
             { window = { type = "number", required = true, gt = 0 } },
         } } },
-        { box = durations },
+        { box = durations() },
         { offenses_ttl = { type = "number", default = 86400, gt = 0 } },
         { concurrency = { type = "map", keys = { type = "string" },
                           values = { type = "integer", gt = 0 } } },
@@ -122,7 +132,7 @@ return {
                                         default = { 401, 403 } } },
                     { subject = window(5) },
                     { ip = window(20) },
-                    { box = durations },
+                    { box = durations() },
                 } } },
             },
         } },
