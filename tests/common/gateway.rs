@@ -113,6 +113,10 @@ fn nginx_conf(ports: Ports, redis_port: u16) -> String {
         local shim = require "kong_shim"
         shim.install()
         shim.configure(policy({{ redis = redis, key_prefix = "kong" }}))
+        -- everything is loaded by the master: workers run as another user
+        -- (nobody) when the tests run as root, and may not read the sources
+        require "kong.plugins.rl.handler"
+        require "upstream"
 "#
     );
     let front = |name: &str, port: u16| {
