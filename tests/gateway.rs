@@ -737,27 +737,105 @@ fn under_load_admitted_points_never_exceed_the_budget() {
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
 }
 
-#[test]
-fn the_sample_nginx_conf_loads_its_policy() {
-    // nginx -t runs init_by_lua: the sample policy is built and validated
+/// Starts the sample configuration (`gateway/nginx/`: nginx.conf,
+/// rl-http.conf, policy.lua, or `policy` instead) in a fresh prefix with
+/// `lib/` linked, on a free port instead of 8080, against Redis on
+/// `redis_port` (through `RL_REDIS_PORT`, as the sample reads it) and an
+/// upstream port where nothing listens. Returns the running nginx and its
+/// port, or nginx's output when it did not start.
+fn start_sample(policy: Option<&str>, redis_port: u16) -> Result<(Nginx, u16), String> {
     let dir = common::fresh_dir("sample");
     let gw = gateway::gateway_dir();
-    for sub in ["lib", "nginx", "kong"] {
-        std::os::unix::fs::symlink(gw.join(sub), dir.join(sub)).expect("symlink");
-    }
+    std::os::unix::fs::symlink(gw.join("lib"), dir.join("lib")).expect("symlink");
     std::fs::create_dir(dir.join("logs")).expect("logs");
-    let out = std::process::Command::new(gateway::nginx_bin())
-        .arg("-t")
-        .arg("-p")
-        .arg(&dir)
-        .arg("-c")
-        .arg("nginx/nginx.conf")
-        .arg("-e")
-        .arg(dir.join("logs/error.log"))
-        .output()
-        .expect("nginx -t");
-    let text = String::from_utf8_lossy(&out.stderr).to_string();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "nginx -t on the sample: {text}");
-    assert!(text.contains("test is successful"), "{text}");
+    std::fs::create_dir(dir.join("nginx")).expect("nginx");
+    let (port, upstream) = (common::free_port(), common::free_port());
+    let edits = [
+        ("listen 8080;", format!("listen 127.0.0.1:{port};")),
+        (
+            "server 127.0.0.1:9000;",
+            format!("server 127.0.0.1:{upstream};"),
+        ),
+    ];
+    for f in ["nginx.conf", "rl-http.conf", "policy.lua"] {
+        let mut text = std::fs::read_to_string(gw.join("nginx").join(f)).expect("read sample");
+        for (from, to) in &edits {
+            text = text.replace(from, to);
+        }
+        std::fs::write(dir.join("nginx").join(f), text).expect("write sample");
+    }
+    if let Some(p) = policy {
+        std::fs::write(dir.join("nginx/policy.lua"), p).expect("write policy");
+    }
+    let ports = gateway::Ports {
+        main: port,
+        legacy: port,
+        shadow: port,
+        kong: port,
+        upstream: port,
+    };
+    let conf = dir.join("nginx/nginx.conf");
+    let redis_port = redis_port.to_string();
+    Nginx::launch(
+        dir,
+        &conf,
+        &["-g", "daemon off;"],
+        &[("RL_REDIS_PORT", &redis_port)],
+        ports,
+    )
+    .map(|n| (n, port))
+}
+
+#[test]
+fn the_sample_nginx_conf_runs_its_policy_and_a_bad_policy_stops_nginx() {
+    let redis = Server::start(&[]);
+    {
+        let (nginx, port) = start_sample(None, redis.port).unwrap_or_else(|e| panic!("{e}"));
+        let a = agent();
+        let base = format!("http://127.0.0.1:{port}");
+        // the sample policy's growth tier; the upstream is down (502), the
+        // fields are there all the same
+        let r = get(
+            &a,
+            &format!("{base}/v1/ledgers"),
+            &[("X-Api-Key", "demo-growth-key")],
+        );
+        assert_eq!(r.status, 502, "{r:#?}");
+        assert_eq!(
+            r.must("RateLimit-Policy"),
+            r#""growth-key";q=3000;w=60, "growth-tenant";q=6000;w=60"#
+        );
+        assert_eq!(r.must("RateLimit"), r#""growth-key";r=2999;t=1"#);
+        let r = get(
+            &a,
+            &format!("{base}/v1/reports/audit-export"),
+            &[("X-Api-Key", "demo-enterprise-key")],
+        );
+        assert_eq!(
+            ratelimit(&r),
+            ("enterprise-key".to_string(), 11950, Some(1))
+        );
+        assert_eq!(counter(&a, &base, "allowed", "GET /v1/ledgers"), 1);
+        assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
+    }
+    // a policy error names the option, and nginx does not start
+    for (policy, message) in [
+        (
+            r#"return { identity = { keys = { k = { tenant = "t", tier = "gold", key_id = "x" } } } }"#,
+            "rl config: identity.keys: unknown tier gold",
+        ),
+        (
+            r#"return { routes = { { method = "GET", template = "/v1/x", cost = 100000 } } }"#,
+            "rl config: tier ",
+        ),
+        (
+            r#"return { redis = { timeout_ms = 0 } }"#,
+            "rl config: redis.timeout_ms must be > 0",
+        ),
+    ] {
+        match start_sample(Some(policy), redis.port) {
+            Ok(_) => panic!("nginx started with {policy}"),
+            Err(text) => assert!(text.contains(message), "{policy}: {text}"),
+        }
+    }
 }

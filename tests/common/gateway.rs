@@ -189,7 +189,6 @@ impl Nginx {
     /// Starts nginx with the gateway configuration against Redis on
     /// `redis_port`, and waits (bounded) until it answers.
     pub fn start(redis_port: u16) -> Nginx {
-        let bin = nginx_bin();
         let dir = fresh_dir("nginx");
         for sub in ["logs", "tmp"] {
             std::fs::create_dir_all(dir.join(sub)).expect("create nginx dirs");
@@ -203,15 +202,33 @@ impl Nginx {
         };
         let conf = dir.join("nginx.conf");
         std::fs::write(&conf, nginx_conf(ports, redis_port)).expect("write nginx.conf");
+        Nginx::launch(dir, &conf, &[], &[], ports).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs `nginx -p dir -c conf [args...] -e dir/logs/error.log` in its
+    /// own process group with `env` added (`dir/logs` must exist), and waits
+    /// (bounded) until the main, kong and upstream ports of `ports` accept
+    /// connections. An error (nginx exited during startup, or never
+    /// answered) carries nginx's output and the tail of its error.log.
+    pub fn launch(
+        dir: PathBuf,
+        conf: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        ports: Ports,
+    ) -> Result<Nginx, String> {
+        let bin = nginx_bin();
         let out = std::fs::File::create(dir.join("logs/stdout.log")).expect("stdout.log");
         let err = out.try_clone().expect("clone file");
         let child = Command::new(&bin)
             .arg("-p")
             .arg(&dir)
             .arg("-c")
-            .arg(&conf)
+            .arg(conf)
+            .args(args)
             .arg("-e")
             .arg(dir.join("logs/error.log"))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
@@ -223,34 +240,34 @@ impl Nginx {
             ports,
             child: Some(child),
         };
-        nginx.wait_ready();
-        nginx
+        nginx.wait_ready().map(|()| nginx)
     }
 
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + NGINX_READY;
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "nginx exited during startup ({status})\n--- stdout ---\n{}\n--- error.log ---\n{}",
-                        std::fs::read_to_string(self.dir.join("logs/stdout.log")).unwrap_or_default(),
-                        tail(&self.error_log(), 40)
-                    );
-                }
-            }
-            let up = [self.ports.main, self.ports.kong, self.ports.upstream]
+            let exited = match self.child.as_mut() {
+                Some(child) => child.try_wait().ok().flatten(),
+                None => None,
+            };
+            let why = if let Some(status) = exited {
+                format!("nginx exited during startup ({status})")
+            } else if [self.ports.main, self.ports.kong, self.ports.upstream]
                 .iter()
-                .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok());
-            if up {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nginx did not answer within {NGINX_READY:?}\n{}",
+                .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+            {
+                return Ok(());
+            } else if Instant::now() >= deadline {
+                format!("nginx did not answer within {NGINX_READY:?}")
+            } else {
+                sleep(Duration::from_millis(50));
+                continue;
+            };
+            return Err(format!(
+                "{why}\n--- stdout ---\n{}\n--- error.log ---\n{}",
+                std::fs::read_to_string(self.dir.join("logs/stdout.log")).unwrap_or_default(),
                 tail(&self.error_log(), 40)
-            );
-            sleep(Duration::from_millis(50));
+            ));
         }
     }
 
