@@ -483,6 +483,21 @@ fn failed_logins_lock_out_the_subject_then_the_ip() {
     assert_eq!(left(&mut con, "rl:{auth:sub:alice}", 5), 4);
     let main = nginx.url(nginx.ports.main);
     assert_eq!(counter(&a, &main, "locked_out", "POST /v1/auth/token"), 3);
+    let locked: Vec<Value> = nginx
+        .events()
+        .into_iter()
+        .filter(|e| e["decision"] == "locked_out")
+        .collect();
+    assert_eq!(locked.len(), 3, "{locked:?}");
+    assert_eq!(
+        (&locked[0]["subject"], &locked[0]["client_ip"]),
+        (&"alice".into(), &"192.0.2.1".into())
+    );
+    assert_eq!(locked[2]["policy"], "auth-ip");
+    assert!(
+        !nginx.error_log().contains("right") && !nginx.error_log().contains("wrong"),
+        "a secret in the log"
+    );
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
 }
 

@@ -256,7 +256,7 @@ function Gateway:auth_access(req, st)
     local ip = conf.client_ip_header and req.header(conf.client_ip_header) or req.client_ip()
     local skey, ikey = policy.auth_keys(conf, subject, ip)
     local windows = { { skey, a.subject }, { ikey, a.ip } }
-    st.auth = { windows = windows }
+    st.auth = { windows = windows, subject = subject, ip = ip }
     local pols = {
         { name = "auth-subject", quota = a.subject.limit, window = a.subject.window },
         { name = "auth-ip", quota = a.ip.limit, window = a.ip.window },
@@ -381,6 +381,9 @@ function Gateway:log(req)
             box_level = st.box_level,
             strikes_remaining = st.strikes_remaining,
             redis_error = st.redis_error,
+            -- token endpoint: who was refused (a client id is no secret)
+            subject = st.auth and st.auth.subject,
+            client_ip = st.auth and st.auth.ip,
         }) or "{}"):gsub("\\/", "/"))
     end
     local record = st.auth and st.auth.pending and conf.auth.fail_set[status]
