@@ -60,14 +60,29 @@ pub fn nginx_bin() -> String {
         )
     });
     assert!(out.status.success(), "`{bin} -V` failed");
+    // -V prints the build (with a built-in Lua module, as OpenResty's) on stderr
+    let built_in = String::from_utf8_lossy(&out.stderr).contains("lua");
+    assert!(
+        built_in || !load_modules().is_empty(),
+        "{bin} has no Lua module (neither built in nor in {}): install Debian's \
+         nginx-extras (libnginx-mod-http-lua), lua-nginx-redis and lua-cjson (`make deps` does)",
+        modules_dir().display()
+    );
     bin
+}
+
+/// The directory of nginx's dynamic modules: env `NGINX_MODULES`, else
+/// Debian's `/usr/lib/nginx/modules`.
+fn modules_dir() -> PathBuf {
+    PathBuf::from(
+        std::env::var("NGINX_MODULES").unwrap_or_else(|_| "/usr/lib/nginx/modules".into()),
+    )
 }
 
 /// `load_module` lines for the Lua module (and NDK) when they are dynamic
 /// modules, nothing when they are not found (built in).
 fn load_modules() -> String {
-    let dir = std::env::var("NGINX_MODULES").unwrap_or_else(|_| "/usr/lib/nginx/modules".into());
-    let dir = Path::new(&dir);
+    let dir = modules_dir();
     let lua = dir.join("ngx_http_lua_module.so");
     if !lua.is_file() {
         return String::new();
