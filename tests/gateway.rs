@@ -759,6 +759,7 @@ fn under_load_admitted_points_never_exceed_the_budget() {
 /// upstream port where nothing listens. Returns the running nginx and its
 /// port, or nginx's output when it did not start.
 fn start_sample(policy: Option<&str>, redis_port: u16) -> Result<(Nginx, u16), String> {
+    gateway::nginx_bin();
     let dir = common::fresh_dir("sample");
     let gw = gateway::gateway_dir();
     std::os::unix::fs::symlink(gw.join("lib"), dir.join("lib")).expect("symlink");

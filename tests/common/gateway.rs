@@ -204,6 +204,8 @@ impl Nginx {
     /// Starts nginx with the gateway configuration against Redis on
     /// `redis_port`, and waits (bounded) until it answers.
     pub fn start(redis_port: u16) -> Nginx {
+        // fails with a clear message before anything is created
+        nginx_bin();
         let dir = fresh_dir("nginx");
         for sub in ["logs", "tmp"] {
             std::fs::create_dir_all(dir.join(sub)).expect("create nginx dirs");
