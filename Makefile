@@ -3,6 +3,7 @@
 #   make run    install deps, build the module, run redis-server with it on 6379
 #   make test   install deps, then fmt + clippy + release build + all tests
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
+#   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -19,7 +20,7 @@ FIGURES      := $(CURDIR)/target/reliability-figures.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-gateway bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -55,6 +56,14 @@ test: deps
 		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
 		target/test-output.log; \
 	exit $$rc
+
+# The gateway's end-to-end tests alone (gateway/README.md): nginx with the
+# Lua library and the Kong plugin under its PDK shim, in front of a local
+# upstream, against redis-server with the release module. `make test` runs
+# them too.
+test-gateway: deps build
+	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_kong \
+		-- --test-threads=$(TEST_THREADS)
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:

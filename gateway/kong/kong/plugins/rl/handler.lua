@@ -1,0 +1,102 @@
+-- Kong plugin "rl": a thin front end over resty.rl.gateway (the same
+-- library and the same options as the nginx front end). It uses only the
+-- Kong PDK (kong.request, kong.client, kong.response, kong.ctx.plugin,
+-- kong.log); Redis is reached by the library through lua-resty-redis.
+
+local gateway = require "resty.rl.gateway"
+
+local RlHandler = {
+    -- after authentication plugins (which set the consumer), before the
+    -- bundled rate-limiting plugin (910) would run, were it configured too
+    PRIORITY = 905,
+    VERSION = "0.1.0",
+}
+
+-- One gateway per plugin configuration (Kong hands the same table to
+-- every request until the configuration changes).
+local gateways = setmetatable({}, { __mode = "k" })
+
+-- Kong fills unset optional fields with ngx.null: drop them, so that the
+-- library's defaults apply.
+local function denull(v)
+    if v == ngx.null then
+        return nil
+    end
+    if type(v) ~= "table" then
+        return v
+    end
+    local out = {}
+    for k, x in pairs(v) do
+        out[k] = denull(x)
+    end
+    return out
+end
+
+local function get(conf)
+    local gw = gateways[conf]
+    if not gw then
+        gw = gateway.new(denull(conf))
+        gateways[conf] = gw
+    end
+    return gw
+end
+
+-- The request adapter of resty.rl.gateway over the Kong PDK.
+local adapter = {
+    header = function(name)
+        return kong.request.get_header(name)
+    end,
+    method = function()
+        return kong.request.get_method()
+    end,
+    path = function()
+        return kong.request.get_path()
+    end,
+    arg = function(name)
+        local v = kong.request.get_query_arg(name)
+        if v == nil then
+            local body = kong.request.get_body()
+            v = type(body) == "table" and body[name] or nil
+        end
+        return v
+    end,
+    client_ip = function()
+        return kong.client.get_forwarded_ip()
+    end,
+    request_id = function()
+        return ngx.var.request_id
+    end,
+    ctx = function()
+        return kong.ctx.plugin
+    end,
+    exit = function(status, body, headers)
+        return kong.response.exit(status, body, headers)
+    end,
+    set_header = function(name, value)
+        kong.response.set_header(name, value)
+    end,
+    status = function()
+        return kong.response.get_status()
+    end,
+    warn = function(msg)
+        kong.log.warn(msg)
+    end,
+}
+
+--- Access phase: the gateway's decision (may end the request).
+function RlHandler:access(conf)
+    return get(conf):access(adapter)
+end
+
+--- Header filter: the RateLimit fields decided in the access phase.
+function RlHandler:header_filter(conf)
+    return get(conf):header_filter(adapter)
+end
+
+--- Log phase: counters, the structured log line, lease release and
+--- failed-login records (in a timer).
+function RlHandler:log(conf)
+    return get(conf):log(adapter)
+end
+
+return RlHandler

@@ -1,0 +1,140 @@
+-- Kong plugin "rl": configuration schema. The options are those of
+-- resty.rl.config (gateway/README.md documents each); an option left unset
+-- takes the library's default, and `tiers`, `routes` and `auth` left unset
+-- take the library's sample policy.
+
+local typedefs = require "kong.db.schema.typedefs"
+
+-- Field definitions are built by functions: each use gets its own table
+-- (Kong annotates field tables when it loads a schema).
+
+-- A budget: points per period, and the burst.
+local function budget()
+    return {
+        type = "record",
+        fields = {
+            { rate = { type = "integer", required = true, gt = 0 } },
+            { burst = { type = "integer", required = true, gt = 0 } },
+        },
+    }
+end
+
+-- Box durations of levels 1, 2, 3 in seconds (0: manual).
+local function durations()
+    return { type = "array", len_eq = 3,
+             elements = { type = "number", between = { 0, 31536000 } } }
+end
+
+local tier = {
+    type = "record",
+    fields = {
+        { key = budget() },
+        { tenant = budget() },
+        { period = { type = "number", default = 60, gt = 0 } },
+        { strikes = { type = "record", fields = {
+            { threshold = { type = "integer", required = true, gt = 0 } },
+            { window = { type = "number", required = true, gt = 0 } },
+        } } },
+        { box = durations() },
+        { offenses_ttl = { type = "number", default = 86400, gt = 0 } },
+        { concurrency = { type = "map", keys = { type = "string" },
+                          values = { type = "integer", gt = 0 } } },
+    },
+}
+
+local lease = {
+    type = "record",
+    fields = {
+        { name = { type = "string", required = true } },
+        { scope = { type = "string", required = true, one_of = { "tenant", "arg" } } },
+        { arg = { type = "string" } },
+        { max = { type = "integer", gt = 0 } },
+        { status = { type = "integer", default = 429, one_of = { 409, 429 } } },
+        { ttl = { type = "number", default = 300, gt = 0 } },
+    },
+}
+
+local route = {
+    type = "record",
+    fields = {
+        { method = typedefs.http_method },
+        { template = { type = "string", required = true, starts_with = "/" } },
+        { cost = { type = "integer", gt = 0 } },
+        { critical = { type = "boolean", default = false } },
+        { auth = { type = "boolean", default = false } },
+        { range = { type = "record", fields = {
+            { from_arg = { type = "string", default = "from" } },
+            { to_arg = { type = "string", default = "to" } },
+            { max_days = { type = "integer", default = 90, gt = 0 } },
+            { cost = { type = "integer", required = true, gt = 0 } },
+        } } },
+        { leases = { type = "array", elements = lease } },
+    },
+}
+
+-- A failed-login window with its default limit (per 15 minutes).
+local function window(limit)
+    return {
+        type = "record",
+        fields = {
+            { limit = { type = "integer", default = limit, gt = 0 } },
+            { window = { type = "number", default = 900, gt = 0 } },
+        },
+    }
+end
+
+return {
+    name = "rl",
+    fields = {
+        { protocols = typedefs.protocols_http },
+        { config = {
+            type = "record",
+            fields = {
+                { redis = { type = "record", fields = {
+                    { host = typedefs.host { default = "127.0.0.1" } },
+                    { port = typedefs.port { default = 6379 } },
+                    { password = { type = "string", referenceable = true, encrypted = true } },
+                    { database = { type = "integer", between = { 0, 15 } } },
+                    { timeout_ms = { type = "number", default = 20, gt = 0 } },
+                    { pool_size = { type = "integer", default = 64, gt = 0 } },
+                    { keepalive_ms = { type = "integer", default = 60000, gt = 0 } },
+                } } },
+                { key_prefix = { type = "string", default = "rl" } },
+                { shadow = { type = "boolean", default = false } },
+                { legacy_headers = { type = "boolean", default = false } },
+                { problem_base = { type = "string", default = "https://api.example.com/problems" } },
+                { fail_closed_retry_after = { type = "integer", default = 15, gt = 0 } },
+                { fallback_ratio = { type = "number", default = 0.25, between = { 0.01, 1 } } },
+                { fallback_entries = { type = "integer", default = 10000, gt = 0 } },
+                { metrics_dict = { type = "string", default = "rl_metrics" } },
+                { http_date_after = { type = "integer", default = 3600, gt = 0 } },
+                { manual_box_status = { type = "integer", default = 403, one_of = { 403, 429 } } },
+                { client_ip_header = { type = "string" } },
+                { identity = { type = "record", fields = {
+                    { header = { type = "string", default = "X-Api-Key" } },
+                    { keys = { type = "map", keys = { type = "string" }, values = {
+                        type = "record", fields = {
+                            { tenant = { type = "string", required = true } },
+                            { tier = { type = "string", required = true } },
+                            { key_id = { type = "string", required = true } },
+                        } } } },
+                } } },
+                { tiers = { type = "map", keys = { type = "string" }, values = tier } },
+                { routes = { type = "array", elements = route } },
+                { default_route = { type = "record", fields = {
+                    { template = { type = "string", default = "other" } },
+                    { cost = { type = "integer", default = 1, gt = 0 } },
+                    { critical = { type = "boolean", default = false } },
+                } } },
+                { auth = { type = "record", fields = {
+                    { subject_arg = { type = "string", default = "client_id" } },
+                    { fail_statuses = { type = "array", elements = { type = "integer" },
+                                        default = { 401, 403 } } },
+                    { subject = window(5) },
+                    { ip = window(20) },
+                    { box = durations() },
+                } } },
+            },
+        } },
+    },
+}

@@ -1,0 +1,76 @@
+-- resty.rl.headers: the response fields of draft-ietf-httpapi-ratelimit-headers
+-- (the current RateLimit-Policy / RateLimit structured fields, and the older
+-- RateLimit-Limit / -Remaining / -Reset triple behind an option) and
+-- Retry-After.
+
+local _M = {}
+
+local ceil = math.ceil
+
+--- Whole seconds from milliseconds, rounded up (clients are never early).
+function _M.seconds(ms)
+    if not ms or ms <= 0 then
+        return 0
+    end
+    return ceil(ms / 1000)
+end
+
+-- A structured-field String item.
+local function sf_string(s)
+    return '"' .. s:gsub('[\\"]', "\\%0") .. '"'
+end
+
+--- One quota policy item: "name";q=quota;w=window.
+function _M.policy_item(p)
+    return sf_string(p.name) .. ";q=" .. p.quota .. ";w=" .. p.window
+end
+
+--- The RateLimit-Policy field value: the policies that apply, each
+--- {name, quota, window}.
+function _M.policy(policies)
+    local items = {}
+    for i, p in ipairs(policies) do
+        items[i] = _M.policy_item(p)
+    end
+    return table.concat(items, ", ")
+end
+
+--- Sets the rate-limit fields in `out` (a header table).
+--- `policies`: the policies that apply, each {name, quota, window};
+--- `binding`: {name, limit, remaining, reset_ms} for the policy that binds
+--- (reset_ms -1 or nil: no reset time, as in a manual box).
+function _M.ratelimit(out, conf, policies, binding)
+    out["RateLimit-Policy"] = _M.policy(policies)
+    local rl = sf_string(binding.name) .. ";r=" .. math.max(binding.remaining, 0)
+    local has_reset = binding.reset_ms and binding.reset_ms >= 0
+    if has_reset then
+        rl = rl .. ";t=" .. _M.seconds(binding.reset_ms)
+    end
+    out["RateLimit"] = rl
+    if conf.legacy_headers then
+        out["RateLimit-Limit"] = tostring(binding.limit)
+        out["RateLimit-Remaining"] = tostring(math.max(binding.remaining, 0))
+        if has_reset then
+            out["RateLimit-Reset"] = tostring(_M.seconds(binding.reset_ms))
+        end
+    end
+    return out
+end
+
+--- Sets Retry-After in `out`: delta-seconds, or an HTTP-date when
+--- `as_date` (boxes of an hour or more). Nothing for a negative wait (a
+--- manual box has no time to come back).
+function _M.retry_after(out, ms, as_date)
+    if not ms or ms < 0 then
+        return out
+    end
+    local secs = _M.seconds(ms)
+    if as_date then
+        out["Retry-After"] = ngx.http_time(ngx.time() + secs)
+    else
+        out["Retry-After"] = tostring(secs)
+    end
+    return out
+end
+
+return _M

@@ -1,0 +1,116 @@
+-- resty.rl.nginx: the nginx (OpenResty / ngx_lua) front end.
+--
+--   init_by_lua_block   { require("resty.rl.nginx").configure("api", require("policy")) }
+--   access_by_lua_block { require("resty.rl.nginx").access("api") }
+--   header_filter_by_lua_block { require("resty.rl.nginx").header_filter("api") }
+--   log_by_lua_block    { require("resty.rl.nginx").log("api") }
+--   location = /metrics { content_by_lua_block { require("resty.rl.metrics").serve() } }
+--
+-- Gateways are configured in init_by_lua (before the workers fork), so a
+-- configuration error stops nginx from starting.
+
+local gateway = require "resty.rl.gateway"
+local cjson = require "cjson.safe"
+
+local _M = {}
+
+local instances = {}
+
+-- Request arguments: the query string, then a form or JSON body.
+local function body_args()
+    local ctx = ngx.ctx
+    if ctx.rl_body_args then
+        return ctx.rl_body_args
+    end
+    local args = {}
+    local ctype = ngx.var.content_type or ""
+    if ctype:find("application/x-www-form-urlencoded", 1, true) then
+        ngx.req.read_body()
+        args = ngx.req.get_post_args(100) or {}
+    elseif ctype:find("application/json", 1, true) then
+        ngx.req.read_body()
+        local decoded = cjson.decode(ngx.req.get_body_data() or "")
+        if type(decoded) == "table" then
+            args = decoded
+        end
+    end
+    ctx.rl_body_args = args
+    return args
+end
+
+--- The request adapter of resty.rl.gateway for ngx_lua.
+_M.adapter = {
+    header = function(name)
+        return ngx.req.get_headers(100)[name]
+    end,
+    method = function()
+        return ngx.req.get_method()
+    end,
+    path = function()
+        return ngx.var.uri
+    end,
+    arg = function(name)
+        local v = ngx.req.get_uri_args(100)[name]
+        if v == nil then
+            v = body_args()[name]
+        end
+        return v
+    end,
+    client_ip = function()
+        return ngx.var.remote_addr
+    end,
+    request_id = function()
+        return ngx.var.request_id
+    end,
+    ctx = function()
+        return ngx.ctx
+    end,
+    exit = function(status, body, headers)
+        ngx.status = status
+        for k, v in pairs(headers) do
+            ngx.header[k] = v
+        end
+        ngx.print(body)
+        return ngx.exit(status)
+    end,
+    set_header = function(name, value)
+        ngx.header[name] = value
+    end,
+    status = function()
+        return ngx.status
+    end,
+    warn = function(msg)
+        ngx.log(ngx.WARN, msg)
+    end,
+}
+
+--- Creates the gateway `name` from configuration `conf` (init_by_lua).
+function _M.configure(name, conf)
+    instances[name] = gateway.new(conf)
+    return instances[name]
+end
+
+local function get(name)
+    local gw = instances[name or "default"]
+    if not gw then
+        error("rl: no gateway configured under the name " .. tostring(name))
+    end
+    return gw
+end
+
+--- access_by_lua handler.
+function _M.access(name)
+    return get(name):access(_M.adapter)
+end
+
+--- header_filter_by_lua handler.
+function _M.header_filter(name)
+    return get(name):header_filter(_M.adapter)
+end
+
+--- log_by_lua handler.
+function _M.log(name)
+    return get(name):log(_M.adapter)
+end
+
+return _M

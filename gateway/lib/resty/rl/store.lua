@@ -1,0 +1,184 @@
+-- resty.rl.store: the rl commands over lua-resty-redis.
+--
+-- Each function opens (or reuses, from the cosocket pool) one connection
+-- with the configured time budget on connect, send and read, runs its
+-- command(s) and returns the connection to the pool. Any error, a timeout
+-- included, returns nil and a message, and the connection is closed (a
+-- half-read reply must never go back into the pool).
+
+local ok_resty, redis = pcall(require, "resty.redis")
+if not ok_resty then
+    -- Debian's lua-nginx-redis ships lua-resty-redis as nginx.redis
+    redis = require "nginx.redis"
+end
+
+local _M = {}
+
+local null = ngx.null
+
+local function connect(rconf)
+    local red, err = redis:new()
+    if not red then
+        return nil, err
+    end
+    red:set_timeout(rconf.timeout_ms)
+    local ok
+    ok, err = red:connect(rconf.host, rconf.port, {
+        pool = "rl:" .. rconf.host .. ":" .. rconf.port .. ":" .. (rconf.database or 0),
+        pool_size = rconf.pool_size,
+    })
+    if not ok then
+        return nil, "connect: " .. tostring(err)
+    end
+    if red:get_reused_times() == 0 then
+        if rconf.password then
+            ok, err = red:auth(rconf.password)
+            if not ok then
+                red:close()
+                return nil, "auth: " .. tostring(err)
+            end
+        end
+        if rconf.database then
+            ok, err = red:select(rconf.database)
+            if not ok then
+                red:close()
+                return nil, "select: " .. tostring(err)
+            end
+        end
+    end
+    return red
+end
+
+local function done(red, rconf)
+    local ok = red:set_keepalive(rconf.keepalive_ms, rconf.pool_size)
+    if not ok then
+        red:close()
+    end
+end
+
+-- Runs `fn(red)` on a pooled connection within the time budget: what
+-- the connection took is deducted from the budget of the command (so a
+-- call takes about timeout_ms at most, not one per socket operation).
+-- Returns what fn returns, or nil and an error (the connection is then
+-- closed).
+local function with_redis(rconf, fn)
+    local deadline = ngx.now() * 1000 + rconf.timeout_ms
+    local red, err = connect(rconf)
+    if not red then
+        return nil, err
+    end
+    -- ngx.now() is refreshed by the event loop after a yield (a new connect)
+    local left = deadline - ngx.now() * 1000
+    if left < 1 then
+        red:close()
+        return nil, "timeout (connect used the budget)"
+    end
+    red:set_timeout(left)
+    local res
+    res, err = fn(red)
+    if res == nil then
+        red:close()
+        return nil, err
+    end
+    done(red, rconf)
+    return res
+end
+
+-- Checks an 8-integer limiter reply.
+local function limiter_reply(res, err)
+    if not res then
+        return nil, err
+    end
+    if type(res) ~= "table" or #res ~= 8 then
+        return nil, "unexpected reply"
+    end
+    return res
+end
+
+--- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
+--- and boxes. Returns the 8 integers
+--- {status, limit, remaining, reset_ms, retry_after_ms, box_level,
+---  strikes_remaining, binding} or nil and an error.
+function _M.take(conf, key, tenant_key, tier, cost)
+    return with_redis(conf.redis, function(red)
+        local s = tier.strikes
+        return limiter_reply(red["RL.TAKE"](red,
+            key, tier.key.burst, tier.key.rate, tier.period,
+            "COST", cost,
+            "ALSO", tenant_key, tier.tenant.burst, tier.tenant.rate, tier.period,
+            "STRIKES", s.threshold, s.window,
+            "BOX", tier.box[1], tier.box[2], tier.box[3],
+            "OFFENSES", tier.offenses_ttl))
+    end)
+end
+
+-- The arguments of RL.WINDOW for one failed-login counter.
+local function window_args(key, w, box, cost)
+    if cost == 0 then
+        return { key, w.limit, w.window, "COST", 0 }
+    end
+    return { key, w.limit, w.window, "COST", cost,
+        "STRIKES", 1, w.window, "BOX", box[1], box[2], box[3] }
+end
+
+--- Failed-login counters, pipelined: for each {key, limits} of `pairs_`
+--- one RL.WINDOW with `cost` (0: a probe that writes nothing; 1: a failure
+--- recorded, the failure that does not fit trips the box). Returns the
+--- list of 8-integer replies, or nil and an error.
+function _M.auth_windows(conf, pairs_, cost)
+    return with_redis(conf.redis, function(red)
+        red:init_pipeline(#pairs_)
+        for _, p in ipairs(pairs_) do
+            red["RL.WINDOW"](red, unpack(window_args(p[1], p[2], conf.auth.box, cost)))
+        end
+        local res, err = red:commit_pipeline()
+        if not res then
+            return nil, err
+        end
+        for i = 1, #pairs_ do
+            local r = res[i]
+            if type(r) ~= "table" or #r ~= 8 then
+                -- an error reply comes back as {false, "ERR ..."}
+                return nil, "RL.WINDOW: " .. tostring(type(r) == "table" and r[2] or r)
+            end
+        end
+        return res
+    end)
+end
+
+--- RL.LEASE ACQUIRE with the request id as lease id (a retried request
+--- gets its own lease back). Returns {granted (bool), retry_after_ms} or
+--- nil and an error.
+function _M.acquire(conf, key, max, ttl, id)
+    return with_redis(conf.redis, function(red)
+        local res, err = red["RL.LEASE"](red, "ACQUIRE", key, max, ttl, "ID", id)
+        if not res then
+            return nil, err
+        end
+        if type(res) ~= "table" or #res ~= 5 then
+            return nil, "unexpected reply"
+        end
+        return { granted = res[1] == 1 and res[2] ~= null, retry_after_ms = res[5] }
+    end)
+end
+
+--- RL.LEASE RELEASE of each {key, id} in `leases`, pipelined. Returns
+--- true or nil and an error.
+function _M.release(conf, leases)
+    if #leases == 0 then
+        return true
+    end
+    return with_redis(conf.redis, function(red)
+        red:init_pipeline(#leases)
+        for _, l in ipairs(leases) do
+            red["RL.LEASE"](red, "RELEASE", l.key, l.id)
+        end
+        local res, err = red:commit_pipeline()
+        if not res then
+            return nil, err
+        end
+        return true
+    end)
+end
+
+return _M

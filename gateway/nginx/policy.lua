@@ -1,0 +1,28 @@
+-- The sample policy of gateway/nginx/nginx.conf: every option not given
+-- here takes its default from resty.rl.config, which holds the policy of
+-- the issue (tiers sandbox / growth / enterprise, the route costs, the
+-- reconcile and export leases, the failed-login windows). See
+-- gateway/README.md for every option.
+return {
+    redis = {
+        host = os.getenv("RL_REDIS_HOST") or "127.0.0.1",
+        port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
+        timeout_ms = 20,
+    },
+    -- Who is calling. Production resolves the caller through its own
+    -- authentication (a JWT's claims, an introspection cache); the sample
+    -- keeps a static table: API key -> tenant, tier and a key id (the id,
+    -- never the key, names Redis keys and appears in logs).
+    identity = {
+        header = "X-Api-Key",
+        keys = {
+            ["demo-sandbox-key"] = { tenant = "t-100", tier = "sandbox", key_id = "k-1" },
+            ["demo-growth-key"] = { tenant = "t-200", tier = "growth", key_id = "k-2" },
+            ["demo-enterprise-key"] = { tenant = "t-300", tier = "enterprise", key_id = "k-3" },
+        },
+    },
+    -- Behind a load balancer that sets it (and strips it from clients):
+    -- client_ip_header = "X-Real-IP",
+    legacy_headers = false,
+    shadow = false,
+}

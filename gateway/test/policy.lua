@@ -1,0 +1,56 @@
+-- The policy of the end-to-end tests (tests/gateway*.rs): the sample
+-- policy's routes, strike thresholds, boxes and concurrency, with small
+-- budgets so that a test reaches its limits in a few requests. Returns a
+-- function: overrides (top-level options) -> configuration.
+return function(overrides)
+    local p = {
+        -- a generous budget: the tests run on a loaded 2-core machine
+        redis = { timeout_ms = 250 },
+        client_ip_header = "X-Test-Client-Ip",
+        identity = {
+            keys = {
+                ["k-sandbox"] = { tenant = "sbx", tier = "sandbox", key_id = "s1" },
+                ["k-growth"] = { tenant = "acme", tier = "growth", key_id = "g1" },
+                ["k-growth-2"] = { tenant = "acme", tier = "growth", key_id = "g2" },
+                ["k-ent"] = { tenant = "bigco", tier = "enterprise", key_id = "e1" },
+                ["k-load-1"] = { tenant = "loadco", tier = "load", key_id = "l1" },
+                ["k-load-2"] = { tenant = "loadco", tier = "load", key_id = "l2" },
+            },
+        },
+        tiers = {
+            -- 1 point per minute: no refill to speak of during a test; every
+            -- burst holds the dearest request (50 points)
+            sandbox = {
+                key = { rate = 1, burst = 50 }, tenant = { rate = 600, burst = 600 }, period = 60,
+                strikes = { threshold = 20, window = 60 }, box = { 300, 3600, 86400 },
+                offenses_ttl = 86400, concurrency = { reconcile = 1, export = 1 },
+            },
+            growth = {
+                key = { rate = 1, burst = 100 }, tenant = { rate = 1, burst = 150 }, period = 60,
+                strikes = { threshold = 20, window = 60 }, box = { 300, 3600, 86400 },
+                offenses_ttl = 86400, concurrency = { reconcile = 2, export = 1 },
+            },
+            enterprise = {
+                key = { rate = 1, burst = 50 }, tenant = { rate = 600, burst = 600 }, period = 60,
+                strikes = { threshold = 100, window = 60 }, box = { 300, 3600, 0 },
+                offenses_ttl = 86400, concurrency = { reconcile = 8, export = 3 },
+            },
+            -- the load test: 100 points/s per key, 150/s per tenant
+            load = {
+                key = { rate = 6000, burst = 50 }, tenant = { rate = 9000, burst = 75 }, period = 60,
+                strikes = { threshold = 1000000000, window = 60 }, box = { 300, 3600, 86400 },
+                offenses_ttl = 86400, concurrency = { reconcile = 1, export = 1 },
+            },
+        },
+    }
+    for k, v in pairs(overrides or {}) do
+        if k == "redis" then
+            for rk, rv in pairs(v) do
+                p.redis[rk] = rv
+            end
+        else
+            p[k] = v
+        end
+    end
+    return p
+end

@@ -1,0 +1,570 @@
+//! End-to-end harness for the gateway (`gateway/`): a real nginx (Debian's
+//! `nginx-extras` with the Lua module, or OpenResty) in front of a local
+//! upstream, talking to a real `redis-server` with the module, driven with
+//! real HTTP.
+//!
+//! Included by the gateway test files with
+//! `#[path = "common/gateway.rs"] mod gateway;` (next to `mod common;`).
+//!
+//! One [`Nginx`] runs one master and two workers with a generated
+//! configuration in a fresh temp directory, on free loopback ports:
+//! * `main`: the nginx front end (`resty.rl.nginx`) with the test policy
+//!   (`gateway/test/policy.lua`);
+//! * `legacy`: the same with `legacy_headers = true`;
+//! * `shadow`: the same in shadow mode (its own key prefix);
+//! * `kong`: the Kong plugin's handler under the PDK shim
+//!   (`gateway/test/kong_shim.lua`), its own key prefix;
+//! * `upstream`: `gateway/test/upstream.lua`.
+//!
+//! Dropping it stops nginx (TERM to the process group, then KILL) and
+//! removes the directory (unless `RL_KEEP_TEST_DIRS` is set).
+//!
+//! Environment: `NGINX` (binary, default `nginx`), `NGINX_MODULES`
+//! (directory of `ngx_http_lua_module.so`, default `/usr/lib/nginx/modules`;
+//! when it is not there, the Lua module is assumed to be built in, as in
+//! OpenResty).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::common::{free_port, fresh_dir, tail};
+
+/// Longest wait for nginx to answer after it was started.
+pub const NGINX_READY: Duration = Duration::from_secs(15);
+/// Timeout of one HTTP request of the tests.
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The `gateway/` directory of the repository.
+pub fn gateway_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway")
+}
+
+/// The nginx binary: env `NGINX`, else `nginx` from `PATH`. Panics with a
+/// clear message when it cannot run or has no Lua module.
+pub fn nginx_bin() -> String {
+    let bin = std::env::var("NGINX").unwrap_or_else(|_| "nginx".to_string());
+    let out = Command::new(&bin).arg("-V").output().unwrap_or_else(|e| {
+        panic!(
+            "cannot run `{bin} -V` ({e}): the gateway tests need nginx with the Lua module; \
+             install Debian's nginx-extras, lua-nginx-redis and lua-cjson (`make deps` does)"
+        )
+    });
+    assert!(out.status.success(), "`{bin} -V` failed");
+    // -V prints the build (with a built-in Lua module, as OpenResty's) on stderr
+    let built_in = String::from_utf8_lossy(&out.stderr).contains("lua");
+    assert!(
+        built_in || !load_modules().is_empty(),
+        "{bin} has no Lua module (neither built in nor in {}): install Debian's \
+         nginx-extras (libnginx-mod-http-lua), lua-nginx-redis and lua-cjson (`make deps` does)",
+        modules_dir().display()
+    );
+    bin
+}
+
+/// The directory of nginx's dynamic modules: env `NGINX_MODULES`, else
+/// Debian's `/usr/lib/nginx/modules`.
+fn modules_dir() -> PathBuf {
+    PathBuf::from(
+        std::env::var("NGINX_MODULES").unwrap_or_else(|_| "/usr/lib/nginx/modules".into()),
+    )
+}
+
+/// `load_module` lines for the Lua module (and NDK) when they are dynamic
+/// modules, nothing when they are not found (built in).
+fn load_modules() -> String {
+    let dir = modules_dir();
+    let lua = dir.join("ngx_http_lua_module.so");
+    if !lua.is_file() {
+        return String::new();
+    }
+    let mut s = String::new();
+    let ndk = dir.join("ndk_http_module.so");
+    if ndk.is_file() {
+        s += &format!("load_module {};\n", ndk.display());
+    }
+    s += &format!("load_module {};\n", lua.display());
+    s
+}
+
+/// Ports of the servers of one [`Nginx`].
+#[derive(Clone, Copy, Debug)]
+pub struct Ports {
+    pub main: u16,
+    pub legacy: u16,
+    pub shadow: u16,
+    pub kong: u16,
+    pub upstream: u16,
+}
+
+/// A running nginx with the gateway configuration.
+pub struct Nginx {
+    pub dir: PathBuf,
+    pub ports: Ports,
+    child: Option<Child>,
+}
+
+/// The generated nginx.conf: the four front ends and the upstream.
+fn nginx_conf(ports: Ports, redis_port: u16) -> String {
+    let gw = gateway_dir();
+    let gw = gw.display();
+    let lua_init = format!(
+        r#"
+        local policy = dofile("{gw}/test/policy.lua")
+        local front = require "resty.rl.nginx"
+        local redis = {{ port = {redis_port} }}
+        front.configure("main", policy({{ redis = redis }}))
+        front.configure("legacy", policy({{ redis = redis, legacy_headers = true }}))
+        front.configure("shadow", policy({{ redis = redis, shadow = true, key_prefix = "shadow" }}))
+        local shim = require "kong_shim"
+        shim.install()
+        shim.configure(policy({{ redis = redis, key_prefix = "kong" }}))
+        -- everything is loaded by the master: workers run as another user
+        -- (nobody) when the tests run as root, and may not read the sources
+        require "kong.plugins.rl.handler"
+        require "upstream"
+"#
+    );
+    let front = |name: &str, port: u16| {
+        format!(
+            r#"
+    server {{
+        listen 127.0.0.1:{port};
+        location = /metrics {{
+            content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
+        }}
+        location / {{
+            access_by_lua_block {{ require("resty.rl.nginx").access("{name}") }}
+            header_filter_by_lua_block {{ require("resty.rl.nginx").header_filter("{name}") }}
+            log_by_lua_block {{ require("resty.rl.nginx").log("{name}") }}
+            proxy_pass http://127.0.0.1:{up};
+        }}
+    }}"#,
+            up = ports.upstream
+        )
+    };
+    format!(
+        r#"{modules}
+worker_processes 2;
+daemon off;
+master_process on;
+pid logs/nginx.pid;
+error_log logs/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path tmp/body;
+    proxy_temp_path tmp/proxy;
+    fastcgi_temp_path tmp/fastcgi;
+    uwsgi_temp_path tmp/uwsgi;
+    scgi_temp_path tmp/scgi;
+    lua_package_path "{gw}/lib/?.lua;{gw}/kong/?.lua;{gw}/test/?.lua;/usr/share/lua/5.1/?.lua;;";
+    lua_shared_dict rl_metrics 1m;
+    lua_socket_log_errors off;
+    init_by_lua_block {{ {lua_init} }}
+{main}
+{legacy}
+{shadow}
+    server {{
+        listen 127.0.0.1:{kong};
+        location / {{
+            access_by_lua_block {{ require("kong_shim").run("access") }}
+            header_filter_by_lua_block {{ require("kong_shim").run("header_filter") }}
+            log_by_lua_block {{ require("kong_shim").run("log") }}
+            proxy_pass http://127.0.0.1:{up};
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{up};
+        location / {{
+            content_by_lua_block {{ require("upstream").serve() }}
+        }}
+    }}
+}}
+"#,
+        modules = load_modules(),
+        main = front("main", ports.main),
+        legacy = front("legacy", ports.legacy),
+        shadow = front("shadow", ports.shadow),
+        kong = ports.kong,
+        up = ports.upstream,
+    )
+}
+
+impl Nginx {
+    /// Starts nginx with the gateway configuration against Redis on
+    /// `redis_port`, and waits (bounded) until it answers.
+    pub fn start(redis_port: u16) -> Nginx {
+        // fails with a clear message before anything is created
+        nginx_bin();
+        let dir = fresh_dir("nginx");
+        for sub in ["logs", "tmp"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("create nginx dirs");
+        }
+        let ports = Ports {
+            main: free_port(),
+            legacy: free_port(),
+            shadow: free_port(),
+            kong: free_port(),
+            upstream: free_port(),
+        };
+        let conf = dir.join("nginx.conf");
+        std::fs::write(&conf, nginx_conf(ports, redis_port)).expect("write nginx.conf");
+        Nginx::launch(dir, &conf, &[], &[], ports).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs `nginx -p dir -c conf [args...] -e dir/logs/error.log` in its
+    /// own process group with `env` added (`dir/logs` must exist), and waits
+    /// (bounded) until the main, kong and upstream ports of `ports` accept
+    /// connections. An error (nginx exited during startup, or never
+    /// answered) carries nginx's output and the tail of its error.log.
+    pub fn launch(
+        dir: PathBuf,
+        conf: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        ports: Ports,
+    ) -> Result<Nginx, String> {
+        let bin = nginx_bin();
+        let out = std::fs::File::create(dir.join("logs/stdout.log")).expect("stdout.log");
+        let err = out.try_clone().expect("clone file");
+        let child = Command::new(&bin)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-c")
+            .arg(conf)
+            .args(args)
+            .arg("-e")
+            .arg(dir.join("logs/error.log"))
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        let mut nginx = Nginx {
+            dir,
+            ports,
+            child: Some(child),
+        };
+        nginx.wait_ready().map(|()| nginx)
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + NGINX_READY;
+        loop {
+            let exited = match self.child.as_mut() {
+                Some(child) => child.try_wait().ok().flatten(),
+                None => None,
+            };
+            let why = if let Some(status) = exited {
+                format!("nginx exited during startup ({status})")
+            } else if [self.ports.main, self.ports.kong, self.ports.upstream]
+                .iter()
+                .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+            {
+                return Ok(());
+            } else if Instant::now() >= deadline {
+                format!("nginx did not answer within {NGINX_READY:?}")
+            } else {
+                sleep(Duration::from_millis(50));
+                continue;
+            };
+            return Err(format!(
+                "{why}\n--- stdout ---\n{}\n--- error.log ---\n{}",
+                std::fs::read_to_string(self.dir.join("logs/stdout.log")).unwrap_or_default(),
+                tail(&self.error_log(), 40)
+            ));
+        }
+    }
+
+    /// The base URL of a front end port.
+    pub fn url(&self, port: u16) -> String {
+        format!("http://127.0.0.1:{port}")
+    }
+
+    /// Contents of nginx's error.log (where the structured lines go).
+    pub fn error_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("logs/error.log")).unwrap_or_default()
+    }
+
+    /// The structured `rl_event` log lines, parsed.
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        self.error_log()
+            .lines()
+            .filter_map(|l| {
+                let start = l.find("rl_event {")? + "rl_event ".len();
+                // the JSON object, then nginx's " while logging request, client: ..."
+                serde_json::Deserializer::from_str(&l[start..])
+                    .into_iter::<serde_json::Value>()
+                    .next()?
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// Errors in error.log (Lua errors, nginx alerts, writes to Lua
+    /// globals) other than the
+    /// socket errors nginx itself logs when Redis dies under a pooled
+    /// connection (a test asserts there are none).
+    pub fn lua_errors(&self) -> Vec<String> {
+        self.error_log()
+            .lines()
+            .filter(|l| {
+                ["[error]", "[alert]", "[crit]", "global variable"]
+                    .iter()
+                    .any(|s| l.contains(s))
+            })
+            .filter(|l| {
+                !["recv() failed", "send() failed", "connect() failed"]
+                    .iter()
+                    .any(|s| l.contains(s))
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Stops nginx: TERM to its process group (the master and its
+    /// workers), then KILL after 5 s; every wait is bounded. The shell's
+    /// `kill` needs no procps (dash's takes `-PGID`, not `-- -PGID`).
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let group = child.id();
+        let signal = |sig: &str| {
+            let _ = Command::new("sh")
+                .args(["-c", &format!("kill -{sig} -{group} 2>/dev/null")])
+                .status();
+        };
+        let exited = |child: &mut Child, within: Duration| {
+            let deadline = Instant::now() + within;
+            loop {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return true;
+                }
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                sleep(Duration::from_millis(20));
+            }
+        };
+        signal("TERM");
+        let _ = exited(&mut child, Duration::from_secs(5));
+        // workers that outlive their master, or a master that ignored TERM
+        signal("KILL");
+        let _ = child.kill();
+        let _ = exited(&mut child, Duration::from_secs(5));
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- tail of nginx error.log ({}) ---\n{}",
+                self.dir.display(),
+                tail(&self.error_log(), 30)
+            );
+        }
+        self.stop();
+        if std::env::var_os("RL_KEEP_TEST_DIRS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------
+
+/// One HTTP response, whatever its status.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    /// Header names in lower case.
+    pub headers: HashMap<String, String>,
+    pub body: String,
+}
+
+impl Resp {
+    /// A header's value, if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(&name.to_lowercase()).map(String::as_str)
+    }
+
+    /// A header that must be present.
+    pub fn must(&self, name: &str) -> &str {
+        self.header(name)
+            .unwrap_or_else(|| panic!("header {name} missing in {self:#?}"))
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+}
+
+/// An HTTP client with keep-alive connections (one per thread using it).
+pub fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(HTTP_TIMEOUT)
+        .max_idle_connections_per_host(4)
+        .build()
+}
+
+fn into_resp(r: Result<ureq::Response, ureq::Error>) -> Resp {
+    let resp = match r {
+        Ok(resp) => resp,
+        Err(ureq::Error::Status(_, resp)) => resp,
+        Err(e) => panic!("HTTP request failed: {e}"),
+    };
+    let status = resp.status();
+    let mut headers = HashMap::new();
+    for name in resp.headers_names() {
+        if let Some(v) = resp.header(&name) {
+            headers.insert(name.to_lowercase(), v.to_string());
+        }
+    }
+    let mut body = String::new();
+    resp.into_reader()
+        .take(1 << 20)
+        .read_to_string(&mut body)
+        .expect("read body");
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// `GET url` with `headers`.
+pub fn get(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut req = agent.get(url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    into_resp(req.call())
+}
+
+/// `POST url` with `headers` and an empty body.
+pub fn post(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut req = agent.post(url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    into_resp(req.send_string(""))
+}
+
+/// `POST url` with a form body.
+pub fn post_form(
+    agent: &ureq::Agent,
+    url: &str,
+    headers: &[(&str, &str)],
+    form: &[(&str, &str)],
+) -> Resp {
+    let mut req = agent.post(url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    into_resp(req.send_form(form))
+}
+
+/// The Prometheus counter `rl_gateway_requests_total` for `decision` and
+/// `route`, summed over tiers, from the /metrics of `base`.
+pub fn counter(agent: &ureq::Agent, base: &str, decision: &str, route: &str) -> u64 {
+    let m = get(agent, &format!("{base}/metrics"), &[]);
+    assert_eq!(m.status, 200, "/metrics: {m:?}");
+    let needle = format!("decision=\"{decision}\",route=\"{route}\",");
+    m.body
+        .lines()
+        .filter(|l| l.starts_with("rl_gateway_requests_total{") && l.contains(&needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Polls `cond` every 20 ms until true; panics with `what` after `timeout`.
+pub fn poll(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?}: {what}"
+        );
+        sleep(Duration::from_millis(20));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Assertions shared by the gateway tests
+// ---------------------------------------------------------------------------
+
+pub fn is_request_id(v: &Value) -> bool {
+    v.as_str()
+        .is_some_and(|s| s.len() == 32 && s.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// The problem+json checks every refusal shares; returns the body.
+pub fn problem(r: &Resp, status: u16, kind: &str) -> Value {
+    assert_eq!(r.status, status, "{r:#?}");
+    assert_eq!(r.must("Content-Type"), "application/problem+json");
+    let b = r.json();
+    assert_eq!(
+        b["type"].as_str(),
+        Some(format!("https://api.example.com/problems/{kind}").as_str()),
+        "{b}"
+    );
+    assert!(b["title"].as_str().is_some_and(|t| !t.is_empty()), "{b}");
+    assert_eq!(b["status"].as_u64(), Some(u64::from(status)), "{b}");
+    assert!(b["detail"].as_str().is_some_and(|t| !t.is_empty()), "{b}");
+    assert!(
+        b["instance"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("/v1/")),
+        "{b}"
+    );
+    assert!(is_request_id(&b["request_id"]), "{b}");
+    // nothing internal: no key names, no Redis, no other tenant
+    let lower = r.body.to_lowercase();
+    for leak in [
+        "rl:", "kong:", "shadow:", "{t:", "redis", "lease:", "bigco", "loadco", "auth:",
+    ] {
+        assert!(!lower.contains(leak), "body leaks {leak:?}: {}", r.body);
+    }
+    b
+}
+
+/// Checks `RateLimit: "name";r=R;t=T` and returns (name, r, t).
+pub fn ratelimit(r: &Resp) -> (String, i64, Option<i64>) {
+    let v = r.must("RateLimit");
+    let mut parts = v.split(';');
+    let name = parts.next().expect("name").trim_matches('"').to_string();
+    let (mut rem, mut reset) = (None, None);
+    for p in parts {
+        if let Some(x) = p.strip_prefix("r=") {
+            rem = x.parse().ok();
+        } else if let Some(x) = p.strip_prefix("t=") {
+            reset = x.parse().ok();
+        }
+    }
+    (name, rem.expect("r= in RateLimit"), reset)
+}
+
+/// Live leases on `key`.
+pub fn leases(con: &mut redis::Connection, key: &str) -> usize {
+    match super::common::call(con, &format!("RL.LEASE LIST {key}")).expect("RL.LEASE LIST") {
+        redis::Value::Array(v) => v.len(),
+        other => panic!("RL.LEASE LIST: {other:?}"),
+    }
+}
