@@ -171,10 +171,14 @@ fn scenarios() -> Vec<Scenario> {
                 let r = ints(c, "CL.THROTTLE s:legacy 15 1 1");
                 assert_eq!(r.len(), 5, "converted and answered: {r:?}");
                 q(c, "TYPE s:legacy");
+                // A quantity above the burst takes nothing: the conversion
+                // is replicated on its own.
+                q(c, &format!("SET s:legacy2 {ns}"));
+                let r = ints(c, "CL.THROTTLE s:legacy2 15 1 1 20");
+                assert_eq!(r[0], 1, "limited: {r:?}");
             },
-            // The conversion and the charge are two effects on one key
-            // (redundant, still deterministic).
-            expect: &["RL.APPLY", "SET", "MULTI", "RL.APPLY", "RL.APPLY", "EXEC"],
+            // The conversion goes with the charge, in one RL.APPLY.
+            expect: &["RL.APPLY", "SET", "RL.APPLY", "SET", "RL.APPLY"],
         },
         Scenario {
             label: "RL.TAKE with DELAY: allowed, then delayed (status 2)",
@@ -303,7 +307,7 @@ fn the_replication_stream_holds_only_deterministic_effects() {
     fig.record(
         "3. Replication stream holds only deterministic effects",
         &format!(
-            "raw SYNC socket reads the stream, scenario by scenario, for {} scenarios (plain call, ALSO + JITTER, inside MULTI, inside EVAL, throttled without and with STRIKES, the call tripping a box and one meeting it, 3 window modes, manual box + RELEASE FORGET, leases, RL.QUOTA + PEEK, CL.THROTTLE incl. a redis-cell string converted, DELAY, probes); command names compared exactly; then a real replica's digest",
+            "raw SYNC socket reads the stream, scenario by scenario, for {} scenarios (plain call, ALSO + JITTER, inside MULTI, inside EVAL, throttled without and with STRIKES, the call tripping a box and one meeting it, 3 window modes, manual box + RELEASE FORGET, leases, RL.QUOTA + PEEK, CL.THROTTLE incl. redis-cell strings converted (charged, and not), DELAY, probes); command names compared exactly; then a real replica's digest",
             all.len()
         ),
         &format!(

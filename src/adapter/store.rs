@@ -133,8 +133,9 @@ impl RlKey {
 
     /// Put `record` in the key, in place when it already holds one (which
     /// keeps its TTL until the caller sets a new one); a value of another
-    /// type is replaced.
-    fn store(&mut self, record: Record) {
+    /// type is replaced. Nothing is replicated: [`commit_in_place`] the key
+    /// before the command ends.
+    pub fn store(&mut self, record: Record) {
         match self.value() {
             Ok(Some(existing)) => *existing = record,
             missing_or_other => {

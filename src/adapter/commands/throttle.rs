@@ -2,7 +2,8 @@
 //! command and reply on rl's own bucket (the same GCRA, parser, decision
 //! and commit path as `RL.TAKE`), replicated as effects. A key holding a
 //! redis-cell value (a string: the theoretical arrival time in
-//! nanoseconds) is converted in place, not reset.
+//! nanoseconds) is converted in place, not reset, and replicated with the
+//! call's own effect.
 //!
 //! Reply: `[limited, limit, remaining, retry_after_s, reset_after_s]`,
 //! `limit = max_burst + 1`, `retry_after_s = -1` when allowed, whole
@@ -15,7 +16,7 @@ use crate::adapter::args::Cursor;
 use crate::adapter::errors::{self, ArgError};
 use crate::adapter::ffi::{now_ms, reply_error, reply_ints, Arg, Ctx};
 use crate::adapter::stats;
-use crate::adapter::store::{commit, Access, RlKey};
+use crate::adapter::store::{commit_in_place, Access, RlKey};
 use crate::core::bucket::{from_tat_ns, Rate};
 use crate::core::limits::{MAX_DURATION_MS, MAX_POINTS};
 use crate::core::record::Record;
@@ -67,19 +68,20 @@ fn seconds(ms: i64) -> i64 {
     }
 }
 
-/// Replace a redis-cell value in the key by the equivalent rl bucket.
-fn convert_redis_cell(ctx: Ctx, name: Arg, rate: &Rate) -> Result<(), c_int> {
+/// Replace a redis-cell value in the key by the equivalent rl bucket, not
+/// yet committed (the call commits it, charged or not); true when there
+/// was one.
+fn convert_redis_cell(ctx: Ctx, name: Arg, rate: &Rate) -> Result<bool, c_int> {
     let mut key = RlKey::open(ctx, name, Access::Write);
     let Some(bytes) = key.string_value() else {
-        return Ok(());
+        return Ok(false);
     };
     let tat_ns = std::str::from_utf8(bytes)
         .ok()
         .and_then(|s| s.trim().parse::<i64>().ok())
         .ok_or_else(|| reply_error(ctx, errors::WRONGTYPE))?;
-    let record = Record::with_bucket(from_tat_ns(tat_ns, rate));
-    commit(ctx, &mut key, record, now_ms(ctx));
-    Ok(())
+    key.store(Record::with_bucket(from_tat_ns(tat_ns, rate)));
+    Ok(true)
 }
 
 /// Run `CL.THROTTLE`.
@@ -91,9 +93,10 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let Some(&name) = args.get(1) else {
         return reply_error(ctx, errors::INTERNAL);
     };
-    if let Err(replied) = convert_redis_cell(ctx, name, &throttle.rate) {
-        return replied;
-    }
+    let converted = match convert_redis_cell(ctx, name, &throttle.rate) {
+        Ok(converted) => converted,
+        Err(replied) => return replied,
+    };
     let rate = throttle.rate;
     // redis-cell answers a quantity above the burst "limited, never": a
     // probe reads the state, nothing is taken.
@@ -109,6 +112,11 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
         Ok(reply) => reply,
         Err(replied) => return replied,
     };
+    // A charge committed the converted bucket with it; otherwise the
+    // conversion is committed on its own.
+    if converted && !(reply.status == Status::Allowed && cost > 0) {
+        commit_in_place(ctx, &mut RlKey::open(ctx, name, Access::Write), now_ms(ctx));
+    }
     stats::THROTTLE.record(if too_big {
         Status::Throttled
     } else {
