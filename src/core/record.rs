@@ -14,7 +14,7 @@ use super::window::{Window, WindowState};
 /// The value of one key of the module type. Small for the common keys:
 /// the bucket lives inline, the penalty state and the parts of the other
 /// commands each behind one pointer that is null while they hold nothing
-/// (a bucket-only key is one 56-byte allocation).
+/// (a bucket-only key is one 48-byte allocation).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Record {
     /// The `RL.TAKE` bucket.
