@@ -64,6 +64,10 @@ _M.kong = {
             phase_check("kong.request.get_query_arg", REQ)
             return first(ngx.req.get_uri_args(100)[name])
         end,
+        get_query = function(max_args)
+            phase_check("kong.request.get_query", REQ)
+            return ngx.req.get_uri_args(max_args or 100)
+        end,
         get_body = function()
             phase_check("kong.request.get_body", GET_BODY)
             local ctype = ngx.var.content_type or ""

@@ -123,6 +123,11 @@ _M.defaults = {
         subject = { limit = 5, window = 900 },
         ip = { limit = 20, window = 900 },
         box = { 900, 3600, DAY },
+        -- one attempt in flight per subject: the lease's ttl (it is given
+        -- back after the response; the ttl bounds a release that never
+        -- comes) and the Retry-After of a concurrent attempt
+        attempt_ttl = 30,
+        busy_retry_after = 1,
     },
 }
 
@@ -169,6 +174,16 @@ local function positive_int(v)
     return type(v) == "number" and v >= 1 and v == math.floor(v)
 end
 
+-- A duration the module takes: seconds > 0, at most 100 years, with at
+-- most 3 decimals (1/3 is refused).
+local function seconds(v)
+    if type(v) ~= "number" or v <= 0 or v > 3153600000 then
+        return false
+    end
+    local ms = v * 1000
+    return math.abs(ms - math.floor(ms + 0.5)) < 1e-6
+end
+
 -- Escapes Lua pattern magic characters.
 local function literal(s)
     return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
@@ -199,7 +214,7 @@ local function validate_tier(name, t)
         check(positive_int(b.rate), "tier %s: %s.rate must be an integer >= 1", name, which)
         check(positive_int(b.burst), "tier %s: %s.burst must be an integer >= 1", name, which)
     end
-    check(type(t.period) == "number" and t.period > 0, "tier %s: period must be > 0", name)
+    check(seconds(t.period), "tier %s: period must be seconds > 0 with at most 3 decimals", name)
     check(positive_int(t.strikes and t.strikes.threshold),
         "tier %s: strikes.threshold must be an integer >= 1", name)
     check(type(t.strikes.window) == "number" and t.strikes.window > 0,
@@ -273,6 +288,11 @@ function _M.build(user)
         "redis.timeout_ms must be > 0")
     check(type(conf.fallback_ratio) == "number" and conf.fallback_ratio > 0
         and conf.fallback_ratio <= 1, "fallback_ratio must be in (0, 1]")
+    check(positive_int(conf.fallback_entries), "fallback_entries must be an integer >= 1")
+    check(positive_int(conf.fail_closed_retry_after),
+        "fail_closed_retry_after must be an integer >= 1 (seconds)")
+    check(type(conf.http_date_after) == "number" and conf.http_date_after >= 0,
+        "http_date_after must be >= 0 (seconds)")
     check(next(conf.tiers) ~= nil, "at least one tier is needed")
     for name, t in pairs(conf.tiers) do
         check(name:match("^[%w_%-]+$"), "tier name %q: letters, digits, - and _ only", name)
@@ -302,6 +322,10 @@ function _M.build(user)
     end
     local a = conf.auth
     check(positive_int(a.subject.limit) and positive_int(a.ip.limit), "auth limits must be >= 1")
+    check(seconds(a.subject.window) and seconds(a.ip.window),
+        "auth windows must be seconds > 0 with at most 3 decimals")
+    check(seconds(a.attempt_ttl), "auth.attempt_ttl must be seconds > 0 with at most 3 decimals")
+    check(positive_int(a.busy_retry_after), "auth.busy_retry_after must be an integer >= 1")
     local fail = {}
     for _, s in ipairs(a.fail_statuses) do
         fail[s] = true

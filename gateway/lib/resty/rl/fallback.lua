@@ -8,7 +8,9 @@ local lrucache = require "resty.lrucache"
 
 local _M = {}
 
-local caches = {}
+-- One cache per configuration, weak-keyed: a configuration dropped (Kong
+-- builds a new one on every change) takes its cache with it.
+local caches = setmetatable({}, { __mode = "k" })
 
 local function cache_for(conf)
     local c = caches[conf]
@@ -65,7 +67,9 @@ function _M.take(conf, buckets, period, cost)
         for i, b in ipairs(buckets) do
             local s = state[i]
             s.points, s.at = levels[i] - cost, now
-            cache:set(b.name, s, period * 2)
+            -- kept at least until the bucket would be full again (an
+            -- entry dropped earlier would come back full too soon)
+            cache:set(b.name, s, math.ceil(b.burst * period / b.rate) + 1)
             if not fewest or s.points < fewest then
                 fewest, binding = s.points, i
             end

@@ -7,11 +7,18 @@
 --   gw:log(req)            log phase: count, log, release leases, record
 --                          failed logins (in a timer: no cosockets here)
 -- `req` is the front end's adapter, a table of functions:
---   header(name), method(), path(), arg(name) (query string, then a form
---   or JSON body; raw values), client_ip(), request_id(),
+--   header(name), method(), path(), query_arg(name) and body_arg(name)
+--   (raw values of the query string and of a form or JSON body; a list for
+--   a repeated argument), client_ip(), request_id(),
 --   ctx() (per-request table), exit(status, body, headers),
 --   set_header(name, value), status() (response status, log phase),
 --   warn(message).
+--
+-- The per-request state lives in ctx() (ngx.ctx, kong.ctx.plugin). An
+-- internal redirect (error_page, ngx.exec, try_files to a named location)
+-- clears ngx.ctx: the log phase then finds no state, and the leases of the
+-- request are only given back by their ttl. Keep such redirects off the
+-- locations that run the gateway (see gateway/README.md).
 
 local config = require "resty.rl.config"
 local policy = require "resty.rl.policy"
@@ -61,6 +68,15 @@ function Gateway:refuse(req, st, status, kind, decision, fields)
     fields.request_id = st.request_id
     st.headers["Content-Type"] = problem.CONTENT_TYPE
     return req.exit(status, problem.encode(conf, kind, status, fields), st.headers)
+end
+
+-- Refuses a request whose argument `name` has two different values (in
+-- the query string and the body, or repeated): 400.
+function Gateway:ambiguous(req, st, name)
+    return self:refuse(req, st, 400, "ambiguous-argument", "invalid", {
+        detail = "The argument " .. name .. " has more than one value (repeated, or "
+            .. "different in the query string and the body); send it once.",
+    })
 end
 
 -- Redis failed (error or slower than the budget): critical routes fail
@@ -134,8 +150,15 @@ end
 function Gateway:acquire_leases(req, st, ident, tier)
     local conf = self.conf
     for _, spec in ipairs(st.route.leases or {}) do
-        local key = policy.lease_key(conf, ident, spec, req)
+        local key, ambiguous = policy.lease_key(conf, ident, spec, req)
+        if ambiguous then
+            self:release_now(st)
+            return self:ambiguous(req, st, spec.arg)
+        end
         local max = policy.lease_max(spec, tier)
+        -- recorded before the call: a timed-out ACQUIRE may have been
+        -- granted, and releasing a lease that is not held is harmless
+        st.leases[#st.leases + 1] = { key = key, id = st.request_id }
         local res, err = store.acquire(conf, key, max, spec.ttl, st.request_id)
         if not res then
             self:release_now(st)
@@ -158,19 +181,22 @@ function Gateway:acquire_leases(req, st, ident, tier)
                 concurrency_limit = max,
             })
         end
-        st.leases[#st.leases + 1] = { key = key, id = st.request_id }
     end
 end
 
--- A penalty box answer (status -1 of RL.TAKE or RL.WINDOW).
-function Gateway:boxed(req, st, reply, decision, detail)
+-- A penalty box answer (status -1 of RL.TAKE or RL.WINDOW); `box_lengths`
+-- are the configured durations of levels 1..3 (tier.box or auth.box).
+function Gateway:boxed(req, st, reply, decision, detail, box_lengths)
     local conf = self.conf
     local level, retry_ms = reply[6], reply[5]
     local manual = retry_ms < 0
     local secs = not manual and headers.seconds(retry_ms) or nil
     st.retry_after, st.box_level = secs, level
     st.headers["X-Penalty-Box-Status"] = "Active-Lockout"
-    headers.retry_after(st.headers, retry_ms, secs and secs >= conf.http_date_after)
+    -- the form depends on the box's length, not on the time left: a
+    -- 1-hour box keeps its HTTP-date to the end
+    local box_length = box_lengths[level] or 0
+    headers.retry_after(st.headers, retry_ms, box_length >= conf.http_date_after)
     local status = manual and conf.manual_box_status or 429
     return self:refuse(req, st, status, "penalty-box-active", decision, {
         detail = detail .. (manual and " Locked until a manual review."
@@ -180,7 +206,7 @@ function Gateway:boxed(req, st, reply, decision, detail)
         quota_tier = st.tier_name or "auth",
         penalty_strikes_remaining = 0,
         penalty_level = level,
-        lockout_ends_at = secs and problem.timestamp(ngx.time() + secs) or null,
+        lockout_ends_at = not manual and problem.timestamp(headers.ends_at(retry_ms)) or null,
     })
 end
 
@@ -224,7 +250,7 @@ function Gateway:access(req)
     if status == -1 then
         return self:boxed(req, st, reply, "boxed", string.format(
             "Tier %s: this API key is in the penalty box (level %d) after repeated throttling.",
-            ident.tier, reply[6]))
+            ident.tier, reply[6]), tier.box)
     end
     local secs = headers.seconds(reply[5])
     st.retry_after = secs
@@ -244,26 +270,62 @@ function Gateway:access(req)
     })
 end
 
---- Access phase of the token endpoint: probes the failed-login windows of
---- the subject and the client IP (COST 0, nothing written); a lockout, or
---- a window with no failure left, refuses the attempt (the latter records
---- it as a failure, which trips the lockout). Everything else goes to the
---- upstream; its 401/403 is counted in the log phase.
+--- Access phase of the token endpoint. The subject comes from the body
+--- (`auth.subject_arg`) or the `Authorization: Basic` user, never from the
+--- query string alone (an ambiguous one is refused with 400). Without a
+--- subject only the client IP's window applies. With one, the attempt
+--- first takes the subject's attempt lease (one attempt in flight per
+--- subject: a concurrent one gets 429 with a short Retry-After), held
+--- until the outcome is recorded after the response. Then the failure
+--- windows are probed (COST 0, nothing written); a lockout, or a window
+--- with no failure left, refuses the attempt (the latter records it as a
+--- failure, which trips the lockout). Everything else goes upstream; its
+--- 401/403 is recorded after the response, before the lease is released.
 function Gateway:auth_access(req, st)
     local conf = self.conf
-    local a = conf.auth
-    local subject = policy.arg(req, a.subject_arg)
-    local ip = conf.client_ip_header and req.header(conf.client_ip_header) or req.client_ip()
-    local skey, ikey = policy.auth_keys(conf, subject, ip)
-    local windows = { { skey, a.subject }, { ikey, a.ip } }
+    local auth = conf.auth
+    local subject, ambiguous = policy.auth_subject(req, auth.subject_arg)
+    if ambiguous then
+        return self:ambiguous(req, st, auth.subject_arg)
+    end
+    local ip = conf.client_ip_header and policy.header(req, conf.client_ip_header)
+        or req.client_ip()
+    local subject_key, attempt_key, ip_key = policy.auth_keys(conf, subject, ip)
+    local windows, policies = {}, {}
+    if subject_key then
+        windows[1] = { subject_key, auth.subject }
+        policies[1] = { name = "auth-subject", quota = auth.subject.limit,
+                        window = auth.subject.window }
+    end
+    windows[#windows + 1] = { ip_key, auth.ip }
+    policies[#policies + 1] = { name = "auth-ip", quota = auth.ip.limit, window = auth.ip.window }
     st.auth = { windows = windows, subject = subject, ip = ip }
-    local pols = {
-        { name = "auth-subject", quota = a.subject.limit, window = a.subject.window },
-        { name = "auth-ip", quota = a.ip.limit, window = a.ip.window },
-    }
-    st.headers["RateLimit-Policy"] = headers.policy(pols)
+    st.headers["RateLimit-Policy"] = headers.policy(policies)
+    if attempt_key then
+        st.leases[1] = { key = attempt_key, id = st.request_id }
+        local res, err = store.acquire(conf, attempt_key, 1, auth.attempt_ttl, st.request_id)
+        if not res then
+            self:release_now(st)
+            return self:redis_failed(req, st, err)
+        end
+        if not res.granted then
+            st.leases = {}
+            local wait = auth.busy_retry_after
+            st.retry_after = wait
+            st.headers["Retry-After"] = tostring(wait)
+            return self:refuse(req, st, 429, "concurrency-limit-exceeded", "conflict", {
+                detail = "Another attempt for this client is in progress; retry in "
+                    .. wait .. " s.",
+                retry_after_seconds = wait,
+                recommended_backoff = problem.backoff(wait),
+                quota_tier = "auth",
+                concurrency_limit = 1,
+            })
+        end
+    end
     local replies, err = store.auth_windows(conf, windows, 0)
     if not replies then
+        self:release_now(st)
         return self:redis_failed(req, st, err)
     end
     local exhausted = {}
@@ -280,27 +342,36 @@ function Gateway:auth_access(req, st)
         local recorded
         recorded, err = store.auth_windows(conf, rec, 1)
         if not recorded then
+            self:release_now(st)
             return self:redis_failed(req, st, err)
         end
         for j, i in ipairs(exhausted) do
             replies[i] = recorded[j]
         end
     end
-    local b = replies[2][3] < replies[1][3] and 2 or 1
+    -- the binding window: a boxed one, else the one with fewest failures left
+    local b = 1
     for i, r in ipairs(replies) do
         if r[1] == -1 then
             b = i
             break
         end
+        if r[3] < replies[b][3] then
+            b = i
+        end
     end
     local r = replies[b]
-    st.policy = pols[b].name
-    headers.ratelimit(st.headers, conf, pols, {
-        name = pols[b].name, limit = r[2], remaining = r[1] == -1 and 0 or r[3],
+    st.policy = policies[b].name
+    headers.ratelimit(st.headers, conf, policies, {
+        name = policies[b].name, limit = r[2], remaining = r[1] == -1 and 0 or r[3],
         reset_ms = r[4],
     })
+    if r[1] == -1 or r[1] == 0 then
+        -- refused here: nothing to record later
+        self:release_now(st)
+    end
     if r[1] == -1 then
-        return self:boxed(req, st, r, "locked_out", "Too many failed attempts.")
+        return self:boxed(req, st, r, "locked_out", "Too many failed attempts.", auth.box)
     end
     if r[1] == 0 then
         local secs = headers.seconds(r[5])
@@ -330,23 +401,23 @@ function Gateway:header_filter(req)
 end
 
 -- Work after the response, in a timer (the log phase cannot use
--- cosockets): release leases, record a failed login.
-local function after_response(premature, conf, leases, record, warn)
-    if premature then
-        return
+-- cosockets): record a failed login, then release the leases (the login
+-- attempt lease last, so that the next attempt sees this failure). A
+-- premature run (the worker is exiting) does the same work: cosockets
+-- still work there, and a lease left behind would block until its ttl.
+local function after_response(_premature, conf, leases, record, warn)
+    if record then
+        local ok, err = store.auth_windows(conf, record, 1)
+        if not ok then
+            metrics.redis_error(conf, err)
+            warn("rl: failed login not recorded: " .. tostring(err))
+        end
     end
     if #leases > 0 then
         local ok, err = store.release(conf, leases)
         if not ok then
             metrics.redis_error(conf, err)
             warn("rl: lease release failed: " .. tostring(err))
-        end
-    end
-    if record then
-        local ok, err = store.auth_windows(conf, record, 1)
-        if not ok then
-            metrics.redis_error(conf, err)
-            warn("rl: failed login not recorded: " .. tostring(err))
         end
     end
 end

@@ -57,16 +57,23 @@ function _M.ratelimit(out, conf, policies, binding)
     return out
 end
 
+--- The Unix time (whole seconds, rounded up: never early) `ms`
+--- milliseconds from now, on a freshly updated clock.
+function _M.ends_at(ms)
+    ngx.update_time()
+    return ceil((ngx.now() * 1000 + ms) / 1000)
+end
+
 --- Sets Retry-After in `out`: delta-seconds, or an HTTP-date when
---- `as_date` (boxes of an hour or more). Nothing for a negative wait (a
---- manual box has no time to come back).
+--- `as_date` (boxes configured to last http_date_after or more). Nothing
+--- for a negative wait (a manual box has no time to come back).
 function _M.retry_after(out, ms, as_date)
     if not ms or ms < 0 then
         return out
     end
     local secs = _M.seconds(ms)
     if as_date then
-        out["Retry-After"] = ngx.http_time(ngx.time() + secs)
+        out["Retry-After"] = ngx.http_time(_M.ends_at(ms))
     else
         out["Retry-After"] = tostring(secs)
     end

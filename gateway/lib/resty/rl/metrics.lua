@@ -4,7 +4,7 @@
 --   rl_gateway_requests_total{decision, route, tier}
 --   rl_gateway_redis_errors_total{kind}      (timeout, refused, error)
 --
--- decision is one of: allowed, throttled, boxed, locked_out, conflict,
+-- decision is one of: allowed, invalid, throttled, boxed, locked_out, conflict,
 -- unauthenticated, degraded_allowed, degraded_throttled, failed_closed,
 -- shadow_allowed (would have been refused; let through in shadow mode).
 

@@ -16,7 +16,7 @@ local _M = {}
 
 local instances = {}
 
--- Request arguments: the query string, then a form or JSON body.
+-- The arguments of a form or JSON body (read once per request).
 local function body_args()
     local ctx = ngx.ctx
     if ctx.rl_body_args then
@@ -49,12 +49,11 @@ _M.adapter = {
     path = function()
         return ngx.var.uri
     end,
-    arg = function(name)
-        local v = ngx.req.get_uri_args(100)[name]
-        if v == nil then
-            v = body_args()[name]
-        end
-        return v
+    query_arg = function(name)
+        return ngx.req.get_uri_args(100)[name]
+    end,
+    body_arg = function(name)
+        return body_args()[name]
     end,
     client_ip = function()
         return ngx.var.remote_addr

@@ -18,18 +18,89 @@ function _M.key_part(v)
     return md5(v)
 end
 
---- A request argument as one string, or nil: the first of repeated
---- values; a number as text; a bare flag (`?x`, true) or anything else
---- as nil.
+-- Adds the string forms of `v` (a string, a number, or a list of them,
+-- as repeated arguments come) to the set `out`; anything else (a bare
+-- flag, a JSON object or boolean) adds nothing.
+local function add_values(v, out)
+    if type(v) == "table" then
+        for _, x in ipairs(v) do
+            add_values(x, out)
+        end
+    elseif type(v) == "number" then
+        out[tostring(v)] = true
+    elseif type(v) == "string" then
+        out[v] = true
+    end
+end
+
+-- The one value of a set of values, nil for none, or nil and "ambiguous"
+-- for two different values.
+local function single(set)
+    local one = next(set)
+    if one ~= nil and next(set, one) ~= nil then
+        return nil, "ambiguous"
+    end
+    return one
+end
+
+--- A request argument as one string: the value the query string and the
+--- (form or JSON) body agree on, whichever carries it. Returns nil when no
+--- source has it, and nil, "ambiguous" when the sources (or repeated
+--- values) disagree: the gateway must not key a limit on one value while
+--- the upstream acts on another.
 function _M.arg(req, name)
-    local v = req.arg(name)
+    local set = {}
+    add_values(req.query_arg(name), set)
+    add_values(req.body_arg(name), set)
+    return single(set)
+end
+
+--- The user part of an `Authorization: Basic` header (RFC 7617; for OAuth
+--- client_secret_basic the client id, form-urlencoded), or nil.
+function _M.basic_user(req)
+    local h = _M.header(req, "Authorization")
+    if not h then
+        return nil
+    end
+    local b64 = h:match("^%s*[Bb][Aa][Ss][Ii][Cc]%s+(%S+)%s*$")
+    local creds = b64 and ngx.decode_base64(b64)
+    local user = creds and creds:match("^([^:]*):")
+    if not user or user == "" then
+        return nil
+    end
+    return ngx.unescape_uri(user)
+end
+
+--- The subject of a token request: the Basic user and the body's
+--- `subject_arg`, which must agree when both are sent; the query string is
+--- never a source (RFC 6749 keeps credentials out of the URI), and a query
+--- value that differs from the subject makes the request ambiguous.
+--- Returns the subject or nil (none sent), or nil, "ambiguous".
+function _M.auth_subject(req, subject_arg)
+    local set = {}
+    add_values(req.body_arg(subject_arg), set)
+    add_values(_M.basic_user(req), set)
+    local subject, err = single(set)
+    if err then
+        return nil, err
+    end
+    local query = {}
+    add_values(req.query_arg(subject_arg), query)
+    for v in pairs(query) do
+        if v ~= subject then
+            return nil, "ambiguous"
+        end
+    end
+    return subject
+end
+
+--- A request header as one string (the first of repeated ones), or nil.
+function _M.header(req, name)
+    local v = req.header(name)
     if type(v) == "table" then
         v = v[1]
     end
-    if type(v) == "number" then
-        return tostring(v)
-    end
-    if type(v) ~= "string" then
+    if type(v) ~= "string" or v == "" then
         return nil
     end
     return v
@@ -38,8 +109,12 @@ end
 --- The route of a request: the first configured route whose method and
 --- template match, else the default route.
 function _M.match_route(conf, method, path)
+    -- HEAD does the work of GET (the upstream builds the same response and
+    -- drops the body): it matches GET routes, cost and leases included
+    local alt = method == "HEAD" and "GET" or method
     for _, r in ipairs(conf.routes) do
-        if (r.method == nil or r.method == method) and path:match(r.pattern) then
+        if (r.method == nil or r.method == method or r.method == alt)
+            and path:match(r.pattern) then
             return r
         end
     end
@@ -49,14 +124,8 @@ end
 --- The caller's identity {tenant, tier, key_id} from the API key header,
 --- or nil when the key is missing or unknown.
 function _M.identify(conf, req)
-    local key = req.header(conf.identity.header)
-    if type(key) == "table" then
-        key = key[1]
-    end
-    if not key or key == "" then
-        return nil
-    end
-    return conf.identity.keys[key]
+    local key = _M.header(req, conf.identity.header)
+    return key and conf.identity.keys[key]
 end
 
 -- Days from 1970-01-01 of a YYYY-MM-DD date, or nil.
@@ -88,16 +157,17 @@ _M.day_number = day_number
 --- The cost of a request on `route`: the route's cost, or the range cost
 --- when its date range (from/to arguments) spans more than max_days. A
 --- missing or unreadable `from` counts as an unbounded range; a missing
---- `to` means today.
+--- `to` means today; an ambiguous `from` or `to` (repeated, or different
+--- in the query and the body) costs the range cost.
 function _M.cost(route, req)
     local r = route.range
     if not r then
         return route.cost
     end
     local from = day_number(_M.arg(req, r.from_arg))
-    local to_arg = _M.arg(req, r.to_arg)
+    local to_arg, to_err = _M.arg(req, r.to_arg)
     local to = to_arg and day_number(to_arg) or math.floor(ngx.time() / 86400)
-    if not from or not to or to - from > r.max_days then
+    if not from or not to or to_err or to - from > r.max_days then
         return r.cost
     end
     return route.cost
@@ -109,11 +179,16 @@ function _M.bucket_keys(conf, ident)
     return tag .. ":key:" .. _M.key_part(ident.key_id), tag .. ":tenant"
 end
 
---- The Redis key of a lease of `spec` (scope tenant or arg) for a caller.
+--- The Redis key of a lease of `spec` (scope tenant or arg) for a caller,
+--- or nil, "ambiguous" when the argument of a scope-arg lease has two
+--- different values (see _M.arg).
 function _M.lease_key(conf, ident, spec, req)
     local tag = conf.key_prefix .. ":{t:" .. _M.key_part(ident.tenant) .. "}"
     if spec.scope == "arg" then
-        local v = _M.arg(req, spec.arg)
+        local v, err = _M.arg(req, spec.arg)
+        if err then
+            return nil, err
+        end
         -- no id: one shared lock for the requests that name none
         return tag .. ":lease:" .. spec.name .. ":" .. _M.key_part(v or "-")
     end
@@ -125,9 +200,15 @@ function _M.lease_max(spec, tier)
     return spec.max or tier.concurrency[spec.name]
 end
 
---- The Redis keys of a token request: per subject and per client IP.
+--- The Redis keys of a token request: the subject's failure window (nil
+--- without a subject), the subject's attempt lease (one attempt at a time;
+--- same hash tag) and the client IP's failure window.
 function _M.auth_keys(conf, subject, ip)
-    return conf.key_prefix .. ":{auth:sub:" .. _M.key_part(subject or "-") .. "}",
+    local subject_key
+    if subject then
+        subject_key = conf.key_prefix .. ":{auth:sub:" .. _M.key_part(subject) .. "}"
+    end
+    return subject_key, subject_key and subject_key .. ":attempt",
         conf.key_prefix .. ":{auth:ip:" .. _M.key_part(ip or "-") .. "}"
 end
 

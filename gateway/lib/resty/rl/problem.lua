@@ -15,6 +15,7 @@ local TITLES = {
     ["concurrency-limit-exceeded"] = "Concurrency limit exceeded",
     ["rate-limiter-unavailable"] = "Rate limiter unavailable",
     ["unauthenticated"] = "Unknown or missing API key",
+    ["ambiguous-argument"] = "Ambiguous request argument",
 }
 
 --- The ISO 8601 / RFC 3339 UTC form of a Unix time.

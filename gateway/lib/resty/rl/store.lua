@@ -62,6 +62,9 @@ end
 -- Returns what fn returns, or nil and an error (the connection is then
 -- closed).
 local function with_redis(rconf, fn)
+    -- ngx.now() is the time the event loop last woke up: refresh it, or
+    -- the budget would start in the past
+    ngx.update_time()
     local deadline = ngx.now() * 1000 + rconf.timeout_ms
     local red, err = connect(rconf)
     if not red then
@@ -146,9 +149,9 @@ function _M.auth_windows(conf, pairs_, cost)
     end)
 end
 
---- RL.LEASE ACQUIRE with the request id as lease id (a retried request
---- gets its own lease back). Returns {granted (bool), retry_after_ms} or
---- nil and an error.
+--- RL.LEASE ACQUIRE with `id` (the request id: new on every request) as
+--- the lease id, so that the release names exactly this request's lease.
+--- Returns {granted (bool), retry_after_ms} or nil and an error.
 function _M.acquire(conf, key, max, ttl, id)
     return with_redis(conf.redis, function(red)
         local res, err = red["RL.LEASE"](red, "ACQUIRE", key, max, ttl, "ID", id)

@@ -6,8 +6,9 @@
 local gateway = require "resty.rl.gateway"
 
 local RlHandler = {
-    -- after authentication plugins (which set the consumer), before the
-    -- bundled rate-limiting plugin (910) would run, were it configured too
+    -- after authentication plugins (which set the consumer; Kong runs the
+    -- higher priority first), and after the bundled rate-limiting plugin
+    -- (910), were it configured too
     PRIORITY = 905,
     VERSION = "0.1.0",
 }
@@ -52,13 +53,14 @@ local adapter = {
     path = function()
         return kong.request.get_path()
     end,
-    arg = function(name)
-        local v = kong.request.get_query_arg(name)
-        if v == nil then
-            local body = kong.request.get_body()
-            v = type(body) == "table" and body[name] or nil
-        end
-        return v
+    -- every value of a repeated argument (get_query_arg gives the first
+    -- only): the library refuses arguments whose values disagree
+    query_arg = function(name)
+        return kong.request.get_query(100)[name]
+    end,
+    body_arg = function(name)
+        local body = kong.request.get_body()
+        return type(body) == "table" and body[name] or nil
     end,
     client_ip = function()
         return kong.client.get_forwarded_ip()

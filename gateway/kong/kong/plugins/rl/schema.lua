@@ -133,6 +133,8 @@ return {
                     { subject = window(5) },
                     { ip = window(20) },
                     { box = durations() },
+                    { attempt_ttl = { type = "number", default = 30, gt = 0 } },
+                    { busy_retry_after = { type = "integer", default = 1, gt = 0 } },
                 } } },
             },
         } },
