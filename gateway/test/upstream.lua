@@ -1,5 +1,5 @@
 -- The upstream of the end-to-end tests: echoes the request as JSON, holds
--- it for `hold` seconds when asked (lease tests), and plays a token
+-- it for `hold` seconds when asked (lease and concurrent-login tests), and plays a token
 -- endpoint: client alice with secret "right" gets a token; an unknown
 -- client and a bad secret get the same 401.
 local cjson = require "cjson.safe"
@@ -10,6 +10,10 @@ local _M = {}
 function _M.serve()
     ngx.header["Content-Type"] = "application/json"
     local args = ngx.req.get_uri_args()
+    local hold = tonumber(args.hold)
+    if hold then
+        ngx.sleep(math.min(hold, 10))
+    end
     if ngx.var.uri == "/v1/auth/token" then
         ngx.req.read_body()
         local form = ngx.req.get_post_args() or {}
@@ -20,10 +24,6 @@ function _M.serve()
             ngx.say('{"error":"invalid_client"}')
         end
         return
-    end
-    local hold = tonumber(args.hold)
-    if hold then
-        ngx.sleep(math.min(hold, 10))
     end
     ngx.say(cjson.encode({ method = ngx.req.get_method(), uri = ngx.var.uri }))
 end

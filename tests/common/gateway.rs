@@ -41,6 +41,8 @@ use super::common::{free_port, fresh_dir, tail};
 
 /// Longest wait for nginx to answer after it was started.
 pub const NGINX_READY: Duration = Duration::from_secs(15);
+/// Attempts of [`Nginx::start`] when a port was taken meanwhile.
+pub const START_ATTEMPTS: usize = 3;
 /// Timeout of one HTTP request of the tests.
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -143,6 +145,8 @@ fn nginx_conf(ports: Ports, redis_port: u16) -> String {
             content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
         }}
         location / {{
+            # which worker answered (the local limiter is per worker)
+            add_header X-Worker $pid always;
             access_by_lua_block {{ require("resty.rl.nginx").access("{name}") }}
             header_filter_by_lua_block {{ require("resty.rl.nginx").header_filter("{name}") }}
             log_by_lua_block {{ require("resty.rl.nginx").log("{name}") }}
@@ -202,24 +206,34 @@ http {{
 
 impl Nginx {
     /// Starts nginx with the gateway configuration against Redis on
-    /// `redis_port`, and waits (bounded) until it answers.
+    /// `redis_port`, and waits (bounded) until it answers. A port taken
+    /// between [`free_port`] and nginx's bind ("Address already in use")
+    /// is retried with new ports, [`START_ATTEMPTS`] times at most.
     pub fn start(redis_port: u16) -> Nginx {
         // fails with a clear message before anything is created
         nginx_bin();
-        let dir = fresh_dir("nginx");
-        for sub in ["logs", "tmp"] {
-            std::fs::create_dir_all(dir.join(sub)).expect("create nginx dirs");
+        let mut last = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let dir = fresh_dir("nginx");
+            for sub in ["logs", "tmp"] {
+                std::fs::create_dir_all(dir.join(sub)).expect("create nginx dirs");
+            }
+            let ports = Ports {
+                main: free_port(),
+                legacy: free_port(),
+                shadow: free_port(),
+                kong: free_port(),
+                upstream: free_port(),
+            };
+            let conf = dir.join("nginx.conf");
+            std::fs::write(&conf, nginx_conf(ports, redis_port)).expect("write nginx.conf");
+            match Nginx::launch(dir, &conf, &[], &[], ports) {
+                Ok(nginx) => return nginx,
+                Err(e) if e.contains("Address already in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
         }
-        let ports = Ports {
-            main: free_port(),
-            legacy: free_port(),
-            shadow: free_port(),
-            kong: free_port(),
-            upstream: free_port(),
-        };
-        let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, nginx_conf(ports, redis_port)).expect("write nginx.conf");
-        Nginx::launch(dir, &conf, &[], &[], ports).unwrap_or_else(|e| panic!("{e}"))
+        panic!("nginx: no free ports after {START_ATTEMPTS} attempts: {last}")
     }
 
     /// Runs `nginx -p dir -c conf [args...] -e dir/logs/error.log` in its
@@ -257,6 +271,7 @@ impl Nginx {
             ports,
             child: Some(child),
         };
+        // on an error, dropping `nginx` stops it and removes the directory
         nginx.wait_ready().map(|()| nginx)
     }
 
@@ -458,6 +473,15 @@ pub fn get(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Resp {
     into_resp(req.call())
 }
 
+/// `HEAD url` with `headers`.
+pub fn head(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut req = agent.head(url);
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    into_resp(req.call())
+}
+
 /// `POST url` with `headers` and an empty body.
 pub fn post(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Resp {
     let mut req = agent.post(url);
@@ -567,4 +591,59 @@ pub fn leases(con: &mut redis::Connection, key: &str) -> usize {
         redis::Value::Array(v) => v.len(),
         other => panic!("RL.LEASE LIST: {other:?}"),
     }
+}
+
+/// Days from 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+/// algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn unix_time(y: i64, mo: i64, d: i64, h: i64, mi: i64, s: i64) -> Option<u64> {
+    let valid = (1..=12).contains(&mo)
+        && (1..=31).contains(&d)
+        && (0..24).contains(&h)
+        && (0..60).contains(&mi)
+        && (0..61).contains(&s);
+    let t = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s;
+    valid.then(|| u64::try_from(t).ok()).flatten()
+}
+
+/// The Unix time of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), the
+/// HTTP-date form of `Retry-After`, or None.
+pub fn http_date(s: &str) -> Option<u64> {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let parts: Vec<&str> = s.split(' ').collect();
+    let [_wday, d, mon, y, hms, "GMT"] = parts[..] else {
+        return None;
+    };
+    let mo = MONTHS.iter().position(|m| *m == mon)? as i64 + 1;
+    let t: Vec<i64> = hms.split(':').filter_map(|x| x.parse().ok()).collect();
+    let [h, mi, sec] = t[..] else { return None };
+    unix_time(y.parse().ok()?, mo, d.parse().ok()?, h, mi, sec)
+}
+
+/// The Unix time of an RFC 3339 UTC timestamp (`2026-01-02T03:04:05Z`), or
+/// None.
+pub fn rfc3339(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() != 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[19] != b'Z' {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| s.get(r)?.parse::<i64>().ok();
+    unix_time(
+        n(0..4)?,
+        n(5..7)?,
+        n(8..10)?,
+        n(11..13)?,
+        n(14..16)?,
+        n(17..19)?,
+    )
 }
