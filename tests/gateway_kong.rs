@@ -91,6 +91,16 @@ fn kong_plugin_allows_throttles_boxes_and_locks_out() {
     let b = problem(&r, 429, "penalty-box-active");
     assert_eq!(r.must("Retry-After"), "900");
     assert_eq!(b["penalty_level"], 1);
+    // another client_id in the query (kong.request.get_query) than in the
+    // body: refused, not counted against the query's subject
+    let r = post_form(
+        &a,
+        &format!("{token}?client_id=someone-else"),
+        &[],
+        &[("client_id", "alice"), ("client_secret", "right")],
+    );
+    problem(&r, 400, "ambiguous-argument");
+    assert_eq!(int(&mut con, "EXISTS kong:{auth:sub:someone-else}"), 0);
 
     // Redis killed: critical routes fail closed, the others degrade
     redis.kill9();
@@ -102,9 +112,17 @@ fn kong_plugin_allows_throttles_boxes_and_locks_out() {
     assert_eq!(r.status, 200, "{r:#?}");
     assert!(r.must("RateLimit").starts_with("\"growth-key-degraded\""));
 
-    // one structured line per refusal, through kong.log
+    // one structured line per refusal, through kong.log (from the log
+    // phase, after the response: the last one may still be on its way)
+    poll(ASYNC, "the failed_closed line", || {
+        nginx
+            .events()
+            .iter()
+            .any(|e| e["decision"] == "failed_closed")
+    });
     let events = nginx.events();
     let count = |d: &str| events.iter().filter(|e| e["decision"] == d).count();
+    assert_eq!(count("invalid"), 1);
     assert_eq!(count("throttled"), 19);
     assert_eq!(count("boxed"), 1);
     assert_eq!(count("conflict"), 1);
