@@ -906,6 +906,20 @@ fn the_sample_nginx_conf_runs_its_policy_and_a_bad_policy_stops_nginx() {
             r#"return { redis = { timeout_ms = 0 } }"#,
             "rl config: redis.timeout_ms must be > 0",
         ),
+        (
+            r#"return { tiers = { growth = { key = { rate = 1, burst = 100 },
+                tenant = { rate = 1, burst = 100 }, period = 1 / 3,
+                strikes = { threshold = 1, window = 60 }, box = { 1, 1, 1 }, offenses_ttl = 60 } } }"#,
+            "rl config: tier growth: period must be seconds > 0 with at most 3 decimals",
+        ),
+        (
+            r#"return { fallback_entries = 0 }"#,
+            "rl config: fallback_entries must be an integer >= 1",
+        ),
+        (
+            r#"return { fail_closed_retry_after = 2.5 }"#,
+            "rl config: fail_closed_retry_after must be an integer >= 1",
+        ),
     ] {
         match start_sample(Some(policy), redis.port) {
             Ok(_) => panic!("nginx started with {policy}"),
