@@ -55,25 +55,25 @@ end
 
 -- Refuses the request with a problem+json body, or, in shadow mode, logs
 -- what would have happened and lets it through without rate-limit fields.
-function Gateway:refuse(req, st, status, kind, decision, fields)
+function Gateway:refuse(req, state, status, kind, decision, fields)
     local conf = self.conf
-    st.status_would_be = status
+    state.status_would_be = status
     if conf.shadow then
-        st.decision, st.would_be = "shadow_allowed", decision
-        st.headers = {}
+        state.decision, state.would_be = "shadow_allowed", decision
+        state.headers = {}
         return
     end
-    st.decision = decision
-    fields.instance = st.path
-    fields.request_id = st.request_id
-    st.headers["Content-Type"] = problem.CONTENT_TYPE
-    return req.exit(status, problem.encode(conf, kind, status, fields), st.headers)
+    state.decision = decision
+    fields.instance = state.path
+    fields.request_id = state.request_id
+    state.headers["Content-Type"] = problem.CONTENT_TYPE
+    return req.exit(status, problem.encode(conf, kind, status, fields), state.headers)
 end
 
 -- Refuses a request whose argument `name` has two different values (in
 -- the query string and the body, or repeated): 400.
-function Gateway:ambiguous(req, st, name)
-    return self:refuse(req, st, 400, "ambiguous-argument", "invalid", {
+function Gateway:ambiguous(req, state, name)
+    return self:refuse(req, state, 400, "ambiguous-argument", "invalid", {
         detail = "The argument " .. name .. " has more than one value (repeated, or "
             .. "different in the query string and the body); send it once.",
     })
@@ -82,102 +82,104 @@ end
 -- Redis failed (error or slower than the budget): critical routes fail
 -- closed with 503; the others go to the local limiter when `tier` is
 -- known, or through when it is not.
-function Gateway:redis_failed(req, st, err, tier, key, tenant_key)
+function Gateway:redis_failed(req, state, err, tier, key, tenant_key)
     local conf = self.conf
     metrics.redis_error(conf, err)
-    st.redis_error = err
-    if st.route.critical then
+    state.redis_error = err
+    if state.route.critical then
         local wait = conf.fail_closed_retry_after
         -- the static policies stay; there is no live RateLimit to give
-        st.headers = { ["RateLimit-Policy"] = st.headers["RateLimit-Policy"],
+        state.headers = { ["RateLimit-Policy"] = state.headers["RateLimit-Policy"],
                        ["Retry-After"] = tostring(wait) }
-        st.retry_after = wait
-        return self:refuse(req, st, 503, "rate-limiter-unavailable", "failed_closed", {
+        state.retry_after = wait
+        return self:refuse(req, state, 503, "rate-limiter-unavailable", "failed_closed", {
             detail = "The rate limiter is unavailable and this route fails closed; retry in "
                 .. wait .. " s.",
             retry_after_seconds = wait,
             recommended_backoff = problem.backoff(wait),
-            quota_tier = st.tier_name or null,
+            quota_tier = state.tier_name or null,
         })
     end
     if not tier then
-        st.decision = "degraded_allowed"
+        state.decision = "degraded_allowed"
         return
     end
-    local kb, tb = fallback.scaled(conf, tier.key), fallback.scaled(conf, tier.tenant)
+    local key_budget = fallback.scaled(conf, tier.key)
+    local tenant_budget = fallback.scaled(conf, tier.tenant)
     local buckets = {
-        { name = "k:" .. key, rate = kb.rate, burst = kb.burst },
-        { name = "t:" .. tenant_key, rate = tb.rate, burst = tb.burst },
+        { name = "k:" .. key, rate = key_budget.rate, burst = key_budget.burst },
+        { name = "t:" .. tenant_key, rate = tenant_budget.rate, burst = tenant_budget.burst },
     }
-    local ok, b, remaining, wait_ms = fallback.take(conf, buckets, tier.period, st.cost)
-    local pols = tier_policies(st.tier_name, tier, "-degraded", kb, tb)
-    local bk = buckets[b]
-    headers.ratelimit(st.headers, conf, pols, {
-        name = pols[b].name, limit = bk.burst, remaining = remaining,
-        reset_ms = math.ceil((bk.burst - remaining) * tier.period * 1000 / bk.rate),
+    local ok, b, remaining, wait_ms = fallback.take(conf, buckets, tier.period, state.cost)
+    local policies = tier_policies(state.tier_name, tier, "-degraded", key_budget, tenant_budget)
+    local bucket = buckets[b]
+    headers.ratelimit(state.headers, conf, policies, {
+        name = policies[b].name, limit = bucket.burst, remaining = remaining,
+        reset_ms = math.ceil((bucket.burst - remaining) * tier.period * 1000 / bucket.rate),
     })
-    st.policy = pols[b].name
+    state.policy = policies[b].name
     if ok then
-        st.decision = "degraded_allowed"
+        state.decision = "degraded_allowed"
         return
     end
     local secs = headers.seconds(wait_ms)
-    st.retry_after = secs
-    headers.retry_after(st.headers, wait_ms, false)
-    return self:refuse(req, st, 429, "rate-limit-exceeded", "degraded_throttled", {
-        detail = problem.rate_detail(st.tier_name, {
+    state.retry_after = secs
+    headers.retry_after(state.headers, wait_ms, false)
+    return self:refuse(req, state, 429, "rate-limit-exceeded", "degraded_throttled", {
+        detail = problem.rate_detail(state.tier_name, {
             scope = (b == 1 and "per-key" or "per-tenant") .. " (degraded, local)",
-            rate = bk.rate, burst = bk.burst, period = tier.period }, st.cost, secs),
+            rate = bucket.rate, burst = bucket.burst, period = tier.period }, state.cost, secs),
         retry_after_seconds = secs,
         recommended_backoff = problem.backoff(secs),
-        quota_tier = st.tier_name,
+        quota_tier = state.tier_name,
         penalty_strikes_remaining = null,
     })
 end
 
 -- Releases the leases this request holds, now (access phase).
-function Gateway:release_now(st)
-    local ok, err = store.release(self.conf, st.leases)
+function Gateway:release_now(state)
+    local ok, err = store.release(self.conf, state.leases)
     if not ok then
         metrics.redis_error(self.conf, err)
     end
-    st.leases = {}
+    state.leases = {}
 end
 
 -- Acquires the route's leases in order; a full one refuses the request
 -- (409 for a per-ledger lock, 429 for a tenant's concurrency) after giving
 -- back those already held.
-function Gateway:acquire_leases(req, st, ident, tier)
+function Gateway:acquire_leases(req, state, ident, tier)
     local conf = self.conf
-    for _, spec in ipairs(st.route.leases or {}) do
+    for _, spec in ipairs(state.route.leases or {}) do
         local key, ambiguous = policy.lease_key(conf, ident, spec, req)
         if ambiguous then
-            self:release_now(st)
-            return self:ambiguous(req, st, spec.arg)
+            self:release_now(state)
+            return self:ambiguous(req, state, spec.arg)
         end
         local max = policy.lease_max(spec, tier)
         -- recorded before the call: a timed-out ACQUIRE may have been
         -- granted, and releasing a lease that is not held is harmless
-        st.leases[#st.leases + 1] = { key = key, id = st.request_id }
-        local res, err = store.acquire(conf, key, max, spec.ttl, st.request_id)
+        state.leases[#state.leases + 1] = { key = key, id = state.request_id }
+        local res, err = store.acquire(conf, key, max, spec.ttl, state.request_id)
         if not res then
-            self:release_now(st)
-            return self:redis_failed(req, st, err)
+            -- Redis failed: the leases recorded so far are released after
+            -- the response (a second call now would only add a timeout)
+            return self:redis_failed(req, state, err)
         end
         if not res.granted then
-            self:release_now(st)
+            self:release_now(state)
             local secs = headers.seconds(res.retry_after_ms)
-            st.retry_after = secs
-            st.policy = spec.name
-            headers.retry_after(st.headers, res.retry_after_ms, false)
+            state.retry_after = secs
+            state.policy = spec.name
+            headers.retry_after(state.headers, res.retry_after_ms, false)
             local per = spec.scope == "arg" and ("per " .. spec.arg) or "per tenant"
-            return self:refuse(req, st, spec.status, "concurrency-limit-exceeded", "conflict", {
+            return self:refuse(req, state, spec.status, "concurrency-limit-exceeded", "conflict", {
                 detail = string.format(
                     "Tier %s: at most %d concurrent %s request(s) %s; retry in %d s.",
-                    st.tier_name, max, spec.name, per, secs),
+                    state.tier_name, max, spec.name, per, secs),
                 retry_after_seconds = secs,
                 recommended_backoff = problem.backoff(secs),
-                quota_tier = st.tier_name,
+                quota_tier = state.tier_name,
                 concurrency_limit = max,
             })
         end
@@ -186,24 +188,24 @@ end
 
 -- A penalty box answer (status -1 of RL.TAKE or RL.WINDOW); `box_lengths`
 -- are the configured durations of levels 1..3 (tier.box or auth.box).
-function Gateway:boxed(req, st, reply, decision, detail, box_lengths)
+function Gateway:boxed(req, state, reply, decision, detail, box_lengths)
     local conf = self.conf
     local level, retry_ms = reply[6], reply[5]
     local manual = retry_ms < 0
     local secs = not manual and headers.seconds(retry_ms) or nil
-    st.retry_after, st.box_level = secs, level
-    st.headers["X-Penalty-Box-Status"] = "Active-Lockout"
+    state.retry_after, state.box_level = secs, level
+    state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
     -- the form depends on the box's length, not on the time left: a
     -- 1-hour box keeps its HTTP-date to the end
     local box_length = box_lengths[level] or 0
-    headers.retry_after(st.headers, retry_ms, box_length >= conf.http_date_after)
+    headers.retry_after(state.headers, retry_ms, box_length >= conf.http_date_after)
     local status = manual and conf.manual_box_status or 429
-    return self:refuse(req, st, status, "penalty-box-active", decision, {
+    return self:refuse(req, state, status, "penalty-box-active", decision, {
         detail = detail .. (manual and " Locked until a manual review."
             or string.format(" Locked for %d s.", secs)),
         retry_after_seconds = secs or null,
         recommended_backoff = problem.backoff(secs),
-        quota_tier = st.tier_name or "auth",
+        quota_tier = state.tier_name or "auth",
         penalty_strikes_remaining = 0,
         penalty_level = level,
         lockout_ends_at = not manual and problem.timestamp(headers.ends_at(retry_ms)) or null,
@@ -217,52 +219,52 @@ function Gateway:access(req)
     local conf = self.conf
     local path = req.path()
     local route = policy.match_route(conf, req.method(), path)
-    local st = { route = route, path = path, request_id = req.request_id(), headers = {},
+    local state = { route = route, path = path, request_id = req.request_id(), headers = {},
                  leases = {}, decision = "allowed" }
-    req.ctx().rl = st
+    req.ctx().rl = state
     if route.auth then
-        return self:auth_access(req, st)
+        return self:auth_access(req, state)
     end
     local ident = policy.identify(conf, req)
     if not ident then
-        return self:refuse(req, st, 401, "unauthenticated", "unauthenticated", {
+        return self:refuse(req, state, 401, "unauthenticated", "unauthenticated", {
             detail = "Send a valid API key in the " .. conf.identity.header .. " header.",
         })
     end
-    st.ident, st.tier_name = ident, ident.tier
+    state.ident, state.tier_name = ident, ident.tier
     local tier = conf.tiers[ident.tier]
-    st.headers["RateLimit-Policy"] = headers.policy(tier_policies(ident.tier, tier))
-    st.cost = policy.cost(route, req)
+    state.headers["RateLimit-Policy"] = headers.policy(tier_policies(ident.tier, tier))
+    state.cost = policy.cost(route, req)
     local key, tenant_key = policy.bucket_keys(conf, ident)
-    local reply, err = store.take(conf, key, tenant_key, tier, st.cost)
+    local reply, err = store.take(conf, key, tenant_key, tier, state.cost)
     if not reply then
-        return self:redis_failed(req, st, err, tier, key, tenant_key)
+        return self:redis_failed(req, state, err, tier, key, tenant_key)
     end
     local status, binding = reply[1], reply[8] + 1
-    local pols = tier_policies(ident.tier, tier)
-    st.policy, st.strikes_remaining = pols[binding].name, reply[7]
-    headers.ratelimit(st.headers, conf, pols, {
-        name = pols[binding].name, limit = reply[2], remaining = reply[3], reset_ms = reply[4],
+    local policies = tier_policies(ident.tier, tier)
+    state.policy, state.strikes_remaining = policies[binding].name, reply[7]
+    headers.ratelimit(state.headers, conf, policies, {
+        name = policies[binding].name, limit = reply[2], remaining = reply[3], reset_ms = reply[4],
     })
     if status == 1 or status == 2 then
-        return self:acquire_leases(req, st, ident, tier)
+        return self:acquire_leases(req, state, ident, tier)
     end
     if status == -1 then
-        return self:boxed(req, st, reply, "boxed", string.format(
+        return self:boxed(req, state, reply, "boxed", string.format(
             "Tier %s: this API key is in the penalty box (level %d) after repeated throttling.",
             ident.tier, reply[6]), tier.box)
     end
     local secs = headers.seconds(reply[5])
-    st.retry_after = secs
-    headers.retry_after(st.headers, reply[5], false)
+    state.retry_after = secs
+    headers.retry_after(state.headers, reply[5], false)
     if reply[7] >= 0 then
-        st.headers["X-Penalty-Box-Status"] = "Warning"
+        state.headers["X-Penalty-Box-Status"] = "Warning"
     end
     local budget = binding == 1 and tier.key or tier.tenant
-    return self:refuse(req, st, 429, "rate-limit-exceeded", "throttled", {
+    return self:refuse(req, state, 429, "rate-limit-exceeded", "throttled", {
         detail = problem.rate_detail(ident.tier, {
             scope = binding == 1 and "per-key" or "per-tenant", rate = budget.rate,
-            burst = budget.burst, period = tier.period }, st.cost, secs),
+            burst = budget.burst, period = tier.period }, state.cost, secs),
         retry_after_seconds = secs,
         recommended_backoff = problem.backoff(secs),
         quota_tier = ident.tier,
@@ -281,12 +283,12 @@ end
 --- with no failure left, refuses the attempt (the latter records it as a
 --- failure, which trips the lockout). Everything else goes upstream; its
 --- 401/403 is recorded after the response, before the lease is released.
-function Gateway:auth_access(req, st)
+function Gateway:auth_access(req, state)
     local conf = self.conf
     local auth = conf.auth
     local subject, ambiguous = policy.auth_subject(req, auth.subject_arg)
     if ambiguous then
-        return self:ambiguous(req, st, auth.subject_arg)
+        return self:ambiguous(req, state, auth.subject_arg)
     end
     local ip = conf.client_ip_header and policy.header(req, conf.client_ip_header)
         or req.client_ip()
@@ -299,21 +301,21 @@ function Gateway:auth_access(req, st)
     end
     windows[#windows + 1] = { ip_key, auth.ip }
     policies[#policies + 1] = { name = "auth-ip", quota = auth.ip.limit, window = auth.ip.window }
-    st.auth = { windows = windows, subject = subject, ip = ip }
-    st.headers["RateLimit-Policy"] = headers.policy(policies)
+    state.auth = { windows = windows, subject = subject, ip = ip }
+    state.headers["RateLimit-Policy"] = headers.policy(policies)
     if attempt_key then
-        st.leases[1] = { key = attempt_key, id = st.request_id }
-        local res, err = store.acquire(conf, attempt_key, 1, auth.attempt_ttl, st.request_id)
+        state.leases[1] = { key = attempt_key, id = state.request_id }
+        local res, err = store.acquire(conf, attempt_key, 1, auth.attempt_ttl, state.request_id)
         if not res then
-            self:release_now(st)
-            return self:redis_failed(req, st, err)
+            -- released after the response, as any lease of a Redis failure
+            return self:redis_failed(req, state, err)
         end
         if not res.granted then
-            st.leases = {}
+            state.leases = {}
             local wait = auth.busy_retry_after
-            st.retry_after = wait
-            st.headers["Retry-After"] = tostring(wait)
-            return self:refuse(req, st, 429, "concurrency-limit-exceeded", "conflict", {
+            state.retry_after = wait
+            state.headers["Retry-After"] = tostring(wait)
+            return self:refuse(req, state, 429, "concurrency-limit-exceeded", "conflict", {
                 detail = "Another attempt for this client is in progress; retry in "
                     .. wait .. " s.",
                 retry_after_seconds = wait,
@@ -325,8 +327,7 @@ function Gateway:auth_access(req, st)
     end
     local replies, err = store.auth_windows(conf, windows, 0)
     if not replies then
-        self:release_now(st)
-        return self:redis_failed(req, st, err)
+        return self:redis_failed(req, state, err)
     end
     local exhausted = {}
     for i, r in ipairs(replies) do
@@ -342,8 +343,7 @@ function Gateway:auth_access(req, st)
         local recorded
         recorded, err = store.auth_windows(conf, rec, 1)
         if not recorded then
-            self:release_now(st)
-            return self:redis_failed(req, st, err)
+            return self:redis_failed(req, state, err)
         end
         for j, i in ipairs(exhausted) do
             replies[i] = recorded[j]
@@ -361,23 +361,23 @@ function Gateway:auth_access(req, st)
         end
     end
     local r = replies[b]
-    st.policy = policies[b].name
-    headers.ratelimit(st.headers, conf, policies, {
+    state.policy = policies[b].name
+    headers.ratelimit(state.headers, conf, policies, {
         name = policies[b].name, limit = r[2], remaining = r[1] == -1 and 0 or r[3],
         reset_ms = r[4],
     })
     if r[1] == -1 or r[1] == 0 then
         -- refused here: nothing to record later
-        self:release_now(st)
+        self:release_now(state)
     end
     if r[1] == -1 then
-        return self:boxed(req, st, r, "locked_out", "Too many failed attempts.", auth.box)
+        return self:boxed(req, state, r, "locked_out", "Too many failed attempts.", auth.box)
     end
     if r[1] == 0 then
         local secs = headers.seconds(r[5])
-        st.retry_after = secs
-        headers.retry_after(st.headers, r[5], false)
-        return self:refuse(req, st, 429, "rate-limit-exceeded", "throttled", {
+        state.retry_after = secs
+        headers.retry_after(state.headers, r[5], false)
+        return self:refuse(req, state, 429, "rate-limit-exceeded", "throttled", {
             detail = "Too many failed attempts; retry in " .. secs .. " s.",
             retry_after_seconds = secs,
             recommended_backoff = problem.backoff(secs),
@@ -385,17 +385,17 @@ function Gateway:auth_access(req, st)
             penalty_strikes_remaining = r[7],
         })
     end
-    st.auth.pending = true
+    state.auth.pending = true
 end
 
 --- Header filter: adds the rate-limit fields decided in the access phase.
 function Gateway:header_filter(req)
-    local st = req.ctx().rl
+    local state = req.ctx().rl
     -- shadow mode is invisible to clients
-    if not st or self.conf.shadow then
+    if not state or self.conf.shadow then
         return
     end
-    for k, v in pairs(st.headers) do
+    for k, v in pairs(state.headers) do
         req.set_header(k, v)
     end
 end
@@ -429,38 +429,38 @@ local QUIET = { allowed = true, degraded_allowed = true }
 --- the lease release and the failed-login record.
 function Gateway:log(req)
     local conf = self.conf
-    local st = req.ctx().rl
-    if not st then
+    local state = req.ctx().rl
+    if not state then
         return
     end
     local status = req.status()
-    metrics.decision(conf, st.decision, st.route.name, st.tier_name)
-    if not QUIET[st.decision] then
-        local ident = st.ident or {}
+    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    if not QUIET[state.decision] then
+        local ident = state.ident or {}
         req.warn("rl_event " .. (cjson.encode({
-            request_id = st.request_id,
-            decision = st.decision,
-            would_be = st.would_be,
-            route = st.route.name,
+            request_id = state.request_id,
+            decision = state.decision,
+            would_be = state.would_be,
+            route = state.route.name,
             tenant = ident.tenant,
             key_id = ident.key_id,
-            tier = st.tier_name,
-            cost = st.cost,
+            tier = state.tier_name,
+            cost = state.cost,
             status = status,
-            policy = st.policy,
-            retry_after = st.retry_after,
-            box_level = st.box_level,
-            strikes_remaining = st.strikes_remaining,
-            redis_error = st.redis_error,
+            policy = state.policy,
+            retry_after = state.retry_after,
+            box_level = state.box_level,
+            strikes_remaining = state.strikes_remaining,
+            redis_error = state.redis_error,
             -- token endpoint: who was refused (a client id is no secret)
-            subject = st.auth and st.auth.subject,
-            client_ip = st.auth and st.auth.ip,
+            subject = state.auth and state.auth.subject,
+            client_ip = state.auth and state.auth.ip,
         }) or "{}"):gsub("\\/", "/"))
     end
-    local record = st.auth and st.auth.pending and conf.auth.fail_set[status]
-        and st.auth.windows or nil
-    if #st.leases > 0 or record then
-        local ok, err = ngx.timer.at(0, after_response, conf, st.leases, record, req.warn)
+    local record = state.auth and state.auth.pending and conf.auth.fail_set[status]
+        and state.auth.windows or nil
+    if #state.leases > 0 or record then
+        local ok, err = ngx.timer.at(0, after_response, conf, state.leases, record, req.warn)
         if not ok then
             req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
         end
