@@ -125,8 +125,10 @@ _M.defaults = {
         box = { 900, 3600, DAY },
         -- one attempt in flight per subject: the lease's ttl (it is given
         -- back after the response; the ttl bounds a release that never
-        -- comes) and the Retry-After of a concurrent attempt
+        -- comes), how long an attempt waits for the previous one's lease,
+        -- and the Retry-After of an attempt that waited in vain
         attempt_ttl = 30,
+        attempt_wait_ms = 500,
         busy_retry_after = 1,
     },
 }
@@ -326,6 +328,8 @@ function _M.build(user)
         "auth windows must be seconds > 0 with at most 3 decimals")
     check(seconds(a.attempt_ttl), "auth.attempt_ttl must be seconds > 0 with at most 3 decimals")
     check(positive_int(a.busy_retry_after), "auth.busy_retry_after must be an integer >= 1")
+    check(type(a.attempt_wait_ms) == "number" and a.attempt_wait_ms >= 0,
+        "auth.attempt_wait_ms must be >= 0")
     local fail = {}
     for _, s in ipairs(a.fail_statuses) do
         fail[s] = true

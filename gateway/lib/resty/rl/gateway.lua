@@ -36,6 +36,9 @@ Gateway.__index = Gateway
 
 local null = ngx.null
 
+-- Interval of the attempt lease polls of a login attempt.
+local ATTEMPT_POLL_MS = 20
+
 --- A gateway for `user_conf` (a partial configuration over the defaults
 --- of resty.rl.config). Raises an error on an invalid configuration.
 function _M.new(user_conf)
@@ -305,7 +308,18 @@ function Gateway:auth_access(req, state)
     state.headers["RateLimit-Policy"] = headers.policy(policies)
     if attempt_key then
         state.leases[1] = { key = attempt_key, id = state.request_id }
-        local res, err = store.acquire(conf, attempt_key, 1, auth.attempt_ttl, state.request_id)
+        -- the previous attempt's lease is released just after its
+        -- response: a client retrying at once waits for it (polling, up to
+        -- attempt_wait_ms) rather than getting a 429
+        local waited, res, err = 0, nil, nil
+        while true do
+            res, err = store.acquire(conf, attempt_key, 1, auth.attempt_ttl, state.request_id)
+            if not res or res.granted or waited >= auth.attempt_wait_ms then
+                break
+            end
+            ngx.sleep(ATTEMPT_POLL_MS / 1000)
+            waited = waited + ATTEMPT_POLL_MS
+        end
         if not res then
             -- released after the response, as any lease of a Redis failure
             return self:redis_failed(req, state, err)

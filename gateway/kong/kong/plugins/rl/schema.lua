@@ -134,6 +134,7 @@ return {
                     { ip = window(20) },
                     { box = durations() },
                     { attempt_ttl = { type = "number", default = 30, gt = 0 } },
+                    { attempt_wait_ms = { type = "integer", default = 500, between = { 0, 60000 } } },
                     { busy_retry_after = { type = "integer", default = 1, gt = 0 } },
                 } } },
             },
