@@ -45,7 +45,7 @@ function _M.new(user_conf)
     return setmetatable({ conf = config.build(user_conf) }, Gateway)
 end
 
--- The rate policies of a tier, in the order of the RL.TAKE buckets.
+--- The rate policies of a tier, in the order of the RL.TAKE buckets.
 local function tier_policies(tier_name, tier, suffix, key_budget, tenant_budget)
     suffix = suffix or ""
     return {
@@ -56,8 +56,8 @@ local function tier_policies(tier_name, tier, suffix, key_budget, tenant_budget)
     }
 end
 
--- Refuses the request with a problem+json body, or, in shadow mode, logs
--- what would have happened and lets it through without rate-limit fields.
+--- Refuses the request with a problem+json body, or, in shadow mode, logs
+--- what would have happened and lets it through without rate-limit fields.
 function Gateway:refuse(req, state, status, kind, decision, fields)
     local conf = self.conf
     state.status_would_be = status
@@ -73,8 +73,8 @@ function Gateway:refuse(req, state, status, kind, decision, fields)
     return req.exit(status, problem.encode(conf, kind, status, fields), state.headers)
 end
 
--- Refuses a request whose argument `name` has two different values (in
--- the query string and the body, or repeated): 400.
+--- Refuses a request whose argument `name` has two different values (in
+--- the query string and the body, or repeated): 400.
 function Gateway:ambiguous(req, state, name)
     return self:refuse(req, state, 400, "ambiguous-argument", "invalid", {
         detail = "The argument " .. name .. " has more than one value (repeated, or "
@@ -82,9 +82,9 @@ function Gateway:ambiguous(req, state, name)
     })
 end
 
--- Redis failed (error or slower than the budget): critical routes fail
--- closed with 503; the others go to the local limiter when `tier` is
--- known, or through when it is not.
+--- Redis failed (error or slower than the budget): critical routes fail
+--- closed with 503; the others go to the local limiter when `tier` is
+--- known, or through when it is not.
 function Gateway:redis_failed(req, state, err, tier, key, tenant_key)
     local conf = self.conf
     metrics.redis_error(conf, err)
@@ -139,7 +139,7 @@ function Gateway:redis_failed(req, state, err, tier, key, tenant_key)
     })
 end
 
--- Releases the leases this request holds, now (access phase).
+--- Releases the leases this request holds, now (access phase).
 function Gateway:release_now(state)
     local ok, err = store.release(self.conf, state.leases)
     if not ok then
@@ -148,9 +148,9 @@ function Gateway:release_now(state)
     state.leases = {}
 end
 
--- Acquires the route's leases in order; a full one refuses the request
--- (409 for a per-ledger lock, 429 for a tenant's concurrency) after giving
--- back those already held.
+--- Acquires the route's leases in order; a full one refuses the request
+--- (409 for a per-ledger lock, 429 for a tenant's concurrency) after giving
+--- back those already held.
 function Gateway:acquire_leases(req, state, ident, tier)
     local conf = self.conf
     for _, spec in ipairs(state.route.leases or {}) do
@@ -189,8 +189,8 @@ function Gateway:acquire_leases(req, state, ident, tier)
     end
 end
 
--- A penalty box answer (status -1 of RL.TAKE or RL.WINDOW); `box_lengths`
--- are the configured durations of levels 1..3 (tier.box or auth.box).
+--- A penalty box answer (status -1 of RL.TAKE or RL.WINDOW); `box_lengths`
+--- are the configured durations of levels 1..3 (tier.box or auth.box).
 function Gateway:boxed(req, state, reply, decision, detail, box_lengths)
     local conf = self.conf
     local level, retry_ms = reply[6], reply[5]
@@ -414,11 +414,11 @@ function Gateway:header_filter(req)
     end
 end
 
--- Work after the response, in a timer (the log phase cannot use
--- cosockets): record a failed login, then release the leases (the login
--- attempt lease last, so that the next attempt sees this failure). A
--- premature run (the worker is exiting) does the same work: cosockets
--- still work there, and a lease left behind would block until its ttl.
+--- Work after the response, in a timer (the log phase cannot use
+--- cosockets): record a failed login, then release the leases (the login
+--- attempt lease last, so that the next attempt sees this failure). A
+--- premature run (the worker is exiting) does the same work: cosockets
+--- still work there, and a lease left behind would block until its ttl.
 local function after_response(_premature, conf, leases, record, warn)
     if record then
         local ok, err = store.auth_windows(conf, record, 1)
