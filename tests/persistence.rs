@@ -7,15 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const AOF: &[&str] = &[
-    "--appendonly",
-    "yes",
-    "--appendfsync",
-    "always",
-    "--aof-use-rdb-preamble",
-    "no",
-];
-
 fn wait_rewrite_done(server: &Server) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while server
@@ -43,7 +34,7 @@ fn kill_9_and_compare(server: &Server, con: &mut redis::Connection, what: &str) 
 
 #[test]
 fn aof_replay_after_kill_9_restores_identical_state() {
-    let server = Server::start(AOF);
+    let server = Server::start(AOF_EVERY_WRITE);
     let mut con = server.client();
     mixed_workload(&mut con, 30);
     kill_9_and_compare(&server, &mut con, "after replaying the AOF");
@@ -60,7 +51,7 @@ fn aof_replay_after_kill_9_restores_identical_state() {
 #[test]
 fn a_box_that_expired_before_the_restart_is_not_tripped_again() {
     let clock = TimeShift::new();
-    let server = Server::start_with(&clock.prefix(), AOF);
+    let server = Server::start_with(&clock.prefix(), AOF_EVERY_WRITE);
     let mut con = server.client();
     let line = "RL.TAKE login 1 1 1000 STRIKES 1 60 BOX 5 10 20";
     ints(&mut con, line);
@@ -206,7 +197,7 @@ fn corrupt_and_truncated_restore_payloads_are_errors_not_crashes() {
 /// AOF (`RL.APPLY key payload <at | PERSIST> [...]`) into the old form.
 #[test]
 fn an_aof_of_the_older_two_command_form_still_replays() {
-    let server = Server::start(AOF);
+    let server = Server::start(AOF_EVERY_WRITE);
     let mut con = server.client();
     mixed_workload(&mut con, 10);
     call(&mut con, "RL.BOX TRIP legacy:manual 3 0").expect("a manual box");

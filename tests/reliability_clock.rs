@@ -235,17 +235,7 @@ fn a_replica_5_s_ahead_ends_with_equal_digests() {
     let master = Server::start(&[]);
     let ahead = TimeShift::new();
     ahead.set_ms(5_000);
-    let replica = Server::launch(
-        &ahead.prefix(),
-        Flavor::Module,
-        &["--replicaof", "127.0.0.1", &master.port.to_string()],
-    );
-    wait_until(REPLICA_TIMEOUT, "replica in sync", || {
-        replica
-            .info_get("replication", "master_link_status")
-            .as_deref()
-            == Some("up")
-    });
+    let replica = start_replica_with(&ahead.prefix(), &master);
     let mut con = master.client();
     // Long-lived state of every kind, and short-lived keys (1-3 s) that
     // the replica sees as expired up to 5 s before the master does.

@@ -693,16 +693,8 @@ fn rl_apply_of_mutated_payloads_on_the_replication_link_is_refused() {
             "no",
         ],
     );
-    let mut link = master.handshake();
-    link.write_all(&transfer(&empty_rdb, true, None))
-        .expect("RDB");
     // Like a real master, stream commands only once the RDB is loaded.
-    wait_until(Duration::from_secs(20), "replica loaded the RDB", || {
-        replica
-            .info_get("replication", "master_link_status")
-            .as_deref()
-            == Some("up")
-    });
+    let mut link = serve_whole(&master, &replica, &empty_rdb);
     // The valid payloads (controls), then every mutation, then a marker.
     let mut stream = Vec::new();
     for (i, p) in payloads.iter().enumerate() {

@@ -215,17 +215,7 @@ fn rename_copy_move_swapdb_unlink_and_flushall_async_behave() {
     let fig = Figure::start();
     let clock = TimeShift::new();
     let master = Server::start_with(&clock.prefix(), &[]);
-    let replica = Server::launch(
-        &clock.prefix(),
-        Flavor::Module,
-        &["--replicaof", "127.0.0.1", &master.port.to_string()],
-    );
-    wait_until(REPLICA_TIMEOUT, "replica in sync", || {
-        replica
-            .info_get("replication", "master_link_status")
-            .as_deref()
-            == Some("up")
-    });
+    let replica = start_replica_with(&clock.prefix(), &master);
     let mut con = master.client();
     let mut checks = 0;
     let mut converge = |con: &mut Connection, what: &str| {

@@ -319,14 +319,7 @@ fn the_replication_stream_holds_only_deterministic_effects() {
 #[test]
 fn the_aof_holds_only_deterministic_effects() {
     let fig = Figure::start();
-    let server = Server::start(&[
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "always",
-        "--aof-use-rdb-preamble",
-        "no",
-    ]);
+    let server = Server::start(AOF_EVERY_WRITE);
     let mut con = server.client();
     let all = scenarios();
     for s in &all {

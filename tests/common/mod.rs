@@ -657,8 +657,18 @@ pub fn info_field(info: &str, field: &str) -> Option<String> {
 /// until the replica reports `master_link_status:up` with no sync in progress
 /// and the master lists it as `state=online`.
 pub fn start_replica(master: &Server) -> Server {
+    start_replica_with(&[], master)
+}
+
+/// [`start_replica`] with the replica run under `program_prefix` (e.g.
+/// `&TimeShift::new().prefix()`, a replica whose clock differs).
+pub fn start_replica_with(program_prefix: &[&str], master: &Server) -> Server {
     let port = master.port.to_string();
-    let replica = Server::launch(&[], master.flavor, &["--replicaof", "127.0.0.1", &port]);
+    let replica = Server::launch(
+        program_prefix,
+        master.flavor,
+        &["--replicaof", "127.0.0.1", &port],
+    );
     let needle = format!("port={},state=online", replica.port);
     let deadline = Instant::now() + REPLICA_TIMEOUT;
     loop {
@@ -701,6 +711,17 @@ pub fn wait_replica(
     );
     acked
 }
+
+/// Config arguments for an AOF written on every write, without an RDB
+/// preamble (so the AOF holds the replicated commands themselves).
+pub const AOF_EVERY_WRITE: &[&str] = &[
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "always",
+    "--aof-use-rdb-preamble",
+    "no",
+];
 
 // ---------------------------------------------------------------------------
 // Cluster
