@@ -24,25 +24,13 @@ pub enum CodecError {
     Malformed,
 }
 
-/// Encode `record` into `out` (cleared first).
-pub fn encode_into(record: &Record, out: &mut Vec<u8>) {
-    out.clear();
-    encode_append(record, out);
-}
-
 /// Encode `record` at the end of `out`.
 pub fn encode_append(record: &Record, out: &mut Vec<u8>) {
     append_version(record, VERSION, out);
 }
 
-/// Encode `record` as `version` lays it out (the fields that version has).
-#[cfg(test)]
-fn encode_version(record: &Record, version: u8, out: &mut Vec<u8>) {
-    out.clear();
-    append_version(record, version, out);
-}
-
-/// Append `record` to `out` as `version` lays it out.
+/// Append `record` to `out` as `version` lays it out (the fields that
+/// version has).
 fn append_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     out.push(version);
     // Writing into a Vec cannot fail for these plain types.
@@ -65,7 +53,7 @@ fn append_version(record: &Record, version: u8, out: &mut Vec<u8>) {
 /// Encode `record` into a new buffer.
 pub fn encode(record: &Record) -> Vec<u8> {
     let mut out = Vec::with_capacity(48);
-    encode_into(record, &mut out);
+    encode_append(record, &mut out);
     out
 }
 
@@ -164,7 +152,7 @@ mod tests {
         old.set_window(None);
         old.set_quota(None);
         let mut v1 = Vec::new();
-        encode_version(&old, 1, &mut v1);
+        append_version(&old, 1, &mut v1);
         assert_eq!(v1[0], 1);
         assert_eq!(decode(&v1), Ok(old.clone()));
         assert_eq!(
@@ -183,7 +171,7 @@ mod tests {
         v2_record.set_window(None);
         v2_record.set_quota(None);
         let mut v2 = Vec::new();
-        encode_version(&v2_record, 2, &mut v2);
+        append_version(&v2_record, 2, &mut v2);
         assert_eq!(decode(&v2), Ok(v2_record));
     }
 

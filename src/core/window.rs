@@ -406,17 +406,7 @@ impl WindowState {
             }
             WindowState::Exact { window_ms, log } => {
                 let w = i128::from((*window_ms).max(1));
-                let view = ExactView::native(log, w, 0, now);
-                let mut total = 0u64;
-                let mut end = None;
-                for (expiry, cost) in view.entries(w) {
-                    total = total.saturating_add(cost);
-                    end = Some(expiry);
-                }
-                match end {
-                    Some(end) if total > 0 => (total, end),
-                    _ => none,
-                }
+                ExactView::native(log, w, 0, now).total(w).unwrap_or(none)
             }
             WindowState::Fixed { end, count } => {
                 if *count > 0 && now < *end {
@@ -479,21 +469,26 @@ impl<'a> ExactView<'a> {
         log
     }
 
-    fn seen(&self, w: i128, now: Millis) -> WindowSeen {
-        let now = i128::from(now);
+    /// The points counted and the expiry of the last entry (when none
+    /// counts any more); `None` when nothing counts.
+    fn total(&self, w: i128) -> Option<(u64, i128)> {
         let mut count = 0u64;
         let mut last = None;
         for (expiry, cost) in self.entries(w) {
             count = count.saturating_add(cost);
             last = Some(expiry);
         }
-        match last {
-            Some(last) if count > 0 => WindowSeen {
+        last.filter(|_| count > 0).map(|last| (count, last))
+    }
+
+    fn seen(&self, w: i128, now: Millis) -> WindowSeen {
+        match self.total(w) {
+            Some((count, last)) => WindowSeen {
                 count,
-                empty_in: clamp_i64(last - now).max(0),
+                empty_in: clamp_i64(last - i128::from(now)).max(0),
                 shape: Shape::Exact,
             },
-            _ => WindowSeen::default(),
+            None => WindowSeen::default(),
         }
     }
 }
