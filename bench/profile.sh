@@ -92,32 +92,17 @@ done
 [[ -n "$PORT" ]] || { echo "profile: could not start redis-server:" >&2; cat "$WORK/valgrind.log" >&2; exit 1; }
 cli() { redis-cli -h "$HOST" -p "$PORT" "$@"; }
 
-# pipe_keys TEMPLATE: TEMPLATE with {I} = 0..KEYS-1 (12 digits, as
-# __rand_int__), through redis-cli --pipe.
-pipe_keys() {
-    awk -v t="$1" -v n="$KEYS" 'BEGIN {
-        w = split(t, words, " ")
-        for (i = 0; i < n; i++) {
-            id = sprintf("%012d", i)
-            s = "*" w "\r\n"
-            for (j = 1; j <= w; j++) {
-                a = words[j]
-                while ((p = index(a, "{I}")) > 0) a = substr(a, 1, p - 1) id substr(a, p + 3)
-                s = s "$" length(a) "\r\n" a "\r\n"
-            }
-            printf "%s", s
-        }
-    }' | cli --pipe >/dev/null
-}
+# pipe_keys TEMPLATE COUNT REPEAT (bench/pipe_keys.sh).
+source "$ROOT/bench/pipe_keys.sh"
 
 STAT=rl.take
 case $WORKLOAD in
 take) CMD="RL.TAKE rl:{k:__rand_int__} 3000 3000 60 COST 1 $P" ;;
 take_live)
-    pipe_keys "RL.TAKE rl:{kl:{I}} 3000 3000 3600 COST 2000 $P"
+    pipe_keys "RL.TAKE rl:{kl:{I}} 3000 3000 3600 COST 2000 $P" "$KEYS" 1
     CMD="RL.TAKE rl:{kl:__rand_int__} 3000 3000 3600 COST 1 $P" ;;
 take_also)
-    pipe_keys "RL.TAKE rl:{t:{I}}:tenant 100000 100000 3600 COST 50000"
+    pipe_keys "RL.TAKE rl:{t:{I}}:tenant 100000 100000 3600 COST 50000" "$KEYS" 1
     CMD="RL.TAKE rl:{ka:__rand_int__} 3000 3000 60 COST 1 ALSO rl:{t:__rand_int__}:tenant 100000 100000 3600 $P" ;;
 take_plain) CMD="RL.TAKE rl:{kp:__rand_int__} 3000 3000 60" ;;
 throttle) CMD="CL.THROTTLE rl:{c:__rand_int__} 2999 3000 60"; STAT=cl.throttle ;;
