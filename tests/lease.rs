@@ -229,11 +229,7 @@ fn a_promoted_replica_keeps_every_live_lease_with_its_deadline() {
     master.kill9();
 
     let mut promoted = replica.client();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut promoted)
-        .expect("REPLICAOF NO ONE");
+    call(&mut promoted, "REPLICAOF NO ONE").expect("REPLICAOF NO ONE");
     let mut listed = list(&mut promoted, "export");
     listed.sort_by_key(|(_, ms)| *ms);
     assert_eq!(

@@ -391,11 +391,7 @@ fn kill_9_of_the_master_then_replicaof_no_one_keeps_acknowledged_limits() {
         ),
         |master, replica| {
             master.kill9();
-            let _: () = redis::cmd("REPLICAOF")
-                .arg("NO")
-                .arg("ONE")
-                .query(&mut replica.client())
-                .expect("REPLICAOF NO ONE");
+            call(&mut replica.client(), "REPLICAOF NO ONE").expect("REPLICAOF NO ONE");
             1
         },
         false,

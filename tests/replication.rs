@@ -42,11 +42,7 @@ fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
     master.kill9();
 
     let mut promoted = replica.client();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut promoted)
-        .expect("REPLICAOF NO ONE");
+    call(&mut promoted, "REPLICAOF NO ONE").expect("REPLICAOF NO ONE");
     assert_eq!(
         ints(&mut promoted, "RL.TAKE bucket 10 1 1000 COST 0")[2],
         3,
