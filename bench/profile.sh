@@ -46,8 +46,13 @@
 #   - calls per command call of the allocator (RM_Alloc/RM_Free: the
 #     module's own heap allocations; zmalloc & co: every allocation of the
 #     server, Redis' own included) and of a few module API functions.
-# Then a summary table, `RATIO a/b x` lines (server instructions per call
-# of a over b) and `TARGET` lines for the instruction targets below.
+#   - the instructions spent deleting expired keys (rl's create-path keys
+#     expire 20 ms after the call, inside the run; the floor's live 60 s).
+# Then a summary table, `RATIO instr.a/b x` lines (server instructions per
+# call of a over b, less the deletion of expired keys: every key created
+# is deleted some day, the floor's after the run; the ratio as measured is
+# printed beside it) and `TARGET` lines for the instruction targets below,
+# from the same figures.
 # The callgrind output is kept in target/profile/callgrind.WORKLOAD.out.
 #
 # RL_MODULE=path uses that module instead of building the release one;
@@ -208,7 +213,7 @@ workload() {
 }
 
 info_field() { cli INFO "$1" | tr -d '\r' | awk -F: -v f="$2" '$1 == f { print $2 }'; }
-SUMMARY=$WORK/summary.tsv   # workload calls total_per_call command_per_call created_per_call
+SUMMARY=$WORK/summary.tsv   # workload calls total call() module_self created expired_deletion (per call)
 : >"$SUMMARY"
 
 # Parse the callgrind output (name-compressed format: "fn=(id) name" the
@@ -217,6 +222,8 @@ SUMMARY=$WORK/summary.tsv   # workload calls total_per_call command_per_call cre
 # call counts.
 parse_dump() {
     local dump=$1 calls=$2 so=$3 name=$4 created=$5
+    rm -f "$WORK/self.tsv" "$WORK/api.tsv" "$WORK/allocs.tsv"
+    touch "$WORK/api.tsv" "$WORK/allocs.tsv"
     awk -v n="$calls" -v module="$( [[ $so == - ]] && echo - || basename "$so")" -v out="$WORK" \
         -v name="$name" -v created="$created" -v summary="$SUMMARY" '
         function resolve(s, table,    id, rest) {
@@ -247,9 +254,11 @@ parse_dump() {
             if (module != "-")
                 printf "in %s (self, all its functions): %.0f instructions per call (%.1f%%)\n", module, inmod / n, 100 * inmod / total
             printf "keys created per call: %.2f\n", created
-            printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\n", name, n, total / n, ("call" in self ? (self["call"] + edge["call"]) / n : 0),
-                inmod / n, created >> summary
-            split("processInputBuffer processCommand call RedisModuleCommandDispatcher", top, " ")
+            d = "deleteExpiredKeyAndPropagate"; del = (d in self) ? (self[d] + edge[d]) / n : 0
+            printf "deleting expired keys (%s, inclusive): %.0f instructions per call\n", d, del
+            printf "%s\t%d\t%.0f\t%.0f\t%.0f\t%.2f\t%.0f\n", name, n, total / n, ("call" in self ? (self["call"] + edge["call"]) / n : 0),
+                inmod / n, created, del >> summary
+        split("processInputBuffer processCommand call RedisModuleCommandDispatcher", top, " ")
             for (i = 1; i in top; i++) if (top[i] in self)
                 printf "inclusive %-28s %8.0f per call\n", top[i], (self[top[i]] + edge[top[i]]) / n
             for (f in self) if (f ~ /^rl::adapter::commands::[a-z_]*_entry$|^incrCommand$|^evalShaCommand$/ && ncalls[f] > 0)
@@ -321,26 +330,30 @@ PID=
 rm -f "$OUT" "$OUT".*
 
 # Summary, ratios and targets, from the dumps of this run only.
-echo "=== summary (this run; server instructions per call, Redis' protocol work included)"
-awk -F'\t' 'BEGIN { printf "%-15s %7s %12s %12s %12s %9s\n", "workload", "calls", "server/call", "call()/call", "module self", "new keys" }
-    { printf "%-15s %7s %12s %12s %12s %9s\n", $1, $2, $3, $4, $5, $6 }' "$SUMMARY"
+echo "=== summary (this run; server instructions per call, Redis' protocol work included;"
+echo "'less expiry' leaves out the deletion of expired keys, which rl's and redis-cell's"
+echo "create-path keys (full again, and gone, 20 ms after the call) reach within the run and the"
+echo "floor's keys (60 s) do not: every key created is deleted some day, so the targets compare"
+echo "the figures less expiry)"
+awk -F'\t' 'BEGIN { printf "%-15s %7s %12s %12s %12s %12s %9s\n", "workload", "calls", "server/call", "less expiry", "call()/call", "module self", "new keys" }
+    { printf "%-15s %7s %12s %12.0f %12s %12s %9s\n", $1, $2, $3, $3 - $7, $4, $5, $6 }' "$SUMMARY"
 echo
 targets=$(for k in "${!TARGET[@]}"; do echo "$k ${TARGET[$k]}"; done | sort)
 awk -F'\t' -v ratios="$RATIOS" -v targets="$targets" '
-    { total[$1] = $3; cmd[$1] = $4; created[$1] = $6 }
+    { total[$1] = $3; net[$1] = $3 - $7; cmd[$1] = $4; created[$1] = $6 }
     END {
         n = split(ratios, rs, /[ \n]+/)
         for (i = 1; i <= n; i++) {
             split(rs[i], ab, "/"); a = ab[1]; b = ab[2]
-            if (!(a in total) || !(b in total) || total[b] <= 0) continue
-            printf "RATIO instr.%s/%s %.2f  (server instructions per call %.0f / %.0f; in call() %.2f; new keys per call %s / %s)\n",
-                a, b, total[a] / total[b], total[a], total[b], (cmd[b] > 0 ? cmd[a] / cmd[b] : 0), created[a], created[b]
+            if (!(a in total) || !(b in total) || net[b] <= 0) continue
+            printf "RATIO instr.%s/%s %.2f  (server instructions per call less expiry %.0f / %.0f; as measured %.2f; in call() %.2f; new keys per call %s / %s)\n",
+                a, b, net[a] / net[b], net[a], net[b], total[a] / total[b], (cmd[b] > 0 ? cmd[a] / cmd[b] : 0), created[a], created[b]
         }
         m = split(targets, tl, "\n")
         for (i = 1; i <= m; i++) {
             split(tl[i], kv, " "); split(kv[1], ab, "/"); a = ab[1]; b = ab[2]
             if (!(a in total) || !(b in total)) continue
-            x = total[a] / total[b]
-            printf "TARGET %-7s instructions: %s <= %sx %s: %.2fx\n", (x <= kv[2] + 0 ? "met" : "NOT met"), a, kv[2], b, x
+            x = net[a] / net[b]
+            printf "TARGET %-7s instructions: %s <= %sx %s (same arguments, less expiry): %.2fx\n", (x <= kv[2] + 0 ? "met" : "NOT met"), a, kv[2], b, x
         }
     }' "$SUMMARY"
