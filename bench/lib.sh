@@ -41,8 +41,9 @@ info_field() { # info_field SECTION FIELD
     cli INFO "$1" | tr -d '\r' | awk -F: -v f="$2" '$1 == f { print $2 }'
 }
 
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$MASTER_PID/stat"; }
-CLK_TCK=$(getconf CLK_TCK)
+# The master's main thread's CPU time in ns (/proc/PID/schedstat: exact,
+# where /proc/PID/stat counts 10 ms ticks). Commands run on that thread.
+cpu_ns() { awk '{ print $1 }' "/proc/$MASTER_PID/schedstat"; }
 now_s() { date +%s.%N; }
 
 # usec_per_call and failed calls of a command from INFO commandstats.
@@ -58,6 +59,16 @@ rl_counter() { # the INFO rl counter rl_NAME (0 if absent)
     echo "${v:-0}"
 }
 
+# path_calls PREFIX: the calls INFO rl has counted for a command (leases
+# count granted and denied acquires, the others PREFIX_calls).
+path_calls() {
+    if [[ $1 == lease ]]; then
+        echo $(( $(rl_counter lease_granted) + $(rl_counter lease_denied) ))
+    else
+        rl_counter "$1_calls"
+    fi
+}
+
 # run_bench WORKLOAD PIPELINE N: one redis-benchmark run. Prints
 # "rps usec_per_call cpu_percent path_ok_percent cpu_usec_per_call".
 run_bench() {
@@ -68,19 +79,15 @@ run_bench() {
     prefix=${PATHOK[$w]%%_*}
     if [[ ${PATHOK[$w]} != - ]]; then
         ok_before=$(rl_counter "${PATHOK[$w]}")
-        if [[ $prefix == lease ]]; then
-            calls_before=$(( ok_before + $(rl_counter lease_denied) ))
-        else
-            calls_before=$(rl_counter "${prefix}_calls")
-        fi
+        calls_before=$(path_calls "$prefix")
     fi
     cli CONFIG RESETSTAT >/dev/null
-    c0=$(cpu_ticks)
+    c0=$(cpu_ns)
     t0=$(now_s)
     rps=$(redis-benchmark -h "$HOST" -p "$PORT" -c "$CLIENTS" -P "$pipe" -n "$n" \
         -r "$KEYSPACE" --csv "${cmd[@]}" 2>/dev/null | awk -F'","' 'NR == 2 { print $2 }')
     t1=$(now_s)
-    c1=$(cpu_ticks)
+    c1=$(cpu_ns)
     [[ -n "$rps" ]] || { echo "bench: redis-benchmark failed for $w" >&2; exit 1; }
     read -r usec calls failed < <(cmdstat "${STAT[$w]}")
     if [[ "${failed:-0}" != 0 ]]; then
@@ -91,16 +98,12 @@ run_bench() {
     okp=-
     if [[ ${PATHOK[$w]} != - ]]; then
         ok_after=$(rl_counter "${PATHOK[$w]}")
-        if [[ $prefix == lease ]]; then
-            calls_after=$(( ok_after + $(rl_counter lease_denied) ))
-        else
-            calls_after=$(rl_counter "${prefix}_calls")
-        fi
+        calls_after=$(path_calls "$prefix")
         okp=$(awk -v a=$((ok_after - ok_before)) -v c=$((calls_after - calls_before)) \
             'BEGIN { printf "%.1f", (c > 0 ? 100 * a / c : 0) }')
     fi
-    awk -v r="$rps" -v u="${usec:-0}" -v c=$((c1 - c0)) -v hz="$CLK_TCK" -v a="$t0" -v b="$t1" -v o="$okp" -v n="${calls:-0}" \
-        'BEGIN { printf "%s %s %.0f %s %.3f\n", r, u, 100 * c / hz / (b - a), o, (n > 0 ? 1e6 * c / hz / n : 0) }'
+    awk -v r="$rps" -v u="${usec:-0}" -v c=$((c1 - c0)) -v a="$t0" -v b="$t1" -v o="$okp" -v n="${calls:-0}" \
+        'BEGIN { printf "%s %s %.0f %s %.3f\n", r, u, 100 * c / 1e9 / (b - a), o, (n > 0 ? c / 1e3 / n : 0) }'
 }
 
 
@@ -159,6 +162,28 @@ run_phase() {
     done
     for w in "${WORKLOADS[@]}"; do
         LAST_N[$pipe $w]=${N[$w]}
+    done
+}
+
+# head_to_head PHASE PIPELINE A B COUNT: COUNT pairs of runs of A and B
+# back to back (A B, then B A, ...: a drift in the load favours neither),
+# sized like their last runs in run_phase. Appends "phase pipeline k A B
+# rps_A rps_B cpu_us_A cpu_us_B" to HEAD_TO_HEAD.
+head_to_head() {
+    local phase=$1 pipe=$2 a=$3 b=$4 count=$5 k la lb fa fb
+    log "$phase, pipeline $pipe: $a and $b head to head, $count pairs"
+    for k in $(seq 1 "$count"); do
+        if (( k % 2 )); then
+            la=$(run_bench "$a" "$pipe" "${LAST_N[$pipe $a]}")
+            lb=$(run_bench "$b" "$pipe" "${LAST_N[$pipe $b]}")
+        else
+            lb=$(run_bench "$b" "$pipe" "${LAST_N[$pipe $b]}")
+            la=$(run_bench "$a" "$pipe" "${LAST_N[$pipe $a]}")
+        fi
+        if [[ $phase == replica ]]; then wait_replica_caught_up; fi
+        read -r -a fa <<<"$la"
+        read -r -a fb <<<"$lb"
+        echo "$phase $pipe $k $a $b ${fa[0]} ${fb[0]} ${fa[4]} ${fb[4]}" >>"$HEAD_TO_HEAD"
     done
 }
 

@@ -168,23 +168,29 @@ cli() { redis-cli -h "$HOST" -p "$PORT" "$@"; }
 source "$ROOT/bench/pipe_keys.sh"
 SHA=$(cli SCRIPT LOAD "$(cat "$ROOT/bench/baseline.lua")")
 
+# stored PREPARE COMMAND: all KEYS keys made by PREPARE (pipe_keys) first,
+# so that every call of COMMAND finds its key stored.
+stored() {
+    RANGE=$KEYS
+    pipe_keys "$1" "$KEYS" 1
+    CMD=$2
+}
+
 # workload NAME: sets CMD, STAT (its INFO commandstats name), SO (the
 # module whose own code it runs), RANGE (-r) and prepares its keys.
 workload() {
     STAT=rl.take SO=$MODULE RANGE=$KEYS
     case $1 in
     take) CMD="RL.TAKE rl:{k:__rand_int__} 3000 3000 60 COST 1 $P" ;;
-    take_live)
-        pipe_keys "RL.TAKE rl:{kl:{I}} 3000 3000 3600 COST 2000 $P" "$KEYS" 1
-        CMD="RL.TAKE rl:{kl:__rand_int__} 3000 3000 3600 COST 1 $P" ;;
+    take_live) stored "RL.TAKE rl:{kl:{I}} 3000 3000 3600 COST 2000 $P" \
+        "RL.TAKE rl:{kl:__rand_int__} 3000 3000 3600 COST 1 $P" ;;
     take_also)
         pipe_keys "RL.TAKE rl:{t:{I}}:tenant 100000 100000 3600 COST 50000" "$KEYS" 1
         CMD="RL.TAKE rl:{ka:__rand_int__} 3000 3000 60 COST 1 ALSO rl:{t:__rand_int__}:tenant 100000 100000 3600 $P" ;;
     take_plain) CMD="RL.TAKE rl:{kp:__rand_int__} 3000 3000 60 COST 1" ;;
     throttle) CMD="CL.THROTTLE rl:{c:__rand_int__} 2999 3000 60 1"; STAT=cl.throttle ;;
-    window)
-        pipe_keys "RL.WINDOW rl:{ws:{I}} 3000 60 COST 1" "$KEYS" 1
-        CMD="RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"; STAT=rl.window ;;
+    window) stored "RL.WINDOW rl:{ws:{I}} 3000 60 COST 1" "RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"
+        STAT=rl.window ;;
     lease) CMD="RL.LEASE ACQUIRE rl:{l:__rand_int__} 1000 1"; STAT="rl.lease|acquire" ;;
     incr) CMD="INCR bench:n:__rand_int__"; STAT=incr SO=- ;;
     lua)
@@ -195,16 +201,11 @@ workload() {
         STAT=floor.take SO=$FLOOR_SO RANGE=1000000
         case $1 in
         floor_take) CMD="FLOOR.TAKE fl:{k:__rand_int__} 3000 3000 60 COST 1 $P" ;;
-        floor_live)
-            RANGE=$KEYS
-            pipe_keys "FLOOR.TAKE fl:{kl:{I}} 3000 3000 3600 COST 2000 $P" "$KEYS" 1
-            CMD="FLOOR.TAKE fl:{kl:__rand_int__} 3000 3000 3600 COST 1 $P" ;;
+        floor_live) stored "FLOOR.TAKE fl:{kl:{I}} 3000 3000 3600 COST 2000 $P" \
+            "FLOOR.TAKE fl:{kl:__rand_int__} 3000 3000 3600 COST 1 $P" ;;
         floor_plain) CMD="FLOOR.TAKE fl:{kp:__rand_int__} 3000 3000 60 COST 1" ;;
         floor_throttle) CMD="FLOOR.TAKE fl:{c:__rand_int__} 2999 3000 60 1" ;;
-        floor_window)
-            RANGE=$KEYS
-            pipe_keys "FLOOR.TAKE fl:{ws:{I}} 3000 60 COST 1" "$KEYS" 1
-            CMD="FLOOR.TAKE fl:{ws:__rand_int__} 3000 60 COST 1" ;;
+        floor_window) stored "FLOOR.TAKE fl:{ws:{I}} 3000 60 COST 1" "FLOOR.TAKE fl:{ws:__rand_int__} 3000 60 COST 1" ;;
         floor_lease) CMD="FLOOR.TAKE fl:{l:__rand_int__} ACQUIRE 1000 1" ;;
         *) echo "profile: unknown workload $1" >&2; exit 2 ;;
         esac ;;

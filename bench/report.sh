@@ -54,8 +54,8 @@ report() {
     echo
     echo "Throughput: median of $ROUNDS runs; 'x INCR' is the median of the per-round ratios to INCR"
     echo "in the same configuration; usec/call from INFO commandstats (the command's own execution,"
-    echo "without protocol and network); cpu us = redis-server's CPU time (user + system, from /proc)"
-    echo "per call, everything included; 'cpu x' = INCR's cpu us / this one's: the server-side ratio,"
+    echo "without protocol and network); cpu us = the CPU time of redis-server's main thread (from"
+    echo "/proc/PID/schedstat) per call, everything included; 'cpu x' = INCR's cpu us / this one's: the server-side ratio,"
     echo "which redis-benchmark's own limit does not cap (one redis-benchmark thread cannot saturate"
     echo "the server with INCR at pipeline 32 here); cpu% = redis-server's CPU use during the run"
     echo "(100 = one core); path = share of calls with the intended outcome (INFO rl)."
@@ -119,7 +119,7 @@ report_ratios() {
     echo "Side by side (this run): RATIO <configuration>.<a>/<b> <x> is the median over the rounds"
     echo "of req/s(a) / req/s(b), measured in the same round, server and pipeline (cpu x: the same"
     echo "from the server's CPU time per call). TARGET lines compare two figures of this run."
-    awk -v pairs="$RATIO_PAIRS" -v target="$TARGET_THROTTLE_VS_CELL" "$AWK_MEDIAN"'
+    awk -v pairs="$RATIO_PAIRS" -v target="$TARGET_THROTTLE_VS_CELL" -v h2h="$HEAD_TO_HEAD" "$AWK_MEDIAN"'
         { c = ($1 == "replica" ? "replica.p" : "p") $2; r[c " " $3 " " $4] = $5; cu[c " " $3 " " $4] = $9
           if (!(c in seen)) { seen[c] = 1; confs[++nc] = c }; have[c " " $4] = 1
           if ($3 > rounds) rounds = $3 }
@@ -139,10 +139,26 @@ report_ratios() {
                     if (q == "") continue
                     m = median(q)
                     printf "RATIO %s.%s/%s %.2f  (%s; cpu x %.2f)\n", c, a, b, m, label, median(qc)
-                    if (a == "throttle" && b == "cell")
-                        verdict[++nv] = sprintf("TARGET %-7s %s: CL.THROTTLE (rl) req/s >= %sx CELL.THROTTLE (redis-cell): %.2fx",
-                            (m >= target ? "met" : "NOT met"), c, target, m)
+                    if (a == "throttle" && b == "cell") { rounds_ratio[c] = m; rounds_cpu[c] = median(qc) }
                 }
+            }
+            # The head-to-head pairs (file 2), when run, give the target its figure.
+            while ((getline line < h2h) > 0) {
+                split(line, f, " "); c = (f[1] == "replica" ? "replica.p" : "p") f[2]
+                if (f[6] > 0 && f[7] > 0) { hq[c] = hq[c] " " f[6] / f[7]; hc[c] = hc[c] " " f[9] / f[8]; hn[c]++ }
+            }
+            for (ci = 1; ci <= nc; ci++) {
+                c = confs[ci]
+                if (c in hq) {
+                    m = median(hq[c])
+                    printf "RATIO %s.h2h.throttle/cell %.2f  (%d back-to-back pairs of runs; cpu x %.2f)\n", c, m, hn[c], median(hc[c])
+                    how = sprintf("%d head-to-head pairs; interleaved rounds %.2fx; server CPU per call %.2fx", hn[c], rounds_ratio[c], median(hc[c]))
+                } else if (c in rounds_ratio) {
+                    m = rounds_ratio[c]
+                    how = sprintf("interleaved rounds; server CPU per call %.2fx", rounds_cpu[c])
+                } else continue
+                verdict[++nv] = sprintf("TARGET %-7s %s: CL.THROTTLE (rl) req/s >= %sx CELL.THROTTLE (redis-cell): %.2fx (%s)",
+                    (m >= target ? "met" : "NOT met"), c, target, m, how)
             }
             for (i = 1; i <= nv; i++) print verdict[i]
         }' "$RESULTS"

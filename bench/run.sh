@@ -18,8 +18,9 @@
 #
 # It prints a table of median throughput, the median of the per-round
 # ratios to INCR (same server, same round, same pipeline), usec_per_call
-# from INFO commandstats (reset before each run), the server's CPU time per
-# call and its ratio to INCR's (from /proc), the server's CPU use during the
+# from INFO commandstats (reset before each run), the CPU time per call of
+# the server's main thread (from /proc/PID/schedstat) and its ratio to
+# INCR's, the server's CPU use during the
 # run and the share of calls that took the intended path (from INFO rl),
 # then the memory table, then `RATIO name x` lines (rl against each peer,
 # medians of per-round ratios of this run) and `TARGET` lines: each compares
@@ -42,6 +43,9 @@
 #   RL_BENCH_KEYSPACE=100000       -r of redis-benchmark
 #   RL_BENCH_MEM_KEYS=50000        keys per memory measurement
 #   RL_BENCH_SCALE=1         also run RL.TAKE at 1k, 100k and 1M keys
+#   RL_BENCH_PAIRS=6         head-to-head pairs of runs of rl's CL.THROTTLE
+#                            and CELL.THROTTLE after each configuration's
+#                            rounds (0: none); the target uses them
 #   RL_BENCH_ONLY="take lua"       run only these workloads (incr always runs):
 #                            take take_live take_thr take_box take_also
 #                            take_plain throttle win_s win_e win_f lease lua
@@ -64,6 +68,7 @@ REPLICA_PIPELINES=${RL_BENCH_REPLICA_PIPELINES-32}
 KEYSPACE=${RL_BENCH_KEYSPACE:-100000}
 MEM_KEYS=${RL_BENCH_MEM_KEYS:-50000}
 SCALE=${RL_BENCH_SCALE:-0}
+PAIRS=${RL_BENCH_PAIRS:-6}
 ONLY=${RL_BENCH_ONLY:-}
 OUT=${RL_BENCH_OUT:-}
 CLIENTS=50
@@ -248,8 +253,16 @@ has take_live && pipe_keys "RL.TAKE rl:{kl:{I}} 3000 3000 3600 COST 2000 $P" "$K
 # created anew, as in take.
 has take_also && pipe_keys "RL.TAKE rl:{t:{I}}:tenant 100000 100000 3600 COST 50000" "$KEYSPACE" 1
 
+# The pairs with a throughput target, back to back after each phase.
+HEAD_TO_HEAD=$WORK/head_to_head.tsv   # phase pipeline k a b rps_a rps_b cpu_us_a cpu_us_b
+: >"$HEAD_TO_HEAD"
+duel() { # duel PHASE PIPELINE
+    if (( PAIRS > 0 )) && has throttle && has cell; then head_to_head "$1" "$2" throttle cell "$PAIRS"; fi
+}
+
 for pipe in $PIPELINES; do
     run_phase plain "$pipe"
+    duel plain "$pipe"
 done
 
 if [[ -n "$REPLICA_PIPELINES" ]]; then
@@ -268,6 +281,7 @@ if [[ -n "$REPLICA_PIPELINES" ]]; then
     wait_replica_caught_up
     for pipe in $REPLICA_PIPELINES; do
         run_phase replica "$pipe"
+        duel replica "$pipe"
     done
     link=$(redis-cli -h "$HOST" -p "$PORT_replica" INFO replication | tr -d '\r' | grep '^master_link_status')
     seen=$(cli INFO replication | tr -d '\r' | grep -c '^slave0:.*state=online' || true)
