@@ -89,7 +89,7 @@ reliability: deps build
 	@mv target/RELIABILITY.md.new tests/RELIABILITY.md
 	@echo "tests/RELIABILITY.md: table rewritten from $(FIGURES)"
 
-# System benchmark (bench/run.sh, about 5 minutes): one redis-server with
+# System benchmark (bench/run.sh, 5-10 minutes): one redis-server with
 # the module and its peers, the floor module (FLOOR.TAKE) and redis-cell
 # renamed CELL.THROTTLE (built once into target/peers/ from ../shared/ by
 # bench/peers.sh; RL_SHARED=dir overrides the location; a peer that cannot

@@ -353,6 +353,8 @@ awk -F'\t' -v ratios="$RATIOS" -v targets="$targets" '
         m = split(targets, tl, "\n")
         for (i = 1; i <= m; i++) {
             split(tl[i], kv, " "); split(kv[1], ab, "/"); a = ab[1]; b = ab[2]
+            if ((a in total) && !(b in total))
+                printf "NOTE target %s <= %sx %s not checked: %s was not measured in this run\n", a, kv[2], b, b
             if (!(a in total) || !(b in total)) continue
             x = net[a] / net[b]
             printf "TARGET %-7s instructions: %s <= %sx %s (same arguments, less expiry): %.2fx\n", (x <= kv[2] + 0 ? "met" : "NOT met"), a, kv[2], b, x

@@ -1,5 +1,6 @@
 # Sourced by bench/run.sh: report() prints the tables and the ratios of a
-# run from its files (RESULTS, MEMORY, SCALE_RESULTS; formats in run.sh)
+# run from its files (RESULTS, MEMORY, SCALE_RESULTS, HEAD_TO_HEAD; formats
+# in run.sh)
 # and the globals of run.sh (WORKLOADS, LABEL, ROUNDS, ...).
 #
 # Every ratio and verdict here is computed from two measurements of the
@@ -55,10 +56,10 @@ report() {
     echo "Throughput: median of $ROUNDS runs; 'x INCR' is the median of the per-round ratios to INCR"
     echo "in the same configuration; usec/call from INFO commandstats (the command's own execution,"
     echo "without protocol and network); cpu us = the CPU time of redis-server's main thread (from"
-    echo "/proc/PID/schedstat) per call, everything included; 'cpu x' = INCR's cpu us / this one's: the server-side ratio,"
-    echo "which redis-benchmark's own limit does not cap (one redis-benchmark thread cannot saturate"
-    echo "the server with INCR at pipeline 32 here); cpu% = redis-server's CPU use during the run"
-    echo "(100 = one core); path = share of calls with the intended outcome (INFO rl)."
+    echo "/proc/PID/schedstat) per call, everything included; 'cpu x' = INCR's cpu us / this one's:"
+    echo "the server-side ratio, which redis-benchmark's own limit does not cap (one redis-benchmark"
+    echo "thread cannot saturate the server with INCR at pipeline 32 here); cpu% = that thread's CPU"
+    echo "use during the run (100 = one core); path = share of calls with the intended outcome (INFO rl)."
     echo
     # Per round ratio to INCR, then medians.
     awk -v order="${WORKLOADS[*]}" -v labels="$(for w in "${WORKLOADS[@]}"; do printf '%s=%s;' "$w" "${LABEL[$w]}"; done)" "$AWK_MEDIAN"'
