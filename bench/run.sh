@@ -20,12 +20,13 @@
 # ratios to INCR (same server, same round, same pipeline), usec_per_call
 # from INFO commandstats (reset before each run), the CPU time per call of
 # the server's main thread (from /proc/PID/schedstat) and its ratio to
-# INCR's, the server's CPU use during the
-# run and the share of calls that took the intended path (from INFO rl),
-# then the memory table, then `RATIO name x` lines (rl against each peer,
-# medians of per-round ratios of this run) and `TARGET` lines: each compares
-# two measurements of this run against a target written in
-# bench/report.sh (the speed and memory targets). A peer that could not be
+# INCR's, that thread's CPU use during the run and the share of calls that
+# took the intended path (from INFO rl), then the memory table, then
+# `RATIO name x` lines (rl against each peer, medians of per-round ratios
+# of this run; rl's CL.THROTTLE and CELL.THROTTLE also head to head, in
+# back-to-back pairs of runs) and `TARGET` lines: each compares two
+# measurements of this run against a target written in bench/report.sh
+# (the speed and memory targets). A peer that could not be
 # built is said so, and its rows and ratios are left out. The results of
 # runs, with the machine and the date: bench/RESULTS.md. Absolute numbers
 # depend on the machine and on what else runs on it: read the ratios.
