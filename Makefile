@@ -89,15 +89,22 @@ reliability: deps build
 	@mv target/RELIABILITY.md.new tests/RELIABILITY.md
 	@echo "tests/RELIABILITY.md: table rewritten from $(FIGURES)"
 
-# System benchmark (bench/run.sh, under 5 minutes): redis-server with the
-# module, redis-benchmark for INCR, RL.TAKE/WINDOW/LEASE and the Lua
+# System benchmark (bench/run.sh, 5-10 minutes): one redis-server with
+# the module and its peers, the floor module (FLOOR.TAKE) and redis-cell
+# renamed CELL.THROTTLE (built once into target/peers/ from ../shared/ by
+# bench/peers.sh; RL_SHARED=dir overrides the location; a peer that cannot
+# be built is reported and left out), redis-benchmark for INCR,
+# RL.TAKE/WINDOW/LEASE, CL.THROTTLE, CELL.THROTTLE, FLOOR.TAKE and the Lua
 # baseline at pipeline 1 and 32, then with a replica; prints throughput
-# ratios to INCR, usec/call, bytes/key and the issue-6 targets. Results:
-# bench/RESULTS.md. The criterion benchmarks of the pure core are a
-# separate target, bench-core (they build the dev-dependencies, and link
-# the crate outside Redis, hence the system allocator); bench-profile
-# counts instructions and allocations per call under callgrind
-# (WORKLOAD=take|take_live|take_also|window|lease|incr|lua).
+# ratios to INCR, usec/call, bytes/key, RATIO lines between rl and each
+# peer measured side by side in that run, and TARGET lines for the speed
+# and memory targets. Results: bench/RESULTS.md. The criterion benchmarks
+# of the pure core are a separate target, bench-core (they build the
+# dev-dependencies, and link the crate outside Redis, hence the system
+# allocator); bench-profile counts instructions and allocations per call
+# under callgrind, rl's workloads with their peers in the same server
+# (WORKLOAD="take throttle ...", or all or targets; see bench/profile.sh),
+# and checks the instruction targets against the floor.
 bench: deps
 	bash bench/run.sh
 
