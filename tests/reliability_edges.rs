@@ -236,6 +236,7 @@ fn rename_copy_move_swapdb_unlink_and_flushall_async_behave() {
     // RENAME keeps the state and the absolute expiry; the old name is gone.
     q(&mut con, "RL.TAKE e:a 10 1 600 COST 4 STRIKES 3 600");
     q(&mut con, "RL.TAKE e:a 10 1 600 COST 9 STRIKES 3 600");
+    q(&mut con, "RL.TAKE e:a 10 1 600 COST 9 STRIKES 3 600");
     let (dump_a, at_a) = dump_and_expiry(&mut con, "e:a").expect("DUMP");
     q(&mut con, "RENAME e:a e:b");
     assert_eq!(

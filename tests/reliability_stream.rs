@@ -111,7 +111,11 @@ fn scenarios() -> Vec<Scenario> {
             label: "throttled with STRIKES (a strike is written)",
             run: |c| {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 3 60 JITTER 100");
-                assert_eq!((r[0], r[6]), (0, 2), "throttled, one strike");
+                assert_eq!(
+                    (r[0], r[6]),
+                    (0, 3),
+                    "throttled, its retry recorded: no strike yet"
+                );
             },
             expect: &["RL.APPLY"],
         },
@@ -119,11 +123,13 @@ fn scenarios() -> Vec<Scenario> {
             label: "the call that trips a box, then a call meeting it",
             run: |c| {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 2 60 BOX 30 60 90");
+                assert_eq!((r[0], r[6]), (0, 1), "an early retry: a strike");
+                let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 2 60 BOX 30 60 90");
                 assert_eq!(r[0], -1, "the box trips");
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 1");
                 assert_eq!(r[0], -1, "boxed");
             },
-            expect: &["RL.APPLY"],
+            expect: &["RL.APPLY", "RL.APPLY"],
         },
         Scenario {
             label: "RL.WINDOW sliding, exact and fixed, one throttled with STRIKES",

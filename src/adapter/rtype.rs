@@ -94,7 +94,8 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             None
         } else {
             let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-            codec::decode(bytes).ok()
+            let now = unsafe { api!(RedisModule_Milliseconds)() };
+            codec::decode_loaded(bytes, now).ok()
         };
         unsafe { api!(RedisModule_Free)(buf.cast::<c_void>()) };
         decoded.map_or(ptr::null_mut(), into_raw)

@@ -430,6 +430,36 @@ fn with_buffer<T>(body: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 /// `applied` keys (nothing when there are none); `expiry` is the absolute
 /// ms time or `PERSIST`.
 fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
+    if let [(name, range, at)] = applied.as_slice() {
+        // One key (the common call): the server builds the arguments from a
+        // format, with no string of ours to create and free.
+        let payload = payloads.get(range.clone()).unwrap_or_default();
+        let (ptr, len) = (payload.as_ptr().cast::<c_char>(), payload.len());
+        let replicate = api!(RedisModule_Replicate);
+        unsafe {
+            match at {
+                Some(at) => replicate(
+                    ctx.ptr(),
+                    c"RL.APPLY".as_ptr(),
+                    c"sbl".as_ptr(),
+                    name.0,
+                    ptr,
+                    len,
+                    *at as c_longlong,
+                ),
+                None => replicate(
+                    ctx.ptr(),
+                    c"RL.APPLY".as_ptr(),
+                    c"sbc".as_ptr(),
+                    name.0,
+                    ptr,
+                    len,
+                    c"PERSIST".as_ptr(),
+                ),
+            };
+        }
+        return;
+    }
     if applied.is_empty() {
         return;
     }

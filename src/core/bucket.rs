@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
 use super::limits::MAX_DURATION_MS;
-use super::part::Part;
+use super::part::{within_reach, Part};
 use super::time::{ceil_div, clamp_i64, Millis};
 
 /// The stored state of one bucket.
@@ -99,6 +99,10 @@ impl Part for Bucket {
     fn retain(&mut self, now: Millis) -> Option<Millis> {
         (self.full_at_ms() > now).then(|| self.full_at_ms())
     }
+
+    fn is_plausible(&self, now: Millis) -> bool {
+        within_reach(self.full_at_ms(), now)
+    }
 }
 
 /// The debt of `bucket` at `now`, in ticks of `rate` (0 for a missing or
@@ -123,9 +127,7 @@ pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
         // points are the same number of ticks.
         return stored;
     }
-    let cap = rate
-        .tolerance()
-        .saturating_add(i128::from(MAX_DURATION_MS).saturating_mul(rate.ticks_per_ms()));
+    let cap = max_debt(rate);
     mul_div_ceil(
         stored,
         i128::from(rate.period_ms),
@@ -169,12 +171,21 @@ pub fn wait_ms(debt: i128, cost: u64, rate: &Rate) -> i64 {
 
 /// Whole points left in a bucket with this `debt`.
 pub fn remaining(debt: i128, rate: &Rate) -> i64 {
+    balance(debt, rate).max(0)
+}
+
+/// Whole points left in a bucket with this `debt`, negative (rounded
+/// towards more debt) beyond empty.
+pub fn balance(debt: i128, rate: &Rate) -> i64 {
     let room = rate.tolerance().saturating_sub(debt);
-    if room <= 0 {
-        0
-    } else {
-        clamp_i64(room / i128::from(rate.period_ms.max(1)))
-    }
+    clamp_i64(room.div_euclid(i128::from(rate.period_ms.max(1))))
+}
+
+/// The largest debt a bucket holds: empty plus [`MAX_DURATION_MS`] of
+/// refill (a `DEBT` charge beyond it is capped there).
+pub fn max_debt(rate: &Rate) -> i128 {
+    rate.tolerance()
+        .saturating_add(i128::from(MAX_DURATION_MS).saturating_mul(rate.ticks_per_ms()))
 }
 
 /// Milliseconds until a bucket with this `debt` is full.
@@ -225,8 +236,15 @@ impl Limiter for Rate {
         wait_ms(*debt, cost, self)
     }
 
-    fn remaining(&self, debt: &i128) -> i64 {
-        remaining(*debt, self)
+    fn balance(&self, debt: &i128) -> i64 {
+        balance(*debt, self)
+    }
+
+    fn refund(&self, state: &mut Bucket, debt: &i128, points: u64, now: Millis) -> i128 {
+        let left = debt.saturating_sub(self.cost_ticks(points)).max(0);
+        let (bucket, left) = charge(left, 0, self, now);
+        *state = bucket;
+        left
     }
 
     /// Read from the stored state rather than from the debt at this call's
@@ -236,8 +254,12 @@ impl Limiter for Rate {
         state.map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
     }
 
+    /// A charge beyond empty (`DELAY`, `DEBT`) is capped at [`max_debt`].
     fn charge(&self, state: &mut Option<Bucket>, debt: &i128, cost: u64, now: Millis) -> i128 {
-        let (bucket, debt) = charge(*debt, cost, self, now);
+        let capped = debt
+            .min(&max_debt(self))
+            .saturating_add(self.cost_ticks(cost));
+        let (bucket, debt) = charge(capped.min(max_debt(self)), 0, self, now);
         *state = Some(bucket);
         debt
     }

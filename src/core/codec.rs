@@ -4,7 +4,8 @@
 //! Layout: one version byte, then the record as a MessagePack array of its
 //! fields in declaration order. Each version appends fields: version 1 had
 //! `[bucket, penalty]`, version 2 added `leases`, version 3 `window`,
-//! version 4 `quota`. Older payloads (an RDB or
+//! version 4 `quota`; version 5 added a field to the penalty (the retry a
+//! refusal announced, written only when set). Older payloads (an RDB or
 //! AOF written by an older build) decode with the missing fields empty.
 //! Decoding accepts only canonical bytes (those that encode back to
 //! themselves in their version) holding a valid record, so corrupt input
@@ -13,11 +14,12 @@
 use serde::{Serialize, Serializer};
 
 use super::record::Record;
+use super::time::Millis;
 
 /// The current payload version (the first byte of every payload): the
 /// number of parts a [`Record`] encodes, see the registry in
 /// [`super::record`].
-pub const PAYLOAD_VERSION: u8 = 4;
+pub const PAYLOAD_VERSION: u8 = 5;
 
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +69,22 @@ pub fn decode(bytes: &[u8]) -> Result<Record, CodecError> {
     let record = Record::deserialize_parts(&mut de).map_err(|_| CodecError::Malformed)?;
     let mut canonical = Vec::with_capacity(bytes.len());
     append_version(&record, version, &mut canonical);
-    if !record.is_valid() || canonical != bytes {
+    if !record.is_valid() || !record.fits_version(version) || canonical != bytes {
         return Err(CodecError::Malformed);
     }
     Ok(record)
+}
+
+/// Decode a payload loaded from outside a call (RDB, `RESTORE`, a
+/// replicated `RL.APPLY`): also refuse a state no legal call could have
+/// written by the server's time `now` ([`Record::is_plausible`]).
+pub fn decode_loaded(bytes: &[u8], now: Millis) -> Result<Record, CodecError> {
+    let record = decode(bytes)?;
+    if record.is_plausible(now) {
+        Ok(record)
+    } else {
+        Err(CodecError::Malformed)
+    }
 }
 
 #[cfg(test)]
@@ -96,6 +110,7 @@ mod tests {
             offenses_until: 1_700_086_400_000,
             box_level: 0,
             box_until: 0,
+            retry_at: 0,
         }));
         record.set_part(Some(Box::new(leases())));
         record.set_part(Some(WindowState::Fixed {
@@ -144,6 +159,90 @@ mod tests {
         let mut trailing = bytes;
         trailing.push(0);
         assert_eq!(decode(&trailing), Err(CodecError::Malformed));
+    }
+
+    #[test]
+    fn loaded_states_stay_within_what_calls_write() {
+        use crate::core::part::MAX_AHEAD_MS;
+        use crate::core::penalty::MANUAL;
+        let now = 1_700_000_000_000;
+        let reach = now + MAX_AHEAD_MS as i64;
+        let penalty = |p: Penalty| {
+            let mut r = Record::default();
+            r.penalty = Some(Box::new(p));
+            r
+        };
+        let boxed = |level, until| Penalty {
+            box_level: level,
+            box_until: until,
+            offenses: 1,
+            offenses_until: now + 1,
+            ..Penalty::default()
+        };
+        let rows: Vec<(&str, Record, bool)> = vec![
+            ("a box at the reach", penalty(boxed(1, reach)), true),
+            ("a box past the reach", penalty(boxed(1, reach + 1)), false),
+            ("a box at 2^63-2", penalty(boxed(2, MANUAL - 1)), false),
+            ("a manual box", penalty(boxed(3, MANUAL)), true),
+            ("an end without a box", penalty(boxed(0, now + 5)), false),
+            (
+                "strikes that never expire",
+                penalty(Penalty {
+                    strikes: 1,
+                    strikes_until: MANUAL,
+                    ..Penalty::default()
+                }),
+                false,
+            ),
+            (
+                "more strikes than any threshold",
+                penalty(Penalty {
+                    strikes: crate::core::limits::MAX_THRESHOLD + 1,
+                    strikes_until: now + 1,
+                    ..Penalty::default()
+                }),
+                false,
+            ),
+            (
+                "a bucket full in 300 years",
+                Record::with_bucket(Bucket {
+                    tat_ms: now + 300 * 365 * 86_400_000,
+                    tat_frac: 0,
+                    tokens: crate::core::bucket::tick_scale(1),
+                    period_ms: 1,
+                }),
+                false,
+            ),
+            ("an ordinary record", sample(), true),
+        ];
+        for (what, record, loads) in rows {
+            let bytes = encode(&record);
+            assert!(decode(&bytes).is_ok(), "{what}: well-formed");
+            assert_eq!(decode_loaded(&bytes, now).is_ok(), loads, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_retry_at_needs_version_5() {
+        let mut r = sample();
+        if let Some(p) = r.penalty.as_deref_mut() {
+            p.retry_at = 1_700_000_001_000;
+        }
+        let bytes = encode(&r);
+        assert_eq!(decode(&bytes), Ok(r.clone()));
+        let mut as_v4 = bytes.clone();
+        as_v4[0] = 4;
+        assert_eq!(
+            decode(&as_v4),
+            Err(CodecError::Malformed),
+            "a v4 payload has no retry_at"
+        );
+        // Without one, a penalty has the bytes older builds wrote.
+        let plain = sample();
+        let mut v4 = Vec::new();
+        append_version(&plain, 4, &mut v4);
+        assert_eq!(&v4[1..], &encode(&plain)[1..]);
+        assert_eq!(decode(&v4), Ok(plain));
     }
 
     #[test]

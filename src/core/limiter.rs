@@ -34,7 +34,13 @@ pub trait Limiter {
     ) -> i64;
 
     /// Whole points still admissible now.
-    fn remaining(&self, seen: &Self::Seen) -> i64;
+    fn remaining(&self, seen: &Self::Seen) -> i64 {
+        self.balance(seen).max(0)
+    }
+
+    /// Whole points left now, negative in debt (after a `DEBT` charge
+    /// beyond the limit).
+    fn balance(&self, seen: &Self::Seen) -> i64;
 
     /// Milliseconds until `state` (as stored after the call) holds nothing
     /// that limits: the bucket is full, the window is empty.
@@ -47,6 +53,17 @@ pub trait Limiter {
         state: &mut Option<Self::State>,
         seen: &Self::Seen,
         cost: u64,
+        now: Millis,
+    ) -> Self::Seen;
+
+    /// Give `points` back to `state` (read as `seen`) at `now`, never
+    /// beyond empty (a full bucket, a window counting nothing), and say how
+    /// it reads after.
+    fn refund(
+        &self,
+        state: &mut Self::State,
+        seen: &Self::Seen,
+        points: u64,
         now: Millis,
     ) -> Self::Seen;
 

@@ -57,6 +57,13 @@ proptest! {
         let mut offsets = boxed_offsets.into_iter();
         let mut levels = Vec::new();
         for trip in 0..4 {
+            // The first refusal (after an admission or a box) only announces
+            // a retry, 31 years ahead: every later call is an early retry.
+            now += gaps.next().unwrap_or(0);
+            let (reply, fx) = state.call(&call, now);
+            prop_assert_eq!(reply.status, Status::Throttled, "trip {} first refusal", trip);
+            prop_assert_eq!(reply.strikes_remaining, threshold as i64);
+            prop_assert!(fx.penalty && fx.tripped.is_none());
             // Strikes 1..=threshold, all inside one window.
             let mut tripped_at = None;
             for k in 1..=threshold {
@@ -105,11 +112,12 @@ proptest! {
                 now = at;
             } else {
                 // The box is over exactly at its deadline: the next call is
-                // an ordinary strike (or a new trip when the threshold is 1).
+                // an ordinary refusal, not a strike.
                 let end = at + duration as i64;
                 prop_assert_eq!(state.peek(&call, end - 1).status, Status::Boxed);
                 let next = state.peek(&call, end);
-                prop_assert!(next.status == Status::Throttled || (threshold == 1 && next.status == Status::Boxed));
+                prop_assert_eq!(next.status, Status::Throttled);
+                prop_assert_eq!(next.strikes_remaining, threshold as i64);
                 now = end;
             }
         }
@@ -132,6 +140,8 @@ proptest! {
         let call = with_strikes(&rates, 1, policy);
         let mut state = State::new(1);
         state.call(&call, T0);
+        // The first refusal announces a retry 31 years ahead: no strike.
+        prop_assert_eq!(state.call(&call, T0).0.strikes_remaining, threshold as i64);
         let mut now = T0;
         let (mut count, mut window_end) = (0u64, i64::MIN);
         for gap in gaps {

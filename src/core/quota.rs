@@ -8,9 +8,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
-use super::part::Part;
+use super::part::{within_reach, Part, MAX_COUNT};
 use super::penalty::MANUAL;
-use super::time::Millis;
+use super::time::{clamp_i64, Millis};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -73,6 +73,10 @@ impl Part for QuotaState {
 
     fn retain(&mut self, now: Millis) -> Option<Millis> {
         self.counts_until(now).map(|end| end.min(MANUAL - 1))
+    }
+
+    fn is_plausible(&self, now: Millis) -> bool {
+        within_reach(self.end, now) && self.count <= MAX_COUNT
     }
 }
 
@@ -170,8 +174,26 @@ impl Limiter for Quota {
         }
     }
 
-    fn remaining(&self, seen: &QuotaSeen) -> i64 {
-        i64::try_from(self.limit.saturating_sub(seen.count)).unwrap_or(i64::MAX)
+    fn balance(&self, seen: &QuotaSeen) -> i64 {
+        clamp_i64(i128::from(self.limit) - i128::from(seen.count))
+    }
+
+    fn refund(
+        &self,
+        state: &mut QuotaState,
+        seen: &QuotaSeen,
+        points: u64,
+        _now: Millis,
+    ) -> QuotaSeen {
+        let after = QuotaSeen {
+            count: seen.count.saturating_sub(points),
+            end: seen.end,
+        };
+        *state = QuotaState {
+            end: after.end,
+            count: after.count,
+        };
+        after
     }
 
     /// Milliseconds until the period ends (when the count resets).

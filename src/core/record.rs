@@ -129,6 +129,25 @@ macro_rules! parts {
                     })
             }
 
+            /// Whether every part is one a legal call could have written by
+            /// `now` ([`Part::is_plausible`]).
+            pub fn is_plausible(&self, now: Millis) -> bool {
+                true
+                    $(&& self.$iname.as_ref().is_none_or(|p| p.is_plausible(now)))*
+                    && self.others.as_deref().is_none_or(|o| {
+                        true $(&& o.$oname.as_ref().is_none_or(|p| p.is_plausible(now)))*
+                    })
+            }
+
+            /// Whether a payload of `version` can hold every part as it is.
+            pub(crate) fn fits_version(&self, version: u8) -> bool {
+                true
+                    $(&& self.$iname.as_ref().is_none_or(|p| p.since_version() <= version))*
+                    && self.others.as_deref().is_none_or(|o| {
+                        true $(&& o.$oname.as_ref().is_none_or(|p| p.since_version() <= version))*
+                    })
+            }
+
             /// Drop the parts that no longer matter at `now`, and say how
             /// long the rest must be kept.
             pub fn prune(&mut self, now: Millis) -> Retention {

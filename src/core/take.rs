@@ -30,6 +30,24 @@ pub struct Request<L> {
     /// within this wait is admitted later instead of throttled, its points
     /// reserved now (the keys go into debt beyond their limit).
     pub delay_ms: Option<u64>,
+    /// How `cost` is settled: charged if it fits (the default), charged
+    /// whatever (`DEBT`), or given back (`REFUND`).
+    pub settle: Settle,
+}
+
+/// How a call settles its `cost`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Settle {
+    /// Taken from every key if it fits in every key, else nothing.
+    #[default]
+    Charge,
+    /// `COST cost DEBT`: a price known after the fact, taken from every key
+    /// whether or not it fits (a key may go into debt): never throttled,
+    /// never a strike.
+    Debt,
+    /// `REFUND points`: `cost` points given back to every key that holds a
+    /// state, never beyond empty.
+    Refund,
 }
 
 /// The limiters of one call, first key first.
@@ -48,6 +66,7 @@ impl<L: Clone> Request<L> {
             penalty: None,
             jitter_percent: 0,
             delay_ms: None,
+            settle: Settle::Charge,
         }
     }
 }
@@ -153,6 +172,9 @@ pub fn decide<L: Limiter>(
             .as_ref()
             .map(|pol| p.strikes_remaining(pol, now))
     };
+    if req.settle != Settle::Charge {
+        return settle(states, &mut seen, penalty, req, now, strikes_left(penalty));
+    }
 
     // Throttled: the key that needs the longest wait binds.
     let mut binding = None;
@@ -174,6 +196,7 @@ pub fn decide<L: Limiter>(
     if let Some(i) = binding {
         if req.cost > 0 && req.delay_ms.is_some_and(|max| longest <= max) {
             charge_all(states, &mut seen, limits, req.cost, now);
+            let admitted = penalty.admit(now);
             let decision = Decision {
                 status: Status::Delayed,
                 retry_after: Span::Ms(longest),
@@ -181,6 +204,7 @@ pub fn decide<L: Limiter>(
             };
             let effects = Effects {
                 states: KeySet::first(n),
+                penalty: admitted,
                 ..Effects::default()
             };
             return (decision, effects);
@@ -189,16 +213,19 @@ pub fn decide<L: Limiter>(
         if req.cost > 0 {
             effects.states = rewrite(states, &seen, limits, now);
         }
+        let retry_after = jittered(longest, req.jitter_percent, random);
         if let (Some(policy), true) = (req.penalty.as_ref(), req.cost > 0) {
+            // The refusal records the retry it announces; only an early
+            // retry (before the previous refusal's) is a strike.
             effects.penalty = true;
-            if let Strike::Tripped(active) = penalty.strike(policy, now) {
+            if let Some(Strike::Tripped(active)) = penalty.refuse(policy, retry_after, now) {
                 effects.tripped = Some(active);
                 return (boxed(first_limit, &active, now), effects);
             }
         }
         let decision = Decision {
             status: Status::Throttled,
-            retry_after: Span::Ms(jittered(longest, req.jitter_percent, random)),
+            retry_after: Span::Ms(retry_after),
             ..about(i, states, &seen, limits, now, strikes_left(penalty))
         };
         return (decision, effects);
@@ -209,6 +236,7 @@ pub fn decide<L: Limiter>(
     if req.cost > 0 {
         charge_all(states, &mut seen, limits, req.cost, now);
         effects.states = KeySet::first(n);
+        effects.penalty = penalty.admit(now);
     }
     let mut binding = 0;
     let mut fewest = i64::MAX;
@@ -222,6 +250,52 @@ pub fn decide<L: Limiter>(
     let decision = Decision {
         status: Status::Allowed,
         ..about(binding, states, &seen, limits, now, strikes_left(penalty))
+    };
+    (decision, effects)
+}
+
+/// `DEBT` and `REFUND`: applied to every key (a refund only where a state
+/// is stored), always allowed; the key with the fewest points left binds,
+/// its balance negative when in debt.
+fn settle<L: Limiter>(
+    states: &mut [impl BorrowMut<Option<L::State>>],
+    seen: &mut [L::Seen],
+    penalty: &mut Penalty,
+    req: &Request<L>,
+    now: Millis,
+    strikes_remaining: Option<u64>,
+) -> (Decision, Effects) {
+    let n = states.len().min(seen.len()).min(req.limits.len());
+    let limits = &req.limits[..n];
+    let mut effects = Effects::default();
+    if req.cost > 0 {
+        for (i, ((state, seen), limit)) in states
+            .iter_mut()
+            .zip(seen.iter_mut())
+            .zip(limits)
+            .enumerate()
+        {
+            let slot = state.borrow_mut();
+            match (req.settle, slot.as_mut()) {
+                (Settle::Refund, Some(stored)) => {
+                    *seen = limit.refund(stored, seen, req.cost, now);
+                    effects.states.insert(i);
+                }
+                (Settle::Refund, None) => {}
+                _ => {
+                    *seen = limit.charge(slot, seen, req.cost, now);
+                    effects.states.insert(i);
+                }
+            }
+        }
+        effects.penalty = penalty.admit(now);
+    }
+    let binding = (0..n)
+        .min_by_key(|&i| limits[i].balance(&seen[i]))
+        .unwrap_or(0);
+    let decision = Decision {
+        remaining: limits.get(binding).map_or(0, |l| l.balance(&seen[binding])),
+        ..about(binding, states, seen, limits, now, strikes_remaining)
     };
     (decision, effects)
 }
@@ -359,8 +433,14 @@ mod tests {
         r.penalty = strikes(2);
         let (reply, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
         assert_eq!(reply.wire(), [1, 1, 0, 60000, 0, 0, 2, 0]);
+        // The first refusal announces a retry at NOW + 60000: no strike.
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 1, 0);
-        assert_eq!(reply.wire(), [0, 1, 0, 59999, 59999, 0, 1, 0]);
+        assert_eq!(reply.wire(), [0, 1, 0, 59999, 59999, 0, 2, 0]);
+        assert!(fx.penalty && fx.tripped.is_none());
+        assert_eq!(penalty.retry_at, NOW + 60_000);
+        // Retrying before it is a strike, each time.
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 2, 0);
+        assert_eq!(reply.wire(), [0, 1, 0, 59998, 59998, 0, 1, 0]);
         assert!(fx.penalty && fx.tripped.is_none());
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 2, 0);
         assert_eq!(reply.wire(), [-1, 1, 0, 300000, 300000, 1, 0, 0]);
@@ -369,6 +449,92 @@ mod tests {
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 120_000, 0);
         assert_eq!(reply.wire(), [-1, 1, 0, 180002, 180002, 1, 0, 0]);
         assert_eq!(fx, Effects::default());
+    }
+
+    #[test]
+    fn debt_charges_past_empty_and_refund_gives_back_up_to_full() {
+        let mut buckets = [None, None];
+        let mut penalty = Penalty::default();
+        let rates = [rate(10, 1, 1000), rate(100, 10, 1000)];
+        let mut r = req(&rates, 25);
+        r.settle = Settle::Debt;
+        // 25 points on a bucket of 10: allowed, 15 in debt.
+        let (d, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(d.wire(), [1, 10, -15, 25_000, 0, 0, -1, 0]);
+        assert_eq!(fx.states, KeySet::first(2));
+        // Throttled until the debt is repaid at the refill rate.
+        let one = req(&rates, 1);
+        let (d, _) = take(&mut buckets, &mut penalty, &one, NOW, 0);
+        assert_eq!(
+            (d.status, d.retry_after),
+            (Status::Throttled, Span::Ms(16_000))
+        );
+        let (d, _) = take(&mut buckets, &mut penalty, &one, NOW + 16_000, 0);
+        assert_eq!(d.status, Status::Allowed);
+        // A refund gives back, never beyond full.
+        let mut back = req(&rates, 1000);
+        back.settle = Settle::Refund;
+        let (d, fx) = take(&mut buckets, &mut penalty, &back, NOW + 16_000, 0);
+        assert_eq!(d.wire(), [1, 10, 10, 0, 0, 0, -1, 0]);
+        assert_eq!(fx.states, KeySet::first(2));
+        // A refund to keys that hold nothing changes nothing.
+        let mut empty = [None];
+        let (d, fx) = take(&mut empty, &mut penalty, &req(&rates[..1], 5), NOW, 0);
+        assert_eq!(d.status, Status::Allowed);
+        let mut nothing = [None];
+        let (_, fx2) = take(
+            &mut nothing,
+            &mut penalty,
+            &{
+                let mut b = req(&rates[..1], 5);
+                b.settle = Settle::Refund;
+                b
+            },
+            NOW,
+            0,
+        );
+        assert!(fx.states.contains(0) && fx2.states.is_empty() && nothing[0].is_none());
+    }
+
+    #[test]
+    fn debt_and_refund_never_strike_and_a_box_still_answers() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        penalty.trip(1, 60_000, NOW);
+        let mut r = req(&[rate(1, 1, 1000)], 5);
+        r.penalty = strikes(1);
+        r.settle = Settle::Debt;
+        let (d, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!((d.status, fx), (Status::Boxed, Effects::default()));
+        penalty.release(true, NOW);
+        let (d, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!((d.status, d.strikes_remaining), (Status::Allowed, Some(1)));
+        let (d, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!((d.status, d.remaining), (Status::Allowed, -9));
+    }
+
+    #[test]
+    fn a_client_that_waits_as_told_is_never_struck() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut r = req(&[rate(2, 1, 1000)], 1);
+        r.penalty = strikes(1);
+        let mut now = NOW;
+        for _ in 0..50 {
+            let (reply, _) = take(&mut buckets, &mut penalty, &r, now, 0);
+            assert_ne!(reply.status, Status::Boxed);
+            assert_eq!(reply.strikes_remaining, Some(1));
+            now += i64::try_from(reply.retry_after.as_ms().unwrap_or(0)).unwrap_or(0);
+        }
+        // One early retry with a threshold of 1 trips the box.
+        let (refused, _) = take(&mut buckets, &mut penalty, &r, now, 0);
+        let (refused, _) = match refused.status {
+            Status::Allowed => take(&mut buckets, &mut penalty, &r, now, 0),
+            _ => (refused, Effects::default()),
+        };
+        assert_eq!(refused.status, Status::Throttled);
+        let (early, _) = take(&mut buckets, &mut penalty, &r, now, 0);
+        assert_eq!(early.status, Status::Boxed);
     }
 
     #[test]

@@ -86,25 +86,44 @@ fn check_calls_change_only_what_they_report(
             fx
         );
         if !fx.penalty {
-            prop_assert_eq!(state.penalty, before.penalty);
+            let pending = Penalty {
+                retry_at: state.penalty.retry_at,
+                ..before.penalty
+            };
+            prop_assert_eq!(
+                state.penalty,
+                pending,
+                "only a retry no longer pending may change unreported"
+            );
         }
         if cost == 0 {
             prop_assert_eq!(&state, &before, "a probe changed the state: {:?}", reply);
             prop_assert_eq!(fx, Effects::default());
         }
         if reply.status == Status::Allowed {
+            // An admission clears the retry a refusal announced, nothing else.
             prop_assert_eq!(
                 state.penalty,
-                before.penalty,
+                Penalty {
+                    retry_at: state.penalty.retry_at,
+                    ..before.penalty
+                },
                 "an allowed call touched the penalty"
             );
+            prop_assert!(
+                cost == 0
+                    || state.penalty.retry_at == 0
+                    || before.penalty.retry_at == state.penalty.retry_at
+            );
+            // Reported exactly when a retry was still pending.
+            prop_assert_eq!(fx.penalty, cost > 0 && now < before.penalty.retry_at);
             let all = if cost > 0 {
                 KeySet::first(n)
             } else {
                 KeySet::default()
             };
             prop_assert_eq!(fx.states, all);
-            prop_assert!(!fx.penalty && fx.tripped.is_none());
+            prop_assert!(fx.tripped.is_none());
             continue;
         }
         // Throttled, or boxed: no point taken or granted in any bucket.
@@ -402,7 +421,7 @@ proptest! {
         jitter_percent in any::<u8>(),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: policy, jitter_percent, delay_ms: None };
+        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: policy, jitter_percent, delay_ms: None, settle: Default::default() };
         let mut buckets = stored[..nb].to_vec();
         let mut penalty = penalty;
         for (now, random) in calls {
@@ -420,7 +439,7 @@ proptest! {
         stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS + 1),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: None, jitter_percent: 0, delay_ms: None };
+        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: None, jitter_percent: 0, delay_ms: None, settle: Default::default() };
         let mut buckets = stored;
         let mut penalty = Penalty::default();
         for (now, random) in calls {

@@ -298,16 +298,20 @@ pub fn any_valid_penalty() -> impl Strategy<Value = Penalty> {
         count,
         time.clone(),
         0..=MAX_BOX_LEVEL,
+        time.clone(),
         time,
     )
         .prop_map(
-            |(strikes, strikes_until, offenses, offenses_until, box_level, box_until)| Penalty {
-                strikes,
-                strikes_until,
-                offenses,
-                offenses_until,
-                box_level,
-                box_until,
+            |(strikes, strikes_until, offenses, offenses_until, box_level, box_until, retry_at)| {
+                Penalty {
+                    strikes,
+                    strikes_until,
+                    offenses,
+                    offenses_until,
+                    box_level,
+                    box_until,
+                    retry_at,
+                }
             },
         )
 }
@@ -381,6 +385,7 @@ pub fn request_within_limits() -> impl Strategy<Value = TakeRequest> {
                 penalty,
                 jitter_percent,
                 delay_ms,
+                settle: Default::default(),
             },
         )
 }

@@ -1,6 +1,7 @@
-//! What the limiter commands (`RL.TAKE`, `RL.WINDOW`) share: one parser
-//! for `key <limiter arguments> [ALSO key <limiter arguments>]... [COST]
-//! [STRIKES] [BOX] [OFFENSES] [JITTER]` plus each command's own words, and
+//! What the limiter commands (`RL.TAKE`, `RL.WINDOW`, `RL.QUOTA`) share:
+//! one parser for `key <limiter arguments> [ALSO key <limiter
+//! arguments>]... [COST cost [DEBT] | REFUND points] [STRIKES] [BOX]
+//! [OFFENSES] [JITTER]` plus each command's own words, and
 //! one runner that opens every key in a [`Call`], lets [`decide`] rule on
 //! the states where they are stored, and commits.
 
@@ -22,7 +23,7 @@ use crate::core::limits::{
 };
 use crate::core::penalty::PenaltyPolicy;
 use crate::core::record::{Holds, Record};
-use crate::core::take::{decide, Limits, Request};
+use crate::core::take::{decide, Limits, Request, Settle};
 
 /// The positions of a call's keys in its arguments, first key first (a
 /// fixed array: parsing allocates nothing).
@@ -60,9 +61,19 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
     let mut boxes = None;
     let mut offenses = None;
     let mut jitter = None;
+    let mut debt = None;
+    let mut refund = None;
     while let Some(word) = c.word() {
         if is(word, "COST") {
             set_once(&mut cost, "COST", c.integer("COST", 0, MAX_POINTS)?)?;
+        } else if is(word, "DEBT") {
+            set_once(&mut debt, "DEBT", ())?;
+        } else if is(word, "REFUND") {
+            set_once(
+                &mut refund,
+                "REFUND",
+                c.integer("REFUND points", 1, MAX_POINTS)?,
+            )?;
         } else if is(word, "ALSO") {
             if limits.len() >= MAX_BUCKETS {
                 return Err(ArgError::TooManyBuckets);
@@ -91,9 +102,29 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         }
     }
     c.finish()?;
-    let cost = cost.unwrap_or(1);
-    if let Some(index) = limits.iter().position(|l| cost > l.limit()) {
-        return Err(ArgError::CostAboveCapacity { index });
+    let (cost, settle) = match (cost, debt, refund) {
+        (Some(_), _, Some(_)) => {
+            return Err(ArgError::Together {
+                a: "REFUND",
+                b: "COST",
+            })
+        }
+        (_, Some(()), Some(_)) => {
+            return Err(ArgError::Together {
+                a: "REFUND",
+                b: "DEBT",
+            })
+        }
+        (_, None, Some(points)) => (points, Settle::Refund),
+        (cost, Some(()), None) => (cost.unwrap_or(1), Settle::Debt),
+        (cost, None, None) => (cost.unwrap_or(1), Settle::Charge),
+    };
+    // A price known after the fact, or points given back, may be larger
+    // than a key's limit.
+    if settle == Settle::Charge {
+        if let Some(index) = limits.iter().position(|l| cost > l.limit()) {
+            return Err(ArgError::CostAboveCapacity { index });
+        }
     }
     for (i, &a) in keys.iter().enumerate() {
         if keys[..i].iter().any(|&b| c.bytes_at(a) == c.bytes_at(b)) {
@@ -117,6 +148,7 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         penalty,
         jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
         delay_ms: None,
+        settle,
     })
 }
 

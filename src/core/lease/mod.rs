@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 mod codec;
 
 use crate::core::limits::{MAX_LEASES, MAX_LEASE_ID_LEN};
-use crate::core::part::Part;
+use crate::core::part::{within_reach, Part};
 use crate::core::time::{after, Millis};
 
 /// The latest deadline a lease can have: deadlines stay below `i64::MAX`.
@@ -385,6 +385,12 @@ impl Part for Leases {
     fn retain(&mut self, now: Millis) -> Option<Millis> {
         self.sweep(now);
         self.last_deadline(now)
+    }
+
+    fn is_plausible(&self, now: Millis) -> bool {
+        self.by_deadline
+            .last()
+            .is_none_or(|(deadline, _)| within_reach(*deadline, now))
     }
 
     fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {

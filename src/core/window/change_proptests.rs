@@ -5,6 +5,7 @@
 use proptest::prelude::*;
 
 use super::proptests::{run, *};
+use super::tests::{charged, rewritten};
 use super::{key_offset, Mode, Window, WindowSeen, WindowState};
 use crate::core::limiter::Limiter;
 use crate::core::take::{decide, Request};

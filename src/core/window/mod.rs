@@ -105,7 +105,7 @@ use exact::{add_entry, log_codec, ExactView};
 
 use crate::core::limiter::Limiter;
 use crate::core::limits::{MAX_DURATION_MS, MAX_EXACT_LIMIT};
-use crate::core::part::Part;
+use crate::core::part::{within_reach, Part, MAX_COUNT};
 use crate::core::penalty::MANUAL;
 use crate::core::time::{ceil_div, clamp_i64, Millis};
 
@@ -431,6 +431,18 @@ impl Part for WindowState {
         self.counts_until(now).map(|last| last.min(MANUAL - 1))
     }
 
+    fn is_plausible(&self, now: Millis) -> bool {
+        match self {
+            WindowState::Sliding {
+                start, prev, curr, ..
+            } => within_reach(*start, now) && prev.max(curr) <= &MAX_COUNT,
+            WindowState::Fixed { end, count } => within_reach(*end, now) && *count <= MAX_COUNT,
+            WindowState::Exact { log, .. } => log
+                .last()
+                .is_none_or(|e| within_reach(e.at, now) && e.cost <= MAX_COUNT),
+        }
+    }
+
     fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
         WindowState::heap_bytes(self)
     }
@@ -720,8 +732,46 @@ impl Limiter for Window {
         }
     }
 
-    fn remaining(&self, seen: &WindowSeen) -> i64 {
-        clamp_i64(i128::from(self.limit) - i128::from(seen.count)).max(0)
+    fn balance(&self, seen: &WindowSeen) -> i64 {
+        clamp_i64(i128::from(self.limit) - i128::from(seen.count))
+    }
+
+    /// Points come off the latest counts first: the current sub-window
+    /// then the previous one; a log's newest entries.
+    fn refund(
+        &self,
+        state: &mut WindowState,
+        _seen: &WindowSeen,
+        points: u64,
+        now: Millis,
+    ) -> WindowSeen {
+        let mut next = self
+            .normalized(Some(state), now)
+            .unwrap_or_else(|| self.empty(now));
+        let mut left = points;
+        let mut take = |count: &mut u64| {
+            let taken = left.min(*count);
+            *count -= taken;
+            left -= taken;
+        };
+        match &mut next {
+            WindowState::Sliding { prev, curr, .. } => {
+                take(curr);
+                take(prev);
+            }
+            WindowState::Fixed { count, .. } => take(count),
+            WindowState::Exact { log, .. } => {
+                while let Some(last) = log.last_mut() {
+                    take(&mut last.cost);
+                    if last.cost > 0 {
+                        break;
+                    }
+                    log.pop();
+                }
+            }
+        }
+        *state = next;
+        self.see(Some(state), now)
     }
 
     /// Read under this call's parameters, like every other reply field (a

@@ -9,13 +9,10 @@
 
 use proptest::prelude::*;
 
-use super::{Entry, Mode, Window, WindowSeen, WindowState};
-use crate::core::limiter::Limiter;
+use super::{Entry, Mode, Window, WindowState};
 use crate::core::limits::MAX_EXACT_LIMIT;
 use crate::core::take::{decide, Request};
 use crate::core::testkit::*;
-
-use super::tests::{charged, rewritten};
 
 // ---------------------------------------------------------------------------
 // Driving `decide`.
