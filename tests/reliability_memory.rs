@@ -226,8 +226,13 @@ fn under_maxmemory_noeviction_charging_is_oom_and_releasing_works() {
     let keys_after = int(&mut con, "DBSIZE");
     // RL.BOX is not deny-oom (commands.md): an operator can still box.
     let trip_ok = call(&mut con, "RL.BOX TRIP oom:bucket 2 60").is_ok();
-    // Free memory: charging works again.
-    let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
+    // Free memory: charging works again. SYNC: Valkey 8 flushes in the
+    // background by default (lazyfree-lazy-user-flush yes), and the next
+    // call could still see the memory in use.
+    let _: () = redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query(&mut con)
+        .expect("FLUSHALL SYNC");
     let recovered = ints(&mut con, "RL.TAKE oom:bucket 10 1 600")[0] == 1;
     fig.record(
         "8. OOM: charging refused, releasing works",
