@@ -58,8 +58,8 @@ run: deps build
 # they load is the one just built, with Redis' allocator. Then the
 # integration tests run again on Valkey (valkey-integration). The last line
 # sums up every test binary of both runs (cargo's own last line is the
-# doc-tests' count); the exit status is the first run's failure, else the
-# second's.
+# doc-tests' count), after the wall time of each run; the exit status is the
+# first run's failure, else the second's.
 test: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -67,14 +67,18 @@ test: deps
 	$(CARGO) build --release
 	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY)
 	@set -o pipefail; \
+	started=$$SECONDS; \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG); \
 	rc=$$?; \
+	redis_s=$$((SECONDS - started)); \
 	$(MAKE) --no-print-directory valkey-integration; \
 	valkey_rc=$$?; \
+	valkey_s=$$((SECONDS - started - redis_s)); \
 	[ $$rc -ne 0 ] || rc=$$valkey_rc; \
 	$(MAKE) --no-print-directory reliability-report; \
 	$(MAKE) --no-print-directory reliability-report FIGURES=$(FIGURES_VALKEY); \
+	echo "runs: all tests on redis-server $$redis_s s, integration tests on Valkey $$valkey_s s"; \
 	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY); \
 	exit $$rc
 
