@@ -2,6 +2,8 @@
 #
 #   make run    install deps, build the module, run redis-server with it on 6379
 #   make test   install deps, then fmt + clippy + release build + all tests
+#               on redis-server, then the integration tests again on Valkey
+#   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #
@@ -17,10 +19,24 @@ TEST_THREADS ?= 2
 # The reliability tests (tests/reliability_*.rs) append one
 # `property | how tested | figure` line each to this file.
 FIGURES      := $(CURDIR)/target/reliability-figures.txt
+FIGURES_VALKEY := $(CURDIR)/target/reliability-figures-valkey.txt
+# cargo's output of the two runs; the summary line sums both.
+TEST_LOG     := $(CURDIR)/target/test-output.log
+TEST_LOG_VALKEY := $(CURDIR)/target/test-output-valkey.log
+# Where .ci/get-valkey (called by .ci/deps) puts valkey-server/valkey-cli.
+VALKEY_DIR   ?= $(HOME)/.cache/rl/valkey-8.1.8
+export VALKEY_DIR
+# Every test binary of tests/ starts servers: the run on Valkey is these,
+# without the crate's unit tests, proptests and doc-tests.
+INTEGRATION_TESTS := $(patsubst tests/%.rs,--test %,$(wildcard tests/*.rs))
+# Prints "tests: N passed, N failed, N skipped" summed over cargo's
+# "test result:" lines of the logs given as arguments.
+SUMMARY      = awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
+		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }'
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-gateway bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -39,23 +55,57 @@ run: deps build
 
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
-# they load is the one just built, with Redis' allocator. The last line sums
-# up every test binary (cargo's own last line is the doc-tests' count).
+# they load is the one just built, with Redis' allocator. Then the
+# integration tests run again on Valkey (valkey-integration). The last line
+# sums up every test binary of both runs (cargo's own last line is the
+# doc-tests' count), after the wall time of each run; the exit status is the
+# first run's failure, else the second's.
 test: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
-	@rm -f $(FIGURES)
+	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY)
 	@set -o pipefail; \
+	started=$$SECONDS; \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
-		-- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log; \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG); \
 	rc=$$?; \
+	redis_s=$$((SECONDS - started)); \
+	$(MAKE) --no-print-directory valkey-integration; \
+	valkey_rc=$$?; \
+	valkey_s=$$((SECONDS - started - redis_s)); \
+	[ $$rc -ne 0 ] || rc=$$valkey_rc; \
 	$(MAKE) --no-print-directory reliability-report; \
-	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
-		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		target/test-output.log; \
+	$(MAKE) --no-print-directory reliability-report FIGURES=$(FIGURES_VALKEY); \
+	echo "runs: all tests on redis-server $$redis_s s, integration tests on Valkey $$valkey_s s"; \
+	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY); \
 	exit $$rc
+
+# The integration tests alone, on Valkey 8.1 instead of redis-server (the
+# binaries .ci/get-valkey fetched into $(VALKEY_DIR)/bin); summary line of
+# this run only. By hand, on any server:
+#   REDIS_SERVER=/path/valkey-server REDIS_CLI=/path/valkey-cli \
+#     RL_MODULE=$PWD/target/release/librl.so cargo test --release --test take
+test-valkey: deps build
+	@rm -f $(TEST_LOG_VALKEY) $(FIGURES_VALKEY)
+	@$(MAKE) --no-print-directory valkey-integration; \
+	rc=$$?; \
+	$(SUMMARY) $(TEST_LOG_VALKEY); \
+	exit $$rc
+
+# The run on Valkey behind `test` and `test-valkey` (no deps, no build:
+# they have done both); output also in $(TEST_LOG_VALKEY).
+valkey-integration:
+	@mkdir -p $(dir $(TEST_LOG_VALKEY)) && : > $(TEST_LOG_VALKEY)
+	@test -x $(VALKEY_DIR)/bin/valkey-server -a -x $(VALKEY_DIR)/bin/valkey-cli || \
+		{ echo "no valkey-server/valkey-cli in $(VALKEY_DIR)/bin: run make deps" >&2; exit 1; }
+	@echo "--- integration tests on $$($(VALKEY_DIR)/bin/valkey-server --version) ---"
+	@set -o pipefail; \
+	REDIS_SERVER=$(VALKEY_DIR)/bin/valkey-server REDIS_CLI=$(VALKEY_DIR)/bin/valkey-cli \
+	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES_VALKEY) \
+		$(CARGO) test --release --no-fail-fast $(INTEGRATION_TESTS) \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG_VALKEY)
 
 # The gateway's end-to-end tests alone (gateway/README.md): nginx with the
 # Lua library and the Kong plugin under its PDK shim, in front of a local
