@@ -12,13 +12,20 @@ local function tier(box1)
     }
 end
 
-local scenarios = { "honour", "paced", "rude", "lock", "dated", "idem", "conflict" }
+-- a scenario run by several clients (httpx sync and async, requests) has
+-- one key each: "lock", "lock-async", "lock-requests", ...
+local scenarios = {}
+for _, name in ipairs({ "honour", "paced", "rude", "lock", "dated", "idem", "conflict" }) do
+    for _, suffix in ipairs({ "", "-async", "-requests" }) do
+        scenarios[#scenarios + 1] = name .. suffix
+    end
+end
 
 return function(redis_port)
     local keys = {}
     for _, name in ipairs(scenarios) do
         keys["k-" .. name] = { tenant = "t-" .. name, key_id = name,
-            tier = name == "dated" and "dated" or "steady" }
+            tier = name:find("^dated") and "dated" or "steady" }
     end
     return {
         redis = { port = redis_port, timeout_ms = 250 },
