@@ -4,6 +4,7 @@
 #   make test   install deps, then fmt + clippy + release build + all tests
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
+#   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -17,10 +18,12 @@ TEST_THREADS ?= 2
 # The reliability tests (tests/reliability_*.rs) append one
 # `property | how tested | figure` line each to this file.
 FIGURES      := $(CURDIR)/target/reliability-figures.txt
+# sdk/test.sh writes one cargo-style "test result:" line per SDK here.
+SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-gateway bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-gateway test-sdk bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -39,23 +42,28 @@ run: deps build
 
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
-# they load is the one just built, with Redis' allocator. The last line sums
-# up every test binary (cargo's own last line is the doc-tests' count).
+# they load is the one just built, with Redis' allocator. Then the SDKs'
+# tests (sdk/test.sh). The last line sums up every test binary (cargo's own
+# last line is the doc-tests' count) and both SDKs' counts; a failure in
+# either fails the target.
 test: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
-	@rm -f $(FIGURES)
+	@rm -f $(FIGURES) $(SDK_COUNTS)
 	@set -o pipefail; \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log; \
 	rc=$$?; \
 	$(MAKE) --no-print-directory reliability-report; \
+	RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh; \
+	sdk_rc=$$?; \
+	touch $(SDK_COUNTS); \
 	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
 		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		target/test-output.log; \
-	exit $$rc
+		target/test-output.log $(SDK_COUNTS); \
+	[ $$rc -ne 0 ] && exit $$rc; exit $$sdk_rc
 
 # The gateway's end-to-end tests alone (gateway/README.md): nginx with the
 # Lua library and the Kong plugin under its PDK shim, in front of a local
@@ -64,6 +72,13 @@ test: deps
 test-gateway: deps build
 	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_kong \
 		-- --test-threads=$(TEST_THREADS)
+
+# The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and
+# TypeScript (tsc + node --test), unit tests with a fake clock and
+# end-to-end tests against nginx + Redis with the release module, the two
+# SDKs in parallel (about 2 minutes). `make test` runs them too.
+test-sdk: deps build
+	@RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:
