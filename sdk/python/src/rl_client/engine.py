@@ -15,7 +15,8 @@ import json
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, FrozenSet, Mapping, MutableMapping, Optional, Tuple
+from typing import (Any, Callable, Dict, FrozenSet, Mapping, MutableMapping, Optional, Tuple,
+                    TypeVar)
 
 from . import errors
 from .clock import Clock, Random, SystemClock, system_random
@@ -286,3 +287,24 @@ class Call:
         if self.deadline_at is not None and engine.clock.monotonic() + wait > self.deadline_at:
             raise fail(errors.DEADLINE)
         return Step("wait", wait)
+
+
+R = TypeVar("R")
+
+
+def run_sync(call: Call, send: Callable[[], R], view: Callable[[R], ResponseView],
+             close: Callable[[R], None], hook: Optional[Callable[[R], R]]) -> R:
+    """The blocking attempt loop of the sync adapters: pace, send, decide,
+    then return, hand a 409 to ``hook``, or close the answer and wait.
+    Bounded by the policy's ``max_attempts`` (``after_response`` raises)."""
+    clock = call.engine.clock
+    while True:
+        clock.sleep(call.before_attempt())
+        resp = send()
+        step = call.after_response(view(resp), resp)
+        if step.action == "done":
+            return resp
+        if step.action == "conflict" and hook is not None:
+            return hook(resp)
+        close(resp)
+        clock.sleep(step.wait)

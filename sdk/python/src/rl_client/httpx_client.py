@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable, Optional, Union
 import httpx
 
 from .clock import Clock, Random
-from .engine import Call, LockoutRegistry, ResponseView, RetryEngine, RetryPolicy
+from .engine import Call, LockoutRegistry, ResponseView, RetryEngine, RetryPolicy, run_sync
 from .headers import RateLimitInfo
 from .pacing import Pacer
 
@@ -103,17 +103,8 @@ class RetryingClient(_Base):
         request = self.client.build_request(method, url, **kwargs)
         hook = on_conflict or self.on_conflict
         call = self._begin(request, deadline, idempotency_key, hook, cost)
-        clock = self.engine.clock
-        while True:
-            clock.sleep(call.before_attempt())
-            resp = self.client.send(request)
-            step = call.after_response(_view(resp, resp.read), resp)
-            if step.action == "done":
-                return resp
-            if step.action == "conflict" and hook is not None:
-                return hook(resp)
-            resp.close()
-            clock.sleep(step.wait)
+        return run_sync(call, lambda: self.client.send(request), lambda r: _view(r, r.read),
+                        httpx.Response.close, hook)
 
     def get(self, url: Union[httpx.URL, str], **kwargs: Any) -> httpx.Response:
         """``request("GET", url, ...)``."""

@@ -9,7 +9,7 @@ import requests
 from requests.structures import CaseInsensitiveDict
 
 from .clock import Clock, Random
-from .engine import LockoutRegistry, ResponseView, RetryEngine, RetryPolicy
+from .engine import LockoutRegistry, ResponseView, RetryEngine, RetryPolicy, run_sync
 from .headers import RateLimitInfo
 from .pacing import Pacer
 
@@ -72,15 +72,7 @@ class RetryingSession(requests.Session):
                                  idempotency_key=idempotency_key,
                                  has_conflict_hook=hook is not None, cost=cost)
         kwargs["headers"] = dict(merged)
-        clock = self.engine.clock
-        while True:
-            clock.sleep(call.before_attempt())
-            resp = super().request(method, url, **kwargs)
-            view = ResponseView(resp.status_code, resp.headers.get, lambda: resp.content)
-            step = call.after_response(view, resp)
-            if step.action == "done":
-                return resp
-            if step.action == "conflict" and hook is not None:
-                return hook(resp)
-            resp.close()
-            clock.sleep(step.wait)
+        send = super().request
+        return run_sync(call, lambda: send(method, url, **kwargs),
+                        lambda r: ResponseView(r.status_code, r.headers.get, lambda: r.content),
+                        requests.Response.close, hook)

@@ -104,6 +104,13 @@ def client_for(gw: launcher.Gateway, name: str, rec: Recorder, **options: Any) -
                           event_hooks=rec.hooks(), timeout=20, **options)
 
 
+def exhaust(gw: launcher.Gateway, name: str) -> None:
+    """Empties scenario ``name``'s bucket (a few refusals, far from the box)."""
+    with httpx.Client(base_url=gw.url, headers={"X-Api-Key": f"k-{name}"}, timeout=20) as c:
+        for _ in range(BURST + 1):
+            c.get("/v1/ledgers")
+
+
 def drain(gw: launcher.Gateway, name: str, limit: int = 60) -> List[int]:
     """Sends GETs with scenario ``name``'s key, no retries, no waits, until
     the key is boxed (bounded); returns the statuses."""
@@ -300,16 +307,12 @@ def test_a_retried_post_with_an_idempotency_key_lands_once(gateway: launcher.Gat
     assert r.status_code == 200 and r.json()["replayed"] is True
     assert upstream_count(gateway, f"{name}-key-0") == {"received": 2, "processed": 1}
     # the gateway refuses it (429): the retry after Retry-After is the one that lands
-    with httpx.Client(base_url=gateway.url, headers={"X-Api-Key": f"k-{name}"}) as c:
-        for _ in range(BURST + 1):
-            c.get("/v1/ledgers")
+    exhaust(gateway, name)
     r = post("/v1/ledgers/L1/entries", json={"amount": 6}, idempotency_key=True)
     assert r.status_code == 200 and r.json()["replayed"] is False
     assert upstream_count(gateway, f"{name}-key-1") == {"received": 1, "processed": 1}
     # without a key a POST is not retried: the 429 comes back at once
-    with httpx.Client(base_url=gateway.url, headers={"X-Api-Key": f"k-{name}"}) as c:
-        for _ in range(BURST + 1):
-            c.get("/v1/ledgers")
+    exhaust(gateway, name)
     with pytest.raises(RateLimitError) as refused:
         post("/v1/ledgers/L1/entries", json={"amount": 7})
     assert refused.value.reason == NOT_RETRYABLE and refused.value.attempts == 1
