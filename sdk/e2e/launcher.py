@@ -54,7 +54,7 @@ def free_port() -> int:
 
 def module_path() -> Path:
     """The rl module to load: ``RL_MODULE`` or the release build."""
-    path = Path(os.environ.get("RL_MODULE", REPO / "target/release/librl.so"))
+    path = Path(os.environ.get("RL_MODULE", REPO / "target/release/librl.so")).resolve()
     if not path.is_file():
         raise RuntimeError(f"rl module not found at {path}: run `cargo build --release` "
                            "(make build) or set RL_MODULE")
