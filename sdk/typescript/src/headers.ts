@@ -11,9 +11,10 @@ import { parseList, Token, type BareItem, type List, type Parameters } from "str
 /** Reads one response header by name (case-insensitive), `null` if absent. */
 export type HeaderGetter = (name: string) => string | null;
 
-/** An HTTP-date as Unix seconds, or null. */
+/** An HTTP-date (IMF-fixdate, RFC 850 or asctime) as Unix seconds, or null. HTTP-dates are UTC: one without a zone (asctime) is read as UTC, not local time. */
 function httpDate(value: string): number | null {
-  const ms = Date.parse(value.trim());
+  const v = value.trim();
+  const ms = Date.parse(/(GMT|UTC|Z|[+-]\d{4})$/i.test(v) ? v : `${v} GMT`);
   return Number.isNaN(ms) ? null : ms / 1000;
 }
 

@@ -8,6 +8,7 @@ Nothing here raises on a malformed header: an unreadable field is absent.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
@@ -29,6 +30,8 @@ def _http_date(value: str) -> Optional[float]:
         return None
     if parsed is None:
         return None
+    if parsed.tzinfo is None:  # asctime and "-0000" forms carry no zone: HTTP-dates are UTC
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
     return parsed.timestamp()
 
 

@@ -68,6 +68,7 @@ def test_no_fields_is_none() -> None:
     ("0", 0.0), ("  12 ", 12.0), ("-3", None), ("1.5", None), ("", None), ("soon", None),
     ("Tue, 01 Dec 2026 08:01:00 GMT", 60.0),
     ("Tuesday, 01-Dec-26 08:01:00 GMT", 60.0),  # RFC 850
+    ("Tue Dec  1 08:01:00 2026", 60.0),  # asctime: no zone, UTC all the same
     ("Tue, 01 Dec 2026 07:59:00 GMT", 0.0),  # in the past: no wait
 ])
 def test_retry_after_forms(value: str, expected: Optional[float]) -> None:

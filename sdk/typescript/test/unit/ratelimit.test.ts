@@ -53,6 +53,8 @@ test("Retry-After forms", () => {
   const cases: Array<[string, number | null]> = [
     ["0", 0], ["  12 ", 12], ["-3", null], ["1.5", null], ["soon", null],
     ["Tue, 01 Dec 2026 08:01:00 GMT", 60],
+    ["Tuesday, 01-Dec-26 08:01:00 GMT", 60], // RFC 850
+    ["Tue Dec  1 08:01:00 2026", 60], // asctime: no zone, UTC all the same
     ["Tue, 01 Dec 2026 07:59:00 GMT", 0],
   ];
   for (const [value, expected] of cases) {
