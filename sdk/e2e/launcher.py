@@ -231,6 +231,8 @@ class Gateway:
     def start(cls) -> "Gateway":
         """Starts Redis then nginx; raises with their logs when either fails."""
         gw = cls(Path(tempfile.mkdtemp(prefix="rl-test-sdk-")))
+        # nginx's workers run as another user (nobody) when the tests run as root
+        gw.dir.chmod(0o755)
         try:
             gw._start_redis()
             gw._start_nginx()

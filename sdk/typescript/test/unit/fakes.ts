@@ -96,7 +96,7 @@ export function driver(replies: Reply[], options: RetryingFetchOptions & { fract
     fetch: server.fetch,
   });
   /** The response, or the error the call rejected with. */
-  const call = async (path: string, init: Parameters<RetryingFetch["fetch"]>[1] = {}): Promise<Response | Error> => {
+  const call = async (path: string | Request, init: Parameters<RetryingFetch["fetch"]>[1] = {}): Promise<Response | Error> => {
     try {
       return await client.fetch(path, init);
     } catch (e) {

@@ -283,3 +283,17 @@ test("policy validation", () => {
   assert.throws(() => retryPolicy({ maxAttempts: 0 }), RangeError);
   assert.throws(() => retryPolicy({ baseSeconds: -1 }), RangeError);
 });
+
+test("a Request object with a body is sent again as it is, and its headers are kept", async () => {
+  const d = driver([throttled(), OK]);
+  const req = new Request("http://api.test/v1/ledgers/1", {
+    method: "PUT",
+    headers: { "Content-Type": "application/json", "X-Api-Key": "key-z" },
+    body: '{"name":"L1"}',
+  });
+  assert.equal(status(await d.call(req)), 200);
+  assert.deepEqual(d.server.sent.map((s) => [s.method, s.body, s.headers.get("x-api-key")]), [
+    ["PUT", '{"name":"L1"}', "key-z"],
+    ["PUT", '{"name":"L1"}', "key-z"],
+  ]);
+});
