@@ -3,7 +3,7 @@
  * the penalty-box lockouts, and one {@link Call} per request that the fetch
  * wrapper drives (`beforeAttempt` before each send, `afterResponse` after).
  */
-import { uniform, type Clock, type RandomSource } from "./clock.js";
+import { systemClock, uniform, type Clock, type RandomSource } from "./clock.js";
 import { LockoutError, RateLimitError, type GiveUpReason } from "./errors.js";
 import { RateLimitInfo, retryAfterSeconds, type HeaderGetter } from "./headers.js";
 import type { Pacer } from "./pacer.js";
@@ -71,7 +71,7 @@ export function retryPolicy(changes: Partial<RetryPolicy> = {}): RetryPolicy {
 export class LockoutRegistry {
   private readonly locked = new Map<string, { until: number; error: LockoutError }>();
 
-  constructor(private readonly clock: Clock) {}
+  constructor(private readonly clock: Clock = systemClock) {}
 
   /** Locks `key` for `seconds` from now (a longer lock already held stays). */
   lock(key: string, seconds: number, error: LockoutError): void {
