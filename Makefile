@@ -6,6 +6,7 @@
 #   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
+#   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -34,9 +35,12 @@ INTEGRATION_TESTS := $(patsubst tests/%.rs,--test %,$(wildcard tests/*.rs))
 SUMMARY      = awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
 		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }'
 
+# sdk/test.sh writes one cargo-style "test result:" line per SDK here.
+SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
+
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -56,16 +60,17 @@ run: deps build
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
 # they load is the one just built, with Redis' allocator. Then the
-# integration tests run again on Valkey (valkey-integration). The last line
-# sums up every test binary of both runs (cargo's own last line is the
-# doc-tests' count), after the wall time of each run; the exit status is the
-# first run's failure, else the second's.
+# integration tests run again on Valkey (valkey-integration), then the SDKs'
+# tests (sdk/test.sh). The last line sums up every test binary of both runs
+# (cargo's own last line is the doc-tests' count) and both SDKs' counts,
+# after the wall time of each run; the exit status is the first failure of
+# the three.
 test: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
-	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY)
+	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS)
 	@set -o pipefail; \
 	started=$$SECONDS; \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
@@ -78,8 +83,12 @@ test: deps
 	[ $$rc -ne 0 ] || rc=$$valkey_rc; \
 	$(MAKE) --no-print-directory reliability-report; \
 	$(MAKE) --no-print-directory reliability-report FIGURES=$(FIGURES_VALKEY); \
+	RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh; \
+	sdk_rc=$$?; \
+	[ $$rc -ne 0 ] || rc=$$sdk_rc; \
+	touch $(SDK_COUNTS); \
 	echo "runs: all tests on redis-server $$redis_s s, integration tests on Valkey $$valkey_s s"; \
-	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY); \
+	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY) $(SDK_COUNTS); \
 	exit $$rc
 
 # The integration tests alone, on Valkey 8.1 instead of redis-server (the
@@ -114,6 +123,13 @@ valkey-integration:
 test-gateway: deps build
 	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_kong \
 		-- --test-threads=$(TEST_THREADS)
+
+# The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and
+# TypeScript (tsc + node --test), unit tests with a fake clock and
+# end-to-end tests against nginx + Redis with the release module, the two
+# SDKs in parallel (about 2 minutes). `make test` runs them too.
+test-sdk: deps build
+	@RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:
