@@ -16,14 +16,19 @@ pub fn call(con: &mut Connection, line: &str) -> RedisResult<Value> {
     cmd.query(con)
 }
 
+/// A command that must succeed: its reply, or a panic naming the line.
+pub fn call_ok(con: &mut Connection, line: &str) -> Value {
+    call(con, line).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
 /// A command whose reply is an array of integers.
 pub fn ints(con: &mut Connection, line: &str) -> Vec<i64> {
-    int_array(call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
+    int_array(call_ok(con, line))
 }
 
 /// A command whose reply is an integer.
 pub fn int(con: &mut Connection, line: &str) -> i64 {
-    value_i64(&call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
+    value_i64(&call_ok(con, line))
 }
 
 /// Every line of `cases` is rejected with an error that starts with `ERR`

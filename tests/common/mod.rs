@@ -1079,6 +1079,15 @@ pub fn err_text(e: &RedisError) -> String {
 // Time travel
 // ---------------------------------------------------------------------------
 
+/// The real wall clock (this process is not under a [`TimeShift`]), in
+/// Unix milliseconds.
+pub fn now_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970");
+    i64::try_from(since.as_millis()).expect("ms fit i64")
+}
+
 /// Path of the `timeshift` LD_PRELOAD shim, compiled (once per test process,
 /// with `cc`) from `tests/common/timeshift.c` into
 /// `target/rl-test-support/libtimeshift.so`.
@@ -1189,6 +1198,12 @@ impl TimeShift {
         self.write(cur + ms * 1_000_000);
     }
 
+    /// Sets the offset so that a server under this clock reads `at_ms`
+    /// (Unix ms) now; its clock then runs on from there.
+    pub fn set_now_ms(&self, at_ms: i64) {
+        self.set_ms(at_ms - now_ms());
+    }
+
     /// The current offset in milliseconds.
     pub fn offset_ms(&self) -> i64 {
         *self.offset_ns.lock().unwrap_or_else(|e| e.into_inner()) / 1_000_000
@@ -1216,3 +1231,7 @@ pub use self::calls::*;
 mod faults;
 #[allow(unused_imports)]
 pub use self::faults::*;
+
+mod decision;
+#[allow(unused_imports)]
+pub use self::decision::*;
