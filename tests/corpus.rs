@@ -167,18 +167,6 @@ fn server_at_made_at(clock: &TimeShift, extra: &[&str]) -> Server {
     Server::start_with(&clock.prefix(), extra)
 }
 
-/// The `[lease-id, ms_left]` pairs of `RL.LEASE LIST`.
-fn lease_list(con: &mut Connection, key: &str) -> Vec<(String, i64)> {
-    let reply = call(con, &format!("RL.LEASE LIST {key}")).expect("RL.LEASE LIST");
-    array(reply)
-        .into_iter()
-        .map(|pair| {
-            let pair = array(pair);
-            (value_str(&pair[0]), value_i64(&pair[1]))
-        })
-        .collect()
-}
-
 /// `ms` is a countdown that stood at `full` when the corpus was made (1 s
 /// of leeway above: a regenerated corpus is written some ms after
 /// [`MADE_AT_MS`]).

@@ -8,14 +8,10 @@ mod common;
 use std::collections::HashSet;
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use redis::Connection;
-
-fn q(con: &mut Connection, line: &str) {
-    call(con, line).unwrap_or_else(|e| panic!("{line}: {e}"));
-}
 
 /// Keys holding every kind of value the module stores, each set up by
 /// its calls; returns the key names.
@@ -84,7 +80,7 @@ fn make_every_kind(con: &mut Connection, p: &str) -> Vec<String> {
             if *c == "SLEEP" {
                 std::thread::sleep(Duration::from_millis(3));
             } else {
-                q(con, &c.replace("{k}", &k));
+                call_ok(con, &c.replace("{k}", &k));
             }
         }
         keys.push(k);
@@ -375,7 +371,7 @@ fn restore_of_mutated_dumps_is_an_error_or_a_valid_canonical_value() {
 
     // Everything accepted survives an RDB save and load.
     let before = snapshot(&mut con);
-    q(&mut con, "DEBUG RELOAD");
+    call_ok(&mut con, "DEBUG RELOAD");
     assert_eq!(
         snapshot(&mut con),
         before,
@@ -448,17 +444,16 @@ impl FakeMaster {
     /// Accepts the replica's next connection (bounded, 20 s) and answers
     /// its handshake up to `PSYNC` with `+FULLRESYNC`.
     fn handshake(&self) -> TcpStream {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let stream = loop {
-            match self.listener.accept() {
-                Ok((s, _)) => break s,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    assert!(Instant::now() < deadline, "the replica did not connect");
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+        let accepted = poll_for(
+            Duration::from_secs(20),
+            Duration::from_millis(20),
+            || match self.listener.accept() {
+                Ok((s, _)) => Some(s),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
                 Err(e) => panic!("accept: {e}"),
-            }
-        };
+            },
+        );
+        let stream = accepted.expect("the replica connects within 20 s");
         stream.set_nonblocking(false).expect("blocking");
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
@@ -514,7 +509,7 @@ fn transfer(rdb: &[u8], diskless: bool, cut: Option<usize>) -> Vec<u8> {
 
 /// The RDB of `server`'s dataset, from `SAVE`.
 fn rdb_of(server: &Server) -> Vec<u8> {
-    q(&mut server.client(), "SAVE");
+    call_ok(&mut server.client(), "SAVE");
     std::fs::read(server.dir.join("dump.rdb")).expect("read dump.rdb")
 }
 
@@ -577,7 +572,7 @@ fn a_diskless_sync_cut_short_leaves_the_replica_alive_with_its_data() {
     make_every_kind(&mut src, "b");
     mixed_workload(&mut src, 90);
     for i in 0..2000 {
-        q(
+        call_ok(
             &mut src,
             &format!("RL.LEASE ACQUIRE more:{i} 3 600 ID lease-{i}"),
         );
@@ -668,7 +663,7 @@ fn rl_apply_of_mutated_payloads_on_the_replication_link_is_refused() {
     let mut tap = ReplicationTap::sync(&source);
     let mut src = source.client();
     make_every_kind(&mut src, "p");
-    q(&mut src, "SET mark:done 1");
+    call_ok(&mut src, "SET mark:done 1");
     let mut payloads: Vec<Vec<u8>> = tap
         .until_marker("mark:done")
         .into_iter()

@@ -44,7 +44,7 @@ fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
     let mut promoted = replica.client();
     call(&mut promoted, "REPLICAOF NO ONE").expect("REPLICAOF NO ONE");
     assert_eq!(
-        ints(&mut promoted, "RL.TAKE bucket 10 1 1000 COST 0")[2],
+        decide(&mut promoted, "RL.TAKE bucket 10 1 1000 COST 0").remaining,
         3,
         "spent points kept"
     );
@@ -53,16 +53,16 @@ fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
         [0, 0, 0, 2],
         "strikes kept"
     );
-    let r = ints(&mut promoted, "RL.TAKE striker 1 1 1000 STRIKES 3 600");
+    let d = decide(&mut promoted, "RL.TAKE striker 1 1 1000 STRIKES 3 600");
     assert_eq!(
-        (r[0], r[5]),
-        (-1, 1),
+        (d.status, d.box_level),
+        (BOXED, 1),
         "the third strike trips: the first two were kept"
     );
     let r = ints(&mut promoted, "RL.BOX STATUS boxed");
     assert_eq!((r[0], r[2]), (2, 1));
     assert!(r[1] > 590_000, "box deadline kept: {r:?}");
-    assert_eq!(ints(&mut promoted, "RL.TAKE manual 5 5 1")[..1], [-1]);
+    assert_eq!(decide(&mut promoted, "RL.TAKE manual 5 5 1").status, BOXED);
     assert_eq!(int(&mut promoted, "PTTL manual"), -1);
 }
 

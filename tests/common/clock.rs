@@ -17,6 +17,12 @@ pub fn now_ms() -> i64 {
     i64::try_from(since.as_millis()).expect("ms fit i64")
 }
 
+/// The server's clock (`TIME`) in Unix microseconds.
+pub fn server_time_us(con: &mut impl redis::ConnectionLike) -> i64 {
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(con).expect("TIME");
+    secs * 1_000_000 + micros
+}
+
 /// Path of the `timeshift` LD_PRELOAD shim, compiled (once per test process,
 /// with `cc`) from `tests/common/timeshift.c` into
 /// `target/rl-test-support/libtimeshift.so`.
