@@ -45,6 +45,8 @@
 //! * `clock.rs` — `TimeShift`: a server clock moved by the test.
 //! * `calls.rs` — calling the rl commands as text lines; whole-dataset snapshots.
 //! * `faults.rs` — the reliability suite: figures, signals, DUMP trailers, raw RESP.
+//! * `mutations.rs` — keys of every kind of value, mutations of their bytes.
+//! * `fake_master.rs` — a fake master serving RDBs and a stream to a replica.
 
 // Each test binary uses a different subset of this harness.
 #![allow(dead_code)]
@@ -92,3 +94,11 @@ pub use self::calls::*;
 mod faults;
 #[allow(unused_imports)]
 pub use self::faults::*;
+
+mod mutations;
+#[allow(unused_imports)]
+pub use self::mutations::*;
+
+mod fake_master;
+#[allow(unused_imports)]
+pub use self::fake_master::*;
