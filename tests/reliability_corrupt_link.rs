@@ -67,17 +67,7 @@ fn a_diskless_sync_cut_short_leaves_the_replica_alive_with_its_data() {
     // `on-empty-db`: an empty replica loads straight from the socket, so the
     // module's rdb_load reads the cut stream itself.
     let master = FakeMaster::new();
-    let replica = Server::launch(
-        &[],
-        Flavor::Module,
-        &[
-            "--replicaof",
-            "127.0.0.1",
-            &master.port().to_string(),
-            "--repl-diskless-load",
-            "on-empty-db",
-        ],
-    );
+    let replica = master.replica(&["--repl-diskless-load", "on-empty-db"]);
     let n = rdb.len();
     // Cuts inside chosen module values: in the module id, in the string
     // length, inside the module's own bytes.
@@ -160,17 +150,7 @@ fn rl_apply_of_mutated_payloads_on_the_replication_link_is_refused() {
     let empty_rdb = rdb_of(&Server::start(&[]));
 
     let master = FakeMaster::new();
-    let replica = Server::launch(
-        &[],
-        Flavor::Module,
-        &[
-            "--replicaof",
-            "127.0.0.1",
-            &master.port().to_string(),
-            "--rdbcompression",
-            "no",
-        ],
-    );
+    let replica = master.replica(&["--rdbcompression", "no"]);
     // Like a real master, stream commands only once the RDB is loaded.
     let mut link = serve_whole(&master, &replica, &empty_rdb);
     // The valid payloads (controls), then every mutation, then a marker.

@@ -117,15 +117,8 @@ fn strikes_trip_an_escalating_box() {
     );
     let d = decide(&mut con, line);
     assert_eq!(
-        (
-            d.status,
-            d.limit,
-            d.remaining,
-            d.box_level,
-            d.strikes_remaining,
-            d.binding
-        ),
-        (BOXED, 1, 0, 1, 0, 0),
+        d.untimed(),
+        [BOXED, 1, 0, 1, 0, 0],
         "second strike trips level 1"
     );
     near(d.retry_after_ms, 9990, 10000, "box ttl");
@@ -177,17 +170,7 @@ fn an_active_box_blocks_every_call_and_charges_nothing() {
     decide(&mut con, "RL.TAKE k 10 10 60 COST 4");
     assert_eq!(ints(&mut con, "RL.BOX TRIP k 2 30")[..1], [2]);
     let d = decide(&mut con, "RL.TAKE k 10 10 60 COST 1 ALSO other 5 5 60");
-    assert_eq!(
-        (
-            d.status,
-            d.limit,
-            d.remaining,
-            d.box_level,
-            d.strikes_remaining,
-            d.binding
-        ),
-        (BOXED, 10, 0, 2, 0, 0)
-    );
+    assert_eq!(d.untimed(), [BOXED, 10, 0, 2, 0, 0]);
     near(d.retry_after_ms, 29_900, 30_000, "box ttl");
     assert_eq!(
         int(&mut con, "EXISTS other"),

@@ -54,6 +54,21 @@ impl Decision {
         ]
     }
 
+    /// Every field but the two millisecond countdowns (`reset_ms`,
+    /// `retry_after_ms`), in order: `[status, limit, remaining,
+    /// box_level, strikes_remaining, binding]`, for exact comparisons of
+    /// replies whose times move with the clock.
+    pub fn untimed(self) -> [i64; 6] {
+        [
+            self.status,
+            self.limit,
+            self.remaining,
+            self.box_level,
+            self.strikes_remaining,
+            self.binding,
+        ]
+    }
+
     /// Whether the call was allowed (`status` 1).
     pub fn allowed(self) -> bool {
         self.status == ALLOWED

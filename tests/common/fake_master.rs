@@ -5,7 +5,7 @@ use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::{call_ok, poll_for, read_resp, wait_until, Resp, Server};
+use super::{call_ok, poll_for, read_resp, wait_until, Flavor, Resp, Server};
 
 /// A listening socket on 127.0.0.1 that a replica is pointed at
 /// (`--replicaof 127.0.0.1 <port>`); the test then plays the master.
@@ -19,6 +19,16 @@ impl FakeMaster {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind fake master");
         listener.set_nonblocking(true).expect("nonblocking");
         FakeMaster { listener }
+    }
+
+    /// A real replica (with the module) of this fake master, with `extra`
+    /// config arguments; it connects at once and waits for
+    /// [`FakeMaster::handshake`].
+    pub fn replica(&self, extra: &[&str]) -> Server {
+        let port = self.port().to_string();
+        let mut args = vec!["--replicaof", "127.0.0.1", &port];
+        args.extend_from_slice(extra);
+        Server::launch(&[], Flavor::Module, &args)
     }
 
     /// The port to point the replica at.
