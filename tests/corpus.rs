@@ -177,7 +177,7 @@ fn counting_down(ms: i64, full: i64, what: &str) {
 /// Asserts what the key of `name` holds, through the module's own
 /// read-only commands and `COST 0` probes (which write nothing).
 fn check_state(con: &mut Connection, name: &str, key: &str) {
-    let status = |con: &mut Connection| ints(con, &format!("RL.BOX STATUS {key}"));
+    let status = |con: &mut Connection| box_status(con, key);
     let what = |field: &str| format!("{name}: {field}");
     match name {
         "bucket" => {
@@ -188,29 +188,33 @@ fn check_state(con: &mut Connection, name: &str, key: &str) {
                 (d.retry_after_ms, d.box_level, d.strikes_remaining),
                 (0, 0, -1)
             );
-            assert_eq!(status(con), [0, 0, 0, 0]);
+            assert_eq!(status(con).to_array(), [0, 0, 0, 0]);
         }
         "bucket-strikes" => {
             let d = decide(con, &format!("RL.TAKE {key} 2 1 3600 COST 0 {PENALTY}"));
             assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 2, 0), "{d:?}");
             assert_eq!((d.box_level, d.strikes_remaining), (0, 3), "{d:?}");
-            assert_eq!(status(con), [0, 0, 0, 2], "two strikes, no box");
+            assert_eq!(status(con).to_array(), [0, 0, 0, 2], "two strikes, no box");
         }
         "box-level-1" => {
             let s = status(con);
-            assert_eq!((s[0], s[2], s[3]), (1, 1, 0), "level 1, one offense: {s:?}");
-            counting_down(s[1], 600_000, &what("box ttl_ms"));
+            assert_eq!((s.level, s.offenses, s.strikes), (1, 1, 0), "{s:?}");
+            counting_down(s.ttl_ms, 600_000, &what("box ttl_ms"));
             let d = decide(con, &format!("RL.TAKE {key} 1 1 3600 COST 0 {PENALTY}"));
             assert_eq!((d.status, d.box_level, d.remaining), (BOXED, 1, 0), "{d:?}");
             counting_down(d.retry_after_ms, 600_000, &what("retry_after_ms"));
         }
         "box-level-2" => {
             let s = status(con);
-            assert_eq!((s[0], s[2], s[3]), (2, 1, 0), "level 2, one offense: {s:?}");
-            counting_down(s[1], 1_200_000, &what("box ttl_ms"));
+            assert_eq!((s.level, s.offenses, s.strikes), (2, 1, 0), "{s:?}");
+            counting_down(s.ttl_ms, 1_200_000, &what("box ttl_ms"));
         }
         "box-manual" => {
-            assert_eq!(status(con), [3, -1, 1, 0], "a manual level-3 box");
+            assert_eq!(
+                status(con).to_array(),
+                [3, -1, 1, 0],
+                "a manual level-3 box"
+            );
             let d = decide(con, &format!("RL.TAKE {key} 5 1 60 COST 0"));
             assert_eq!((d.status, d.box_level, d.retry_after_ms), (BOXED, 3, -1));
         }

@@ -104,15 +104,14 @@ fn longest_holds(con: &mut redis::Connection, tags: &[&str]) -> (i64, i64, usize
     let (mut box_ms, mut lease_ms, mut active) = (0, 0, 0);
     for tag in tags {
         for i in 0..10 {
-            let s = ints(con, &format!("RL.BOX STATUS box:{tag}:{i}"));
-            if s[0] > 0 {
+            let s = box_status(con, &format!("box:{tag}:{i}"));
+            if s.level > 0 {
                 active += 1;
-                box_ms = box_ms.max(s[1]);
+                box_ms = box_ms.max(s.ttl_ms);
             }
-            for pair in array(call(con, &format!("RL.LEASE LIST hold:{tag}:{i}")).expect("LIST")) {
-                let pair = array(pair);
+            for (_, ms_left) in lease_list(con, &format!("hold:{tag}:{i}")) {
                 active += 1;
-                lease_ms = lease_ms.max(value_i64(&pair[1]));
+                lease_ms = lease_ms.max(ms_left);
             }
         }
     }

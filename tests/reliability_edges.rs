@@ -167,7 +167,7 @@ fn every_rl_write_on_a_replica_gets_readonly() {
         not_readonly.push(format!("EVAL RL.TAKE: {script:?}"));
     }
     // Reads work on the replica.
-    assert_eq!(ints(&mut rep, "RL.BOX STATUS r:b")[0], 1);
+    assert_eq!(box_status(&mut rep, "r:b").level, 1);
     assert_eq!(array(call_ok(&mut rep, "RL.LEASE LIST r:l")).len(), 1);
     assert_eq!(digest(&mut rep), before, "the replica is unchanged");
     fig.record(
@@ -245,18 +245,14 @@ fn rename_copy_move_swapdb_unlink_and_flushall_async_behave() {
         "spent points kept under the new name: {d:?}"
     );
     assert_eq!(
-        ints(&mut con, "RL.BOX STATUS e:b")[3],
+        box_status(&mut con, "e:b").strikes,
         1,
         "the strike moved too"
     );
     // RENAME over an existing limiter key replaces it.
     call_ok(&mut con, "RL.BOX TRIP e:c 3 0");
     call_ok(&mut con, "RENAME e:b e:c");
-    assert_eq!(
-        ints(&mut con, "RL.BOX STATUS e:c")[0],
-        0,
-        "the box was replaced"
-    );
+    assert_eq!(box_status(&mut con, "e:c").level, 0, "the box was replaced");
     converge(&mut con, "RENAME");
 
     // COPY is a deep copy with the same expiry.

@@ -59,9 +59,9 @@ fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
         (BOXED, 1),
         "the third strike trips: the first two were kept"
     );
-    let r = ints(&mut promoted, "RL.BOX STATUS boxed");
-    assert_eq!((r[0], r[2]), (2, 1));
-    assert!(r[1] > 590_000, "box deadline kept: {r:?}");
+    let s = box_status(&mut promoted, "boxed");
+    assert_eq!((s.level, s.offenses), (2, 1));
+    assert!(s.ttl_ms > 590_000, "box deadline kept: {s:?}");
     assert_eq!(decide(&mut promoted, "RL.TAKE manual 5 5 1").status, BOXED);
     assert_eq!(int(&mut promoted, "PTTL manual"), -1);
 }
@@ -90,7 +90,7 @@ fn the_apply_command_is_refused_to_clients() {
     pipe.atomic().cmd("RL.APPLY").arg("me").arg("x");
     expect_err(pipe.query::<redis::Value>(&mut con), "internal");
     assert_eq!(
-        ints(&mut con, "RL.BOX STATUS me")[0],
+        box_status(&mut con, "me").level,
         3,
         "the box is still there"
     );

@@ -126,7 +126,7 @@ fn strikes_trip_an_escalating_box() {
         d.reset_ms, d.retry_after_ms,
         "reset_ms equals retry_after_ms when boxed"
     );
-    assert_eq!(ints(&mut con, "RL.BOX STATUS login")[..1], [1]);
+    assert_eq!(box_status(&mut con, "login").level, 1);
 
     clock.advance_ms(10_001);
     let d = decide(&mut con, line);
@@ -168,7 +168,10 @@ fn an_active_box_blocks_every_call_and_charges_nothing() {
     let server = Server::start(&[]);
     let mut con = server.client();
     decide(&mut con, "RL.TAKE k 10 10 60 COST 4");
-    assert_eq!(ints(&mut con, "RL.BOX TRIP k 2 30")[..1], [2]);
+    assert_eq!(
+        BoxStatus::from(ints(&mut con, "RL.BOX TRIP k 2 30")).level,
+        2
+    );
     let d = decide(&mut con, "RL.TAKE k 10 10 60 COST 1 ALSO other 5 5 60");
     assert_eq!(d.untimed(), [BOXED, 10, 0, 2, 0, 0]);
     near(d.retry_after_ms, 29_900, 30_000, "box ttl");

@@ -1,5 +1,6 @@
-//! The limiter reply by name: `RL.TAKE`, `RL.WINDOW` and `RL.QUOTA` answer
-//! the same 8 integers (commands.md, "RL.TAKE / Reply").
+//! The module's integer replies by name: the limiter reply of `RL.TAKE`,
+//! `RL.WINDOW` and `RL.QUOTA` (8 integers, commands.md "RL.TAKE / Reply"),
+//! and the penalty state of `RL.BOX STATUS` / `TRIP` (4 integers).
 
 use redis::Connection;
 
@@ -106,4 +107,44 @@ impl From<Vec<i64>> for Decision {
 /// whitespace-separated line) and decodes its reply; panics on an error.
 pub fn decide(con: &mut Connection, line: &str) -> Decision {
     Decision::from(ints(con, line))
+}
+
+/// A key's penalty state: the reply of `RL.BOX STATUS` and `RL.BOX TRIP`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BoxStatus {
+    /// Level of the active box (1..3), or 0 when no box is active.
+    pub level: i64,
+    /// Ms until the box ends; `-1` for a manual box; `0` without a box.
+    pub ttl_ms: i64,
+    /// Offenses (trips) still remembered.
+    pub offenses: i64,
+    /// Strikes counted in the strike window still open.
+    pub strikes: i64,
+}
+
+impl From<Vec<i64>> for BoxStatus {
+    /// Panics (a test failure) unless the reply has exactly 4 integers.
+    fn from(r: Vec<i64>) -> BoxStatus {
+        let [level, ttl_ms, offenses, strikes]: [i64; 4] = r
+            .try_into()
+            .unwrap_or_else(|r: Vec<i64>| panic!("RL.BOX STATUS has 4 integers, got {r:?}"));
+        BoxStatus {
+            level,
+            ttl_ms,
+            offenses,
+            strikes,
+        }
+    }
+}
+
+impl BoxStatus {
+    /// The reply as its 4 integers, in order.
+    pub fn to_array(self) -> [i64; 4] {
+        [self.level, self.ttl_ms, self.offenses, self.strikes]
+    }
+}
+
+/// `RL.BOX STATUS key`, decoded.
+pub fn box_status(con: &mut Connection, key: &str) -> BoxStatus {
+    BoxStatus::from(ints(con, &format!("RL.BOX STATUS {key}")))
 }
