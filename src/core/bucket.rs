@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
 use super::limits::MAX_DURATION_MS;
+use super::part::Part;
 use super::time::{ceil_div, clamp_i64, Millis};
 
 /// The stored state of one bucket.
@@ -86,6 +87,17 @@ impl Bucket {
         } else {
             self.tat_ms
         }
+    }
+}
+
+/// A bucket matters until it is full again.
+impl Part for Bucket {
+    fn is_valid(&self) -> bool {
+        Bucket::is_valid(self)
+    }
+
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        (self.full_at_ms() > now).then(|| self.full_at_ms())
     }
 }
 
@@ -224,18 +236,18 @@ impl Limiter for Rate {
         state.map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
     }
 
-    fn charge(
-        &self,
-        _state: Option<&Bucket>,
-        debt: &i128,
-        cost: u64,
-        now: Millis,
-    ) -> (Bucket, i128) {
-        charge(*debt, cost, self, now)
+    fn charge(&self, state: &mut Option<Bucket>, debt: &i128, cost: u64, now: Millis) -> i128 {
+        let (bucket, debt) = charge(*debt, cost, self, now);
+        *state = Some(bucket);
+        debt
     }
 
-    fn rewrite(&self, state: &Bucket, debt: &i128, now: Millis) -> Option<Bucket> {
-        needs_rewrite(state, self).then(|| charge(*debt, 0, self, now).0)
+    fn rewrite(&self, state: &mut Bucket, debt: &i128, now: Millis) -> bool {
+        let stale = needs_rewrite(state, self);
+        if stale {
+            *state = charge(*debt, 0, self, now).0;
+        }
+        stale
     }
 }
 
@@ -260,16 +272,7 @@ pub fn charge(debt: i128, cost: u64, rate: &Rate, now: i64) -> (Bucket, i128) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const NOW: i64 = 1_700_000_000_000;
-
-    fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
-        Rate {
-            capacity,
-            tokens,
-            period_ms,
-        }
-    }
+    use crate::core::testkit::{rate_of as rate, T0 as NOW};
 
     #[test]
     fn a_new_bucket_is_full() {

@@ -10,10 +10,14 @@
 //! themselves in their version) holding a valid record, so corrupt input
 //! is an error and equal states always have equal bytes.
 
+use serde::{Serialize, Serializer};
+
 use super::record::Record;
 
-/// The current encoding version (first byte of every payload).
-pub const VERSION: u8 = 4;
+/// The current payload version (the first byte of every payload): the
+/// number of parts a [`Record`] encodes, see the registry in
+/// [`super::record`].
+pub const PAYLOAD_VERSION: u8 = 4;
 
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,30 +28,26 @@ pub enum CodecError {
     Malformed,
 }
 
-/// Encode `record` at the end of `out`.
-pub fn encode_append(record: &Record, out: &mut Vec<u8>) {
-    append_version(record, VERSION, out);
+/// A record as a payload of one version lays it out.
+struct Versioned<'a>(&'a Record, u8);
+
+impl Serialize for Versioned<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize_version(self.1, serializer)
+    }
 }
 
-/// Append `record` to `out` as `version` lays it out (the fields that
+/// Encode `record` at the end of `out`.
+pub fn encode_append(record: &Record, out: &mut Vec<u8>) {
+    append_version(record, PAYLOAD_VERSION, out);
+}
+
+/// Append `record` to `out` as `version` lays it out (the parts that
 /// version has).
 fn append_version(record: &Record, version: u8, out: &mut Vec<u8>) {
     out.push(version);
     // Writing into a Vec cannot fail for these plain types.
-    let _ = match version {
-        1 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty)),
-        2 => rmp_serde::encode::write(out, &(&record.bucket, &record.penalty, record.leases())),
-        3 => rmp_serde::encode::write(
-            out,
-            &(
-                &record.bucket,
-                &record.penalty,
-                record.leases(),
-                record.window(),
-            ),
-        ),
-        _ => rmp_serde::encode::write(out, record),
-    };
+    let _ = rmp_serde::encode::write(out, &Versioned(record, version));
 }
 
 /// Encode `record` into a new buffer.
@@ -60,10 +60,11 @@ pub fn encode(record: &Record) -> Vec<u8> {
 /// Decode a payload made by [`encode`], by this build or an older one.
 pub fn decode(bytes: &[u8]) -> Result<Record, CodecError> {
     let (&version, body) = bytes.split_first().ok_or(CodecError::UnknownVersion)?;
-    if version == 0 || version > VERSION {
+    if version == 0 || version > PAYLOAD_VERSION {
         return Err(CodecError::UnknownVersion);
     }
-    let record: Record = rmp_serde::from_slice(body).map_err(|_| CodecError::Malformed)?;
+    let mut de = rmp_serde::Deserializer::from_read_ref(body);
+    let record = Record::deserialize_parts(&mut de).map_err(|_| CodecError::Malformed)?;
     let mut canonical = Vec::with_capacity(bytes.len());
     append_version(&record, version, &mut canonical);
     if !record.is_valid() || canonical != bytes {
@@ -96,12 +97,12 @@ mod tests {
             box_level: 0,
             box_until: 0,
         }));
-        record.set_leases(Some(Box::new(leases())));
-        record.set_window(Some(WindowState::Fixed {
+        record.set_part(Some(Box::new(leases())));
+        record.set_part(Some(WindowState::Fixed {
             end: 1_700_000_060_000,
             count: 3,
         }));
-        record.set_quota(Some(QuotaState {
+        record.set_part(Some(QuotaState {
             end: 1_700_006_400_000,
             count: 42,
         }));
@@ -125,9 +126,9 @@ mod tests {
     fn small_payloads() {
         let mut r = sample();
         r.penalty = None;
-        r.set_leases(None);
-        r.set_window(None);
-        r.set_quota(None);
+        r.set_part::<Box<Leases>>(None);
+        r.set_part::<WindowState>(None);
+        r.set_part::<QuotaState>(None);
         assert!(encode(&r).len() <= 24, "{} bytes", encode(&r).len());
     }
 
@@ -148,16 +149,16 @@ mod tests {
     #[test]
     fn a_version_1_payload_still_decodes() {
         let mut old = sample();
-        old.set_leases(None);
-        old.set_window(None);
-        old.set_quota(None);
+        old.set_part::<Box<Leases>>(None);
+        old.set_part::<WindowState>(None);
+        old.set_part::<QuotaState>(None);
         let mut v1 = Vec::new();
         append_version(&old, 1, &mut v1);
         assert_eq!(v1[0], 1);
         assert_eq!(decode(&v1), Ok(old.clone()));
         assert_eq!(
             encode(&old)[0],
-            VERSION,
+            PAYLOAD_VERSION,
             "saved again in the current version"
         );
         let mut with_leases = vec![1];
@@ -168,8 +169,8 @@ mod tests {
             "a v1 payload has no leases"
         );
         let mut v2_record = sample();
-        v2_record.set_window(None);
-        v2_record.set_quota(None);
+        v2_record.set_part::<WindowState>(None);
+        v2_record.set_part::<QuotaState>(None);
         let mut v2 = Vec::new();
         append_version(&v2_record, 2, &mut v2);
         assert_eq!(decode(&v2), Ok(v2_record));

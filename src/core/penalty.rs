@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::limits::{DEFAULT_OFFENSES_TTL_MS, MAX_BOX_LEVEL};
+use super::part::Part;
 use super::time::{after, Millis};
 
 /// `box_until` of a manual box: it lasts until `RL.BOX RELEASE`.
@@ -205,6 +206,18 @@ impl Penalty {
             level,
             until: (duration_ms != 0).then_some(self.box_until),
         }
+    }
+}
+
+/// A penalty matters while its box, strikes or offenses are live.
+impl Part for Penalty {
+    fn is_valid(&self) -> bool {
+        Penalty::is_valid(self)
+    }
+
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        let until = self.retain_until(now);
+        self.prune(now).then_some(until).flatten()
     }
 }
 
