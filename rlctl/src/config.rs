@@ -406,12 +406,20 @@ impl Config {
     /// Parses and validates a configuration text.
     pub fn parse(text: &str) -> Result<Config, String> {
         let mut conf: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+        // The default unowned tier uses the internal destinations configured.
+        let internal: Vec<Dest> = conf.internal.iter().map(|_| Dest::Internal).collect();
+        let page: Vec<Dest> = conf
+            .pager
+            .iter()
+            .map(|_| Dest::Page)
+            .chain(internal.clone())
+            .collect();
         conf.tiers
             .entry(UNOWNED_TIER.into())
             .or_insert_with(|| Tier {
                 level1: vec![],
-                level2: vec![Dest::Internal],
-                level3: vec![Dest::Page, Dest::Internal],
+                level2: internal,
+                level3: page,
                 human_review: false,
                 quota: vec![],
             });
