@@ -4,6 +4,7 @@
 #   make test   install deps, then fmt + clippy + release build + all tests
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
+#   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -20,7 +21,7 @@ FIGURES      := $(CURDIR)/target/reliability-figures.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-gateway bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-gateway test-rlctl bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -40,10 +41,12 @@ run: deps build
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
 # they load is the one just built, with Redis' allocator. The last line sums
-# up every test binary (cargo's own last line is the doc-tests' count).
+# up every test binary (cargo's own last line is the doc-tests' count),
+# the module's and rlctl's (a workspace member, tested in a second step).
 test: deps
-	$(CARGO) fmt --check
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy -p rlctl --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
 	@rm -f $(FIGURES)
@@ -51,6 +54,10 @@ test: deps
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log; \
 	rc=$$?; \
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl --no-fail-fast \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a target/test-output.log; \
+	rc_rlctl=$$?; \
+	if [ $$rc -eq 0 ]; then rc=$$rc_rlctl; fi; \
 	$(MAKE) --no-print-directory reliability-report; \
 	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
 		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
@@ -64,6 +71,12 @@ test: deps
 test-gateway: deps build
 	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_kong \
 		-- --test-threads=$(TEST_THREADS)
+
+# rlctl's tests alone (rlctl/README.md, "Tests"): redis-server with the
+# release module (one server, a 3-primary cluster), loopback webhook and
+# SMTP receivers, the rlctl binary. `make test` runs them too.
+test-rlctl: deps build
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl -- --test-threads=$(TEST_THREADS)
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:

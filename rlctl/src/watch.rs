@@ -41,8 +41,13 @@ const KEEP_AFTER_BOX_MS: i64 = 86_400_000;
 /// What a node task saw.
 #[derive(Debug)]
 enum Observation {
-    /// A key that may hold a box (`rl.boxed`, or found by reconciliation).
-    Boxed { key: String, source: &'static str },
+    /// A key that may hold a box (`rl.boxed`, or found by reconciliation);
+    /// `tries` counts the failed attempts to process it.
+    Boxed {
+        key: String,
+        source: &'static str,
+        tries: u32,
+    },
     /// `rl.released` on a key.
     Released { key: String },
 }
@@ -80,6 +85,7 @@ pub async fn run(conf: Config, secrets: Secrets) -> Result<(), String> {
         audit.clone(),
         senders.clone(),
         rx,
+        tx.clone(),
     ));
     let topology = tokio::spawn(follow_topology(conf.clone(), target.clone(), tx));
     let quota = if conf.quota.enabled && conf.tiers.values().any(|t| !t.quota.is_empty()) {
@@ -217,6 +223,7 @@ async fn follow_node_inner(
         tx.send(Observation::Boxed {
             key,
             source: "reconcile",
+            tries: 0,
         })
         .await
         .map_err(|_| "processor stopped")?;
@@ -232,6 +239,7 @@ async fn follow_node_inner(
             Observation::Boxed {
                 key,
                 source: "event",
+                tries: 0,
             }
         };
         tx.send(obs).await.map_err(|_| "processor stopped")?;
@@ -267,6 +275,10 @@ async fn enable_notifications(
     Ok(())
 }
 
+/// Observations whose processing failed (Redis unreachable: a shard
+/// failing over) are tried again every second, this many times.
+const RETRIES: u32 = 60;
+
 async fn process(
     conf: Arc<Config>,
     secrets: Arc<Secrets>,
@@ -274,19 +286,35 @@ async fn process(
     audit: Audit,
     senders: Senders,
     mut rx: mpsc::Receiver<Observation>,
+    retry_tx: mpsc::Sender<Observation>,
 ) {
     while let Some(obs) = rx.recv().await {
-        let r = match obs {
-            Observation::Boxed { key, source } => {
-                on_box(&conf, &secrets, &store, &audit, &senders, &key, source).await
+        match obs {
+            Observation::Boxed { key, source, tries } => {
+                if let Err(e) =
+                    on_box(&conf, &secrets, &store, &audit, &senders, &key, source).await
+                {
+                    if tries + 1 >= RETRIES {
+                        tracing::error!(destination = "redis", key, reason = %e, "observation given up");
+                        continue;
+                    }
+                    tracing::warn!(destination = "redis", key, reason = %e, "observation failed; trying again in 1 s");
+                    let tx = retry_tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        let _ = tx
+                            .send(Observation::Boxed {
+                                key,
+                                source,
+                                tries: tries + 1,
+                            })
+                            .await;
+                    });
+                }
             }
             Observation::Released { key } => {
-                audit.record_or_log("release_seen", &[("key", key)]).await;
-                Ok(())
+                audit.record_or_log("release_seen", &[("key", key)]).await
             }
-        };
-        if let Err(e) = r {
-            tracing::error!(destination = "redis", reason = %e, "observation not processed");
         }
     }
 }

@@ -176,6 +176,10 @@ impl Cluster {
             "nodes.conf",
             "--cluster-node-timeout",
             "2000",
+            // A replica may take over whatever the age of its data (a
+            // loaded machine can delay its exchanges with the primary).
+            "--cluster-replica-validity-factor",
+            "0",
         ];
         let nodes: Vec<Server> = (0..masters * (1 + replicas))
             .map(|_| Server::launch(true, &args))
@@ -196,6 +200,9 @@ impl Cluster {
         let cluster = Cluster { nodes };
         wait_until(Duration::from_secs(60), "a consistent cluster", || {
             cluster.consistent(masters * (1 + replicas))
+        });
+        wait_until(Duration::from_secs(60), "every replica in sync", || {
+            cluster.replicas_in_sync() == masters * replicas
         });
         cluster
     }
@@ -228,6 +235,27 @@ impl Cluster {
             views.push(masters);
         }
         views.windows(2).all(|w| w[0] == w[1])
+    }
+
+    /// Replicas whose link to their primary is up.
+    fn replicas_in_sync(&self) -> usize {
+        self.live()
+            .filter(|n| {
+                let Some(mut c) = n.try_client() else {
+                    return false;
+                };
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut c)
+                    .unwrap_or_default();
+                info.contains("role:slave") && info.contains("master_link_status:up")
+            })
+            .count()
+    }
+
+    /// The nodes still running.
+    pub fn live(&self) -> impl Iterator<Item = &Server> {
+        self.nodes.iter().filter(|n| n.child.is_some())
     }
 
     /// Seed URLs (every node).
