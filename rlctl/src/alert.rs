@@ -2,8 +2,9 @@
 //! quota threshold, by level and tier, with their bodies (JSON webhooks,
 //! PagerDuty Events API v2 events, emails) and their dedup markers.
 
-use crate::config::{Config, Dest, Secrets};
+use crate::config::{Config, Dest};
 use crate::owner::Owner;
+use crate::secrets::Secrets;
 use crate::store::BoxStatus;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
@@ -64,6 +65,24 @@ pub struct BoxAlert {
     pub owner: Owner,
     /// How long the trip record and markers are kept (ms).
     pub keep_ms: i64,
+    /// Who tripped it by hand, when `rlctl trip` did.
+    pub operator: Option<Operator>,
+}
+
+/// The note `rlctl trip` leaves for the worker: who and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Operator {
+    /// `--by`.
+    pub by: String,
+    /// `--reason`.
+    pub reason: String,
+    /// When the note was written (ms since the epoch).
+    pub at_ms: i64,
+}
+
+/// The key of the note `rlctl trip` leaves for `key`'s next trip.
+pub fn note_key(conf: &Config, key: &str) -> String {
+    format!("{}note:{key}", conf.keys.state_prefix)
 }
 
 /// A quota threshold crossed.
@@ -219,7 +238,10 @@ pub fn plan_box(
                 render(&conf.templates.box_subject, &values),
                 render(&conf.templates.box_body, &values),
             ),
-            Dest::Internal => internal(conf, secrets, with(common.clone(), "key", json!(a.key))),
+            Dest::Internal => {
+                let body = with(common.clone(), "key", json!(a.key));
+                internal(conf, secrets, with(body, "tripped_by", json!(a.operator)))
+            }
             Dest::Page | Dest::PageAccountOwner => page(
                 conf,
                 secrets,
@@ -422,6 +444,7 @@ fn page(
                 "notify": notify,
                 "account_owner": o.tenant.as_ref().and_then(|t| t.account_owner.clone()),
                 "automatic_suspension": !human_review,
+                "tripped_by": a.operator,
                 "action": action,
             }
         }

@@ -7,7 +7,8 @@
 
 use crate::alert::{signature, Delivery, Payload};
 use crate::audit::Audit;
-use crate::config::{Config, Dest, Secrets, SmtpTls};
+use crate::config::{Config, Dest, SmtpTls};
+use crate::secrets::Secrets;
 use crate::store::Store;
 use lettre::message::header::ContentType;
 use lettre::transport::smtp::authentication::Credentials;

@@ -8,7 +8,9 @@ mod deliver;
 mod ops;
 mod owner;
 mod quota;
+mod secrets;
 mod store;
+mod validate;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -159,7 +161,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     let conf = config::Config::load(&cli.config)?;
     match cli.command {
         Command::Watch => {
-            let secrets = config::Secrets::from_env(&conf)?;
+            let secrets = secrets::Secrets::from_env(&conf)?;
             watch::run(conf, secrets).await
         }
         Command::Boxes { json } => ops::boxes(&conf, json).await,
@@ -184,7 +186,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         } => ops::show_audit(&conf, since.as_deref(), key.as_deref(), limit, json).await,
         Command::CheckConfig { secrets } => {
             if secrets {
-                config::Secrets::from_env(&conf)?;
+                secrets::Secrets::from_env(&conf)?;
             }
             println!(
                 "{}: ok ({} tenant(s), tiers: {})",

@@ -2,9 +2,11 @@
 //! `audit`. Each manual action is written to the audit trail with who and
 //! why; an action whose audit entry could not be written fails loudly.
 
+use crate::alert::Operator;
 use crate::audit::{self, Audit};
-use crate::config::{Config, Secrets};
+use crate::config::Config;
 use crate::owner;
+use crate::secrets::Secrets;
 use crate::store::{self, BoxStatus, Target};
 use std::time::Duration;
 
@@ -164,7 +166,26 @@ pub async fn trip(
     required("--by", by)?;
     let target = target(conf)?;
     let store = target.store().await?;
-    let v: Vec<i64> = store
+    // The note tells the worker who tripped the box and why (it takes it
+    // with the trip, within a minute).
+    let note_key = crate::alert::note_key(conf, key);
+    let note = Operator {
+        by: by.to_string(),
+        reason: reason.to_string(),
+        at_ms: store::now_ms(),
+    };
+    let note = serde_json::to_string(&note).map_err(|e| e.to_string())?;
+    store
+        .query::<()>(
+            redis::cmd("SET")
+                .arg(&note_key)
+                .arg(note)
+                .arg("PX")
+                .arg(120_000),
+        )
+        .await
+        .map_err(|e| format!("SET {note_key}: {e}"))?;
+    let reply: redis::RedisResult<Vec<i64>> = store
         .query(
             redis::cmd("RL.BOX")
                 .arg("TRIP")
@@ -172,8 +193,14 @@ pub async fn trip(
                 .arg(level)
                 .arg(&seconds),
         )
-        .await
-        .map_err(|e| format!("RL.BOX TRIP {key}: {e}"))?;
+        .await;
+    let v = match reply {
+        Ok(v) => v,
+        Err(e) => {
+            let _: redis::RedisResult<i64> = store.query(redis::cmd("DEL").arg(&note_key)).await;
+            return Err(format!("RL.BOX TRIP {key}: {e}"));
+        }
+    };
     let s = match v.as_slice() {
         [level, ttl_ms, offenses, strikes] => BoxStatus {
             level: *level,

@@ -10,9 +10,10 @@
 
 use crate::alert::{plan_quota, QuotaAlert};
 use crate::audit::Audit;
-use crate::config::{Config, Secrets};
+use crate::config::Config;
 use crate::deliver::Senders;
 use crate::owner::Owner;
+use crate::secrets::Secrets;
 use crate::store::{Store, Target};
 use std::collections::HashMap;
 use std::sync::Arc;

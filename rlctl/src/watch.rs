@@ -17,11 +17,12 @@
 //! wait; a subscriber that falls too far behind is disconnected by Redis
 //! (`client-output-buffer-limit pubsub`) and resubscribes, which reconciles.
 
-use crate::alert::{plan_box, BoxAlert};
+use crate::alert::{note_key, plan_box, BoxAlert, Operator};
 use crate::audit::Audit;
-use crate::config::{Config, Secrets};
+use crate::config::Config;
 use crate::deliver::Senders;
 use crate::owner;
+use crate::secrets::Secrets;
 use crate::store::{self, now_ms, BoxStatus, Store, Target};
 use futures_util::StreamExt;
 use std::collections::HashMap;
@@ -60,7 +61,21 @@ struct TripRecord {
     offenses: i64,
     /// Estimated end (ms since the epoch), -1 for a manual box.
     end_ms: i64,
+    /// Who tripped it by hand (`rlctl trip`), and why.
+    #[serde(default)]
+    operator: Option<Operator>,
 }
+
+/// The trip a box belongs to.
+struct Trip {
+    id: String,
+    keep_ms: i64,
+    new: bool,
+    operator: Option<Operator>,
+}
+
+/// A note of `rlctl trip` older than this is not about the trip seen now.
+const NOTE_MAX_AGE_MS: i64 = 60_000;
 
 /// Runs the worker until SIGINT or SIGTERM.
 pub async fn run(conf: Config, secrets: Secrets) -> Result<(), String> {
@@ -334,7 +349,8 @@ async fn on_box(
         return Ok(());
     }
     let owner = owner::lookup(conf, key);
-    let (trip_id, keep_ms, new) = identify_trip(conf, store, key, &status).await?;
+    let trip = identify_trip(conf, store, key, &status).await?;
+    let (trip_id, new) = (trip.id.clone(), trip.new);
     if new {
         tracing::info!(key, trip = %trip_id, level = status.level, source, "trip seen");
         let mut fields = vec![
@@ -349,6 +365,10 @@ async fn on_box(
         if let Some(t) = &owner.tenant_id {
             fields.push(("tenant", t.clone()));
         }
+        if let Some(o) = &trip.operator {
+            fields.push(("by", o.by.clone()));
+            fields.push(("reason", o.reason.clone()));
+        }
         audit.record_or_log("trip_seen", &fields).await;
     }
     let alert = BoxAlert {
@@ -356,7 +376,8 @@ async fn on_box(
         key: key.to_string(),
         status,
         owner,
-        keep_ms,
+        keep_ms: trip.keep_ms,
+        operator: trip.operator,
     };
     let (deliveries, skipped) = plan_box(conf, secrets, &alert);
     if new {
@@ -394,13 +415,13 @@ async fn on_box(
 
 /// The trip id of the box now on `key`: the recorded one when level,
 /// offenses and end agree, else a new one (recorded). Returns
-/// `(trip_id, keep_ms, new)`.
+/// the trip.
 async fn identify_trip(
     conf: &Config,
     store: &Store,
     key: &str,
     s: &BoxStatus,
-) -> Result<(String, i64, bool), String> {
+) -> Result<Trip, String> {
     let now = now_ms();
     let end_ms = if s.ttl_ms < 0 { -1 } else { now + s.ttl_ms };
     let keep_ms = if s.ttl_ms < 0 {
@@ -420,15 +441,30 @@ async fn identify_trip(
             (end_ms - rec.end_ms).abs() <= SAME_END_TOLERANCE_MS
         };
         if rec.level == s.level && rec.offenses == s.offenses && same_end {
-            return Ok((rec.trip_id, keep_ms, false));
+            return Ok(Trip {
+                id: rec.trip_id,
+                keep_ms,
+                new: false,
+                operator: rec.operator,
+            });
         }
     }
+    // A new trip: made by `rlctl trip` when its note is fresh (taken once).
+    let note_key = note_key(conf, key);
+    let note: Option<String> = store
+        .query(redis::cmd("GETDEL").arg(&note_key))
+        .await
+        .map_err(|e| format!("GETDEL {note_key}: {e}"))?;
+    let operator = note
+        .and_then(|n| serde_json::from_str::<Operator>(&n).ok())
+        .filter(|o| (now - o.at_ms).abs() <= NOTE_MAX_AGE_MS);
     let trip_id = format!("{key}#{}.{}@{now}", s.offenses, s.level);
     let rec = TripRecord {
         trip_id: trip_id.clone(),
         level: s.level,
         offenses: s.offenses,
         end_ms,
+        operator: operator.clone(),
     };
     let body = serde_json::to_string(&rec).map_err(|e| e.to_string())?;
     store
@@ -441,5 +477,10 @@ async fn identify_trip(
         )
         .await
         .map_err(|e| format!("SET {record_key}: {e}"))?;
-    Ok((trip_id, keep_ms, true))
+    Ok(Trip {
+        id: trip_id,
+        keep_ms,
+        new: true,
+        operator,
+    })
 }

@@ -233,3 +233,99 @@ fn levels_and_tiers_reach_their_destinations() {
         "no secret in the audit trail"
     );
 }
+
+#[test]
+fn the_kill_switch_is_alerted_with_who_and_why() {
+    let server = Server::start();
+    let web = Webhooks::start();
+    let smtp = Smtp::start();
+    let dir = fresh_dir("killswitch");
+    let cfg = dir.join("rlctl.toml");
+    std::fs::write(
+        &cfg,
+        config_text(&[server.url()], false, &web.base, smtp.port, ""),
+    )
+    .unwrap();
+    let env = secrets();
+    let _worker = Worker::start(&dir, &cfg, &env, 1);
+    let key = "rl:{t:t-ent}:key:k-1";
+    let args = [
+        "trip",
+        key,
+        "--level",
+        "3",
+        "--for",
+        "manual",
+        "--reason",
+        "leaked key",
+        "--by",
+        "alice",
+    ];
+    let o = rlctl(&cfg, &args, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    wait_until(
+        Duration::from_secs(20),
+        "the pages and the internal alert",
+        || web.to("/pager").len() == 2 && web.to("/internal").len() == 1,
+    );
+    for p in web.to("/pager") {
+        let d = &p.json()["payload"]["custom_details"];
+        assert_eq!(
+            (
+                d["tripped_by"]["by"].as_str(),
+                d["tripped_by"]["reason"].as_str()
+            ),
+            (Some("alice"), Some("leaked key"))
+        );
+        assert_eq!(d["ttl_ms"], -1);
+    }
+    let internal = web.to("/internal")[0].json();
+    assert_eq!(internal["tripped_by"]["by"], "alice");
+    assert!(
+        web.to("/tenant/t-ent").is_empty() && smtp.all().is_empty(),
+        "level 3: no tenant alert"
+    );
+
+    let o = rlctl(
+        &cfg,
+        &["release", key, "--reason", "key rotated", "--by", "bob"],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut con = server.client();
+    wait_until(
+        Duration::from_secs(10),
+        "the release seen by the worker",
+        || {
+            audit_entries(&mut con)
+                .iter()
+                .any(|e| e["type"] == "release_seen")
+        },
+    );
+    let audit = audit_entries(&mut con);
+    let kinds: Vec<&str> = audit
+        .iter()
+        .map(|e| e["type"].as_str())
+        .filter(|t| !t.starts_with("watch_"))
+        .collect();
+    for kind in [
+        "manual_trip",
+        "trip_seen",
+        "alert",
+        "delivery",
+        "manual_release",
+        "release_seen",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} in {kinds:?}");
+    }
+    let seen = audit.iter().find(|e| e["type"] == "trip_seen").unwrap();
+    assert_eq!(
+        (seen["by"].as_str(), seen["reason"].as_str()),
+        ("alice", "leaked key")
+    );
+    let note: Option<String> = redis::cmd("GET")
+        .arg(format!("rlctl:note:{key}"))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(note, None, "the note is taken with the trip");
+}
