@@ -72,11 +72,7 @@ fn a_cluster_is_followed_across_a_failover() {
         }
     }
     let internal_keys = |web: &Webhooks| -> Vec<String> {
-        let mut v: Vec<String> = web
-            .to("/internal")
-            .iter()
-            .map(|r| r.json()["key"].as_str().unwrap().to_string())
-            .collect();
+        let mut v: Vec<String> = web.internal_keys().into_iter().collect();
         v.sort();
         v
     };

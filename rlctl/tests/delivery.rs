@@ -4,40 +4,10 @@
 
 mod common;
 
-use common::receivers::{Fail, Smtp, Webhooks};
+use common::receivers::{Fail, Smtp};
 use common::*;
 use std::collections::HashMap;
 use std::time::Duration;
-
-struct Setup {
-    server: Server,
-    web: Webhooks,
-    smtp: Smtp,
-    dir: std::path::PathBuf,
-    cfg: std::path::PathBuf,
-}
-
-fn setup(tag: &str, extra: &str) -> Setup {
-    let server = Server::start();
-    let web = Webhooks::start();
-    let smtp = Smtp::start();
-    let dir = fresh_dir(tag);
-    let cfg = dir.join("rlctl.toml");
-    let text = config_text(&[server.url()], false, &web.base, smtp.port, "");
-    let text = if extra.is_empty() {
-        text
-    } else {
-        text.replace("rate_per_second = 50", extra)
-    };
-    std::fs::write(&cfg, text).unwrap();
-    Setup {
-        server,
-        web,
-        smtp,
-        dir,
-        cfg,
-    }
-}
 
 fn deliveries(audit: &[HashMap<String, String>], key: &str) -> Vec<HashMap<String, String>> {
     audit
@@ -49,7 +19,7 @@ fn deliveries(audit: &[HashMap<String, String>], key: &str) -> Vec<HashMap<Strin
 
 #[test]
 fn a_failing_destination_is_retried_then_recorded_as_failed() {
-    let s = setup("failing", "");
+    let s = Single::start("failing", ("", ""));
     s.web.fail(
         "/tenant/t-grow",
         Fail {
@@ -71,8 +41,7 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
             times: usize::MAX,
         },
     );
-    let env = secrets();
-    let mut worker = Worker::start(&s.dir, &s.cfg, &env, 1);
+    let mut worker = s.worker();
     let mut con = s.server.client();
     let grow = "rl:{t:t-grow}:key:k-1";
     let sand = "rl:{t:t-sand}:key:k-2";
@@ -140,7 +109,7 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
     // A restart sends nothing again: not the sent ones, not the failed one.
     worker.kill9();
     let before = s.web.all().len();
-    let _again = Worker::start(&s.dir, &s.cfg, &env, 1);
+    let _again = s.worker();
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         s.web.all().len(),
@@ -152,9 +121,8 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
 
 #[test]
 fn a_restart_resends_nothing_and_alerts_trips_made_while_down() {
-    let s = setup("restart", "");
-    let env = secrets();
-    let mut worker = Worker::start(&s.dir, &s.cfg, &env, 1);
+    let s = Single::start("restart", ("", ""));
+    let mut worker = s.worker();
     let mut con = s.server.client();
     trip(&mut con, "rl:{t:t-grow}:key:before", 2, 3600);
     // Killed once the deliveries are recorded (a kill between a send and its
@@ -177,7 +145,7 @@ fn a_restart_resends_nothing_and_alerts_trips_made_while_down() {
         .unwrap();
     assert_eq!(short[0], 2);
     std::thread::sleep(Duration::from_millis(600)); // the short box is over
-    let _worker = Worker::start(&s.dir, &s.cfg, &env, 1);
+    let _worker = s.worker();
     let what = "the alerts of the trip made while down";
     let done = || s.web.all().len() == 4 && s.smtp.all().len() == 2;
     let start = std::time::Instant::now();
@@ -191,12 +159,7 @@ fn a_restart_resends_nothing_and_alerts_trips_made_while_down() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    let keys: Vec<String> = s
-        .web
-        .to("/internal")
-        .iter()
-        .map(|r| r.json()["key"].as_str().unwrap().to_string())
-        .collect();
+    let keys: Vec<String> = s.web.internal_keys().into_iter().collect();
     assert_eq!(
         keys,
         ["rl:{t:t-grow}:key:before", "rl:{t:t-grow}:key:while-down"],
@@ -221,9 +184,8 @@ fn a_restart_resends_nothing_and_alerts_trips_made_while_down() {
 #[test]
 fn the_worker_killed_during_a_burst_delivers_every_alert_once() {
     // 20 sends a second per destination: a burst of 30 trips takes 1.5 s.
-    let s = setup("burst", "rate_per_second = 20");
-    let env = secrets();
-    let mut worker = Worker::start(&s.dir, &s.cfg, &env, 1);
+    let s = Single::start("burst", ("rate_per_second = 50", "rate_per_second = 20"));
+    let mut worker = s.worker();
     let mut con = s.server.client();
     let keys: Vec<String> = (0..40)
         .map(|i| format!("rl:{{t:t-grow}}:key:burst-{i}"))
@@ -243,7 +205,7 @@ fn the_worker_killed_during_a_burst_delivers_every_alert_once() {
     for k in &keys[30..] {
         trip(&mut con, k, 2, 3600); // while the worker is down
     }
-    let _worker = Worker::start(&s.dir, &s.cfg, &env, 1);
+    let _worker = s.worker();
 
     // Receivers deduplicate by the delivery id, as documented; then every
     // alert arrived exactly once at each destination.
@@ -282,12 +244,8 @@ fn the_worker_killed_during_a_burst_delivers_every_alert_once() {
             "{dest}: resent only what was in flight: {twice:?}"
         );
     }
-    let internal_keys: std::collections::HashSet<String> = s
-        .web
-        .to("/internal")
-        .iter()
-        .map(|r| r.json()["key"].as_str().unwrap().to_string())
-        .collect();
+    let internal_keys: std::collections::HashSet<String> =
+        s.web.internal_keys().into_iter().collect();
     assert_eq!(
         internal_keys,
         keys.iter().cloned().collect(),

@@ -44,11 +44,7 @@ fn release_and_trip_leave_audit_entries() {
         "{}",
         stdout(&o)
     );
-    let s: Vec<i64> = redis::cmd("RL.BOX")
-        .arg("STATUS")
-        .arg(key)
-        .query(&mut con)
-        .unwrap();
+    let s: Vec<i64> = status(&mut con, key);
     assert_eq!(s[0], 2);
     assert!(s[1] > 890_000 && s[1] <= 900_000, "{s:?}");
     trip(&mut con, "rl:{ip:198.51.100.7}:login", 3, 0);
@@ -92,11 +88,7 @@ fn release_and_trip_leave_audit_entries() {
         "{}",
         stdout(&o)
     );
-    let s: Vec<i64> = redis::cmd("RL.BOX")
-        .arg("STATUS")
-        .arg(key)
-        .query(&mut con)
-        .unwrap();
+    let s: Vec<i64> = status(&mut con, key);
     assert_eq!((s[0], s[2]), (0, 1), "lifted, the offense kept: {s:?}");
     let o = rlctl(
         &cfg,
@@ -106,11 +98,7 @@ fn release_and_trip_leave_audit_entries() {
         &[],
     );
     assert!(stdout(&o).contains("no active box"), "{}", stdout(&o));
-    let s: Vec<i64> = redis::cmd("RL.BOX")
-        .arg("STATUS")
-        .arg(key)
-        .query(&mut con)
-        .unwrap();
+    let s: Vec<i64> = status(&mut con, key);
     assert_eq!(s, [0, 0, 0, 0], "forgotten");
 
     let audit = audit_entries(&mut con);

@@ -30,20 +30,11 @@ fn usage(con: &mut redis::Connection, tenant: &str, used: &str) {
 
 #[test]
 fn quota_thresholds_alert_once_per_period() {
-    let server = Server::start();
-    let web = Webhooks::start();
-    let smtp = Smtp::start();
-    let dir = fresh_dir("quota");
-    let cfg = dir.join("rlctl.toml");
-    std::fs::write(
-        &cfg,
-        config_text(&[server.url()], false, &web.base, smtp.port, ""),
-    )
-    .unwrap();
-    let env = secrets();
+    let s = Single::start("quota", ("", ""));
+    let (server, web, smtp) = (&s.server, &s.web, &s.smtp);
     let mut con = server.client();
     usage(&mut con, "t-grow", "500"); // before the worker's first start: read too
-    let mut worker = Worker::start(&dir, &cfg, &env, 1);
+    let mut worker = s.worker();
     usage(&mut con, "t-grow", "850"); // 80 %
     usage(&mut con, "t-grow", "860");
     reading(
@@ -65,10 +56,10 @@ fn quota_thresholds_alert_once_per_period() {
             && smtp.all().len() == 3
     };
     wait_until(Duration::from_secs(20), "the quota alerts", || {
-        done(&web, &smtp)
+        done(web, smtp)
     });
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(done(&web, &smtp), "no more: {:#?}", web.all());
+    assert!(done(web, smtp), "no more: {:#?}", web.all());
     assert!(
         web.to("/internal").is_empty(),
         "quota alerts go to the tier's quota destinations only"
@@ -136,8 +127,8 @@ fn quota_thresholds_alert_once_per_period() {
 
     // A restart reads nothing again and sends nothing again.
     worker.kill9();
-    let _worker = Worker::start(&dir, &cfg, &env, 1);
+    let _worker = s.worker();
     usage(&mut con, "t-grow", "1000");
     std::thread::sleep(Duration::from_millis(1500));
-    assert!(done(&web, &smtp), "nothing resent: {:#?}", web.all());
+    assert!(done(web, smtp), "nothing resent: {:#?}", web.all());
 }

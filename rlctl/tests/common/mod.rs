@@ -532,3 +532,51 @@ pub fn signature_ok(req: &receivers::Request, secret: &str) -> bool {
     mac.update(format!("{t}.{}", req.body).as_bytes());
     hex::encode(mac.finalize().into_bytes()) == v1
 }
+
+/// `RL.BOX STATUS key`: `[level, ttl_ms, offenses, strikes]`.
+pub fn status(con: &mut impl redis::ConnectionLike, key: &str) -> Vec<i64> {
+    redis::cmd("RL.BOX")
+        .arg("STATUS")
+        .arg(key)
+        .query(con)
+        .expect("RL.BOX STATUS")
+}
+
+/// One server, the receivers and a configuration file for them.
+pub struct Single {
+    pub server: Server,
+    pub web: receivers::Webhooks,
+    pub smtp: receivers::Smtp,
+    pub dir: PathBuf,
+    pub cfg: PathBuf,
+}
+
+impl Single {
+    /// Starts them; `edit` replaces one text of `config_text` (`("", "")`: none).
+    pub fn start(tag: &str, edit: (&str, &str)) -> Single {
+        let server = Server::start();
+        let web = receivers::Webhooks::start();
+        let smtp = receivers::Smtp::start();
+        let dir = fresh_dir(tag);
+        let cfg = dir.join("rlctl.toml");
+        let text = config_text(&[server.url()], false, &web.base, smtp.port, "");
+        let text = if edit.0.is_empty() {
+            text
+        } else {
+            text.replace(edit.0, edit.1)
+        };
+        std::fs::write(&cfg, text).expect("write the configuration");
+        Single {
+            server,
+            web,
+            smtp,
+            dir,
+            cfg,
+        }
+    }
+
+    /// Starts `rlctl watch` with the test secrets.
+    pub fn worker(&self) -> Worker {
+        Worker::start(&self.dir, &self.cfg, &secrets(), 1)
+    }
+}

@@ -114,6 +114,14 @@ impl Webhooks {
         self.requests.lock().unwrap().clone()
     }
 
+    /// The `key` field of every internal webhook body, in arrival order.
+    pub fn internal_keys(&self) -> Vec<String> {
+        self.to("/internal")
+            .iter()
+            .map(|r| r.json()["key"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
     /// The requests to `path`.
     pub fn to(&self, path: &str) -> Vec<Request> {
         self.all().into_iter().filter(|r| r.path == path).collect()
