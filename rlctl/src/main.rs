@@ -90,7 +90,8 @@ enum Command {
     },
     /// The kill switch: box a key now (RL.BOX TRIP), with an audit entry.
     ///
-    /// The box replaces any active one; the worker alerts it like any trip.
+    /// The box replaces any active one; the worker alerts it like any trip,
+    /// saying who tripped it and why.
     #[command(verbatim_doc_comment)]
     Trip {
         /// The Redis key (any key; quote the braces).
