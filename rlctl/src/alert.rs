@@ -134,11 +134,28 @@ fn placeholders(text: &str) -> Vec<&str> {
 }
 
 /// Replaces each `{name}` by its value (names checked at load time).
+/// One pass: a value that itself contains `{name}` is not expanded again.
 pub fn render(text: &str, values: &BTreeMap<&str, String>) -> String {
-    let mut out = text.to_string();
-    for (name, value) in values {
-        out = out.replace(&format!("{{{name}}}"), value);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let value = after
+            .find('}')
+            .and_then(|close| Some((values.get(&after[..close])?, close)));
+        match value {
+            Some((value, close)) => {
+                out.push_str(value);
+                rest = &after[close + 1..];
+            }
+            None => {
+                out.push('{');
+                rest = after;
+            }
+        }
     }
+    out.push_str(rest);
     out
 }
 
@@ -466,7 +483,13 @@ mod tests {
         let e = check_template("{nope}", &["key"]).unwrap_err();
         assert!(e.contains("{nope}"), "{e}");
         let v = BTreeMap::from([("key", "k".to_string())]);
-        assert_eq!(render("a {key} b {key}", &v), "a k b k");
+        assert_eq!(render("a {key} b {key} {other} {", &v), "a k b k {other} {");
+        let tricky = BTreeMap::from([("key", "{level}".to_string()), ("level", "2".to_string())]);
+        assert_eq!(
+            render("{key}/{level}", &tricky),
+            "{level}/2",
+            "values are not expanded again"
+        );
     }
 
     #[test]

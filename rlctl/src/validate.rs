@@ -9,8 +9,13 @@ impl Config {
             return Err("redis.urls: give at least one URL".into());
         }
         for (i, url) in self.redis.urls.iter().enumerate() {
-            redis::parse_redis_url(url)
+            let parsed = redis::parse_redis_url(url)
                 .ok_or_else(|| format!("redis.urls[{i}]: not a redis:// URL: {url:?}"))?;
+            if parsed.scheme() != "redis" {
+                return Err(format!(
+                    "redis.urls[{i}]: {url:?}: only redis:// (this build has no TLS to Redis)"
+                ));
+            }
         }
         if !self.redis.cluster && self.redis.urls.len() > 1 {
             return Err(

@@ -26,6 +26,7 @@ use crate::secrets::Secrets;
 use crate::store::{self, now_ms, BoxStatus, Store, Target};
 use futures_util::StreamExt;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -303,20 +304,27 @@ async fn process(
     mut rx: mpsc::Receiver<Observation>,
     retry_tx: mpsc::Sender<Observation>,
 ) {
+    // Observations waiting for a retry, at most `delivery.queue`: beyond,
+    // they are dropped (logged); the next reconciliation finds them again.
+    let waiting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while let Some(obs) = rx.recv().await {
         match obs {
             Observation::Boxed { key, source, tries } => {
                 if let Err(e) =
                     on_box(&conf, &secrets, &store, &audit, &senders, &key, source).await
                 {
-                    if tries + 1 >= RETRIES {
-                        tracing::error!(destination = "redis", key, reason = %e, "observation given up");
+                    if tries + 1 >= RETRIES || waiting.load(Ordering::SeqCst) >= conf.delivery.queue
+                    {
+                        tracing::error!(destination = "redis", key, reason = %e, tries, "observation given up");
                         continue;
                     }
                     tracing::warn!(destination = "redis", key, reason = %e, "observation failed; trying again in 1 s");
                     let tx = retry_tx.clone();
+                    let waiting = waiting.clone();
+                    waiting.fetch_add(1, Ordering::SeqCst);
                     tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_secs(1)).await;
+                        waiting.fetch_sub(1, Ordering::SeqCst);
                         let _ = tx
                             .send(Observation::Boxed {
                                 key,

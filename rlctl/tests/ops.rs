@@ -243,6 +243,10 @@ fn a_bad_configuration_is_refused_with_the_field_named() {
             "redis.urls[0]",
         ),
         (
+            good.replace("redis://127.0.0.1:1\"]", "rediss://127.0.0.1:1\"]"),
+            "redis.urls[0]",
+        ),
+        (
             good.replace(
                 "contacts = [\"dev@sand.test\"]",
                 "contacts = [\"not an address\"]",
