@@ -183,8 +183,8 @@ fn a_restart_resends_nothing_and_alerts_trips_made_while_down() {
 
 #[test]
 fn the_worker_killed_during_a_burst_delivers_every_alert_once() {
-    // 20 sends a second per destination: a burst of 30 trips takes 1.5 s.
-    let s = Single::start("burst", ("rate_per_second = 50", "rate_per_second = 20"));
+    // 10 sends a second per destination: a burst of 30 trips takes 3 s.
+    let s = Single::start("burst", ("rate_per_second = 50", "rate_per_second = 10"));
     let mut worker = s.worker();
     let mut con = s.server.client();
     let keys: Vec<String> = (0..40)
@@ -194,7 +194,7 @@ fn the_worker_killed_during_a_burst_delivers_every_alert_once() {
         trip(&mut con, k, 2, 3600);
     }
     wait_until(Duration::from_secs(20), "part of the burst", || {
-        s.web.to("/tenant/t-grow").len() >= 8
+        s.web.to("/tenant/t-grow").len() >= 5
     });
     worker.kill9();
     let at_kill = s.web.to("/tenant/t-grow").len();
