@@ -1,5 +1,5 @@
 //! rlctl: rl's alert worker (`rlctl watch`) and operator commands
-//! (`boxes`, `release`, `trip`, `audit`, `check-config`). See README.md.
+//! (`boxes`, `stats`, `release`, `trip`, `audit`, `check-config`). See README.md.
 
 mod alert;
 mod audit;
@@ -68,6 +68,13 @@ enum Command {
     /// List the active boxes on every primary: key, level, time left, offenses.
     Boxes {
         /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The module's counters (INFO rl) summed over every primary: box trips
+    /// by level, manual trips, releases, boxed replies.
+    Stats {
+        /// Print JSON instead of lines.
         #[arg(long)]
         json: bool,
     },
@@ -166,6 +173,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             watch::run(conf, secrets).await
         }
         Command::Boxes { json } => ops::boxes(&conf, json).await,
+        Command::Stats { json } => ops::stats(&conf, json).await,
         Command::Release {
             key,
             reason,

@@ -78,6 +78,41 @@ pub async fn boxes(conf: &Config, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `rlctl stats`: the module's `INFO rl` counters summed over the primaries
+/// (trips by level, releases, boxed replies: commands.md, "Observability").
+pub async fn stats(conf: &Config, json: bool) -> Result<(), String> {
+    let target = target(conf)?;
+    let mut known = Vec::new();
+    let mut totals: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    for node in target.primaries(&mut known).await? {
+        let mut con = target.node(&node).await?;
+        let info: String = redis::cmd("INFO")
+            .arg("rl")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| format!("{node}: INFO rl: {e}"))?;
+        for line in info.lines() {
+            let Some((name, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            if let (true, Ok(v)) = (name.starts_with("rl_"), value.parse::<i64>()) {
+                *totals.entry(name.to_string()).or_insert(0) += v;
+            }
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&totals).map_err(|e| e.to_string())?
+        );
+    } else {
+        for (name, v) in &totals {
+            println!("{name:<24} {v}");
+        }
+    }
+    Ok(())
+}
+
 fn required(flag: &str, value: &str) -> Result<(), String> {
     if value.trim().is_empty() {
         return Err(format!("{flag}: must not be empty"));

@@ -101,6 +101,17 @@ fn release_and_trip_leave_audit_entries() {
     let s: Vec<i64> = status(&mut con, key);
     assert_eq!(s, [0, 0, 0, 0], "forgotten");
 
+    let o = rlctl(&cfg, &["stats", "--json"], &[]);
+    assert!(o.status.success(), "stats: {}", stderr(&o));
+    let stats: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(stats["rl_box_trips_level2"], 1, "{stats}");
+    assert_eq!(stats["rl_box_trips_level3"], 1);
+    assert_eq!(stats["rl_box_trips_manual"], 2);
+    assert_eq!(
+        stats["rl_box_releases"], 1,
+        "the FORGET release lifted nothing"
+    );
+
     let audit = audit_entries(&mut con);
     assert_eq!(audit.len(), 3, "{audit:#?}");
     let t = &audit[0];
