@@ -21,7 +21,7 @@ fn levels_and_tiers_reach_their_destinations() {
     trip(&mut con, "rl:{auth:ip:203.0.113.9}", 2, 900); // no tenant
 
     // An automatic trip by RL.TAKE ... STRIKES at level 2: a first offense
-    // (a manual box, released), then a throttled call trips the second.
+    // (a manual box, released), then an early retry trips the second.
     let sand = "rl:{t:t-sand}:key:k-5";
     trip(&mut con, sand, 1, 0);
     let _: i64 = redis::cmd("RL.BOX")
@@ -42,6 +42,9 @@ fn levels_and_tiers_reach_their_destinations() {
             .unwrap()
     };
     assert_eq!(take(&mut con)[0], 1);
+    // The first refusal announces a retry; retrying before it is the
+    // strike that trips the box.
+    assert_eq!(take(&mut con)[0], 0);
     let tripped = take(&mut con);
     assert_eq!(
         (tripped[0], tripped[5]),
