@@ -64,6 +64,15 @@ pub enum ArgError {
     UnknownSubcommand { command: &'static str },
     /// Two options that exclude each other.
     Together { a: &'static str, b: &'static str },
+    /// An option given without the one it needs.
+    Needs {
+        option: &'static str,
+        needed: &'static str,
+    },
+    /// `MIN` above `COST`.
+    MinAboveCost,
+    /// `RESERVE` naming a key the call does not have.
+    ReserveIndex { index: usize },
 }
 
 impl ArgError {
@@ -142,6 +151,11 @@ impl fmt::Display for ArgError {
             ArgError::Period { what } => write!(f, "ERR {what} must be DAY, WEEK or MONTH"),
             ArgError::LeaseId => {
                 write!(f, "ERR lease-id must be 1 to {MAX_LEASE_ID_LEN} bytes")
+            }
+            ArgError::Needs { option, needed } => write!(f, "ERR {option} requires {needed}"),
+            ArgError::MinAboveCost => write!(f, "ERR MIN minimum is above COST"),
+            ArgError::ReserveIndex { index } => {
+                write!(f, "ERR RESERVE index {index} names no bucket of this call")
             }
             ArgError::Together { a, b } => {
                 write!(f, "ERR {a} and {b} cannot be given together")

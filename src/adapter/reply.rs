@@ -50,6 +50,13 @@ pub fn reply_decision(ctx: Ctx, d: &Decision) -> c_int {
     reply_ints(ctx, &to_wire(d))
 }
 
+/// Reply with the decision of a `PARTIAL` call: the 8 integers and a 9th,
+/// `granted` (0 when refused or boxed).
+pub fn reply_partial(ctx: Ctx, d: &Decision) -> c_int {
+    let [a, b, c, e, f, g, h, i] = to_wire(d);
+    reply_ints(ctx, &[a, b, c, e, f, g, h, i, int(d.granted.unwrap_or(0))])
+}
+
 /// `[limited, limit, remaining, retry_after_s, reset_after_s]`, as
 /// redis-cell orders them (`retry_after_s` -1 when none applies).
 pub fn cell_to_wire(a: &CellAnswer) -> [i64; 5] {

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis_module::raw;
 
 use super::ffi::api;
-use crate::core::decision::Status;
+use crate::core::decision::{Decision, Status};
+use crate::core::take::{Request, Settle};
 
 /// One counter.
 pub struct Counter(AtomicU64);
@@ -92,6 +93,43 @@ pub static TRIPS: [Counter; 3] = [Counter::new(), Counter::new(), Counter::new()
 pub static MANUAL_TRIPS: Counter = Counter::new();
 /// Boxes lifted by `RL.BOX RELEASE`.
 pub static RELEASES: Counter = Counter::new();
+/// Calls with `DEBT` (charged whether or not they fit), and their points.
+pub static DEBT_CALLS: Counter = Counter::new();
+/// Points charged by `DEBT` calls.
+pub static DEBT_POINTS: Counter = Counter::new();
+/// Calls with `REFUND`.
+pub static REFUND_CALLS: Counter = Counter::new();
+/// Points given back by `REFUND` calls (to every key of the call).
+pub static REFUND_POINTS: Counter = Counter::new();
+/// `PARTIAL` calls that granted points.
+pub static PARTIAL_GRANTS: Counter = Counter::new();
+/// Points granted by `PARTIAL` calls.
+pub static PARTIAL_POINTS: Counter = Counter::new();
+/// Refusals only because of a `RESERVE`.
+pub static RESERVE_REFUSALS: Counter = Counter::new();
+
+/// Count what a settled call did: `DEBT` and `REFUND` points, `PARTIAL`
+/// grants (boxed calls settle nothing).
+pub fn settled<L>(req: &Request<L>, decision: &Decision) {
+    if decision.status == Status::Boxed {
+        return;
+    }
+    match req.settle {
+        Settle::Debt => {
+            DEBT_CALLS.incr();
+            DEBT_POINTS.add(req.cost);
+        }
+        Settle::Refund => {
+            REFUND_CALLS.incr();
+            REFUND_POINTS.add(req.cost);
+        }
+        Settle::Charge => {}
+    }
+    if let Some(granted) = decision.granted.filter(|&g| g > 0) {
+        PARTIAL_GRANTS.incr();
+        PARTIAL_POINTS.add(granted);
+    }
+}
 
 /// Count a trip at `level` (1..=3).
 pub fn trip(level: u8) {
@@ -106,7 +144,7 @@ pub(crate) extern "C" fn info(
     _for_crash_report: std::os::raw::c_int,
 ) {
     super::ffi::guard((), || {
-        let fields: [(&CStr, &Counter); 25] = [
+        let fields: &[(&CStr, &Counter)] = &[
             (c"take_calls", &TAKE.calls),
             (c"take_allowed", &TAKE.allowed),
             (c"take_throttled", &TAKE.throttled),
@@ -132,10 +170,17 @@ pub(crate) extern "C" fn info(
             (c"box_trips_level3", &TRIPS[2]),
             (c"box_trips_manual", &MANUAL_TRIPS),
             (c"box_releases", &RELEASES),
+            (c"debt_calls", &DEBT_CALLS),
+            (c"debt_points", &DEBT_POINTS),
+            (c"refund_calls", &REFUND_CALLS),
+            (c"refund_points", &REFUND_POINTS),
+            (c"partial_grants", &PARTIAL_GRANTS),
+            (c"partial_points", &PARTIAL_POINTS),
+            (c"reserve_refusals", &RESERVE_REFUSALS),
         ];
         unsafe {
             api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr());
-            for (name, counter) in &fields {
+            for (name, counter) in fields {
                 api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), counter.get());
             }
         }

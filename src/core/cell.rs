@@ -112,6 +112,7 @@ mod tests {
             box_level: 0,
             strikes_remaining: None,
             binding: 0,
+            granted: None,
         };
         let a = answer(&allowed, &RATE, 1);
         assert_eq!(

@@ -67,6 +67,9 @@ pub struct Decision {
     pub strikes_remaining: Option<u64>,
     /// Which key binds: 0 the first, 1 the first `ALSO`, ...
     pub binding: usize,
+    /// Points granted by a `PARTIAL` call that was allowed (`None`
+    /// otherwise: the wire writes 0 for a refused or boxed `PARTIAL`).
+    pub granted: Option<u64>,
 }
 
 /// The decision of a call that meets an active box: `limit` is the first
@@ -85,6 +88,7 @@ pub fn boxed(first_limit: u64, active: &ActiveBox, now: Millis) -> Decision {
         box_level: active.level,
         strikes_remaining: Some(0),
         binding: 0,
+        granted: None,
     }
 }
 

@@ -25,6 +25,8 @@ mod codec_proptests;
 #[cfg(test)]
 mod penalty_proptests;
 #[cfg(test)]
+mod settle_proptests;
+#[cfg(test)]
 mod shaping_proptests;
 #[cfg(test)]
 mod take_proptests;

@@ -421,7 +421,7 @@ proptest! {
         jitter_percent in any::<u8>(),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: policy, jitter_percent, delay_ms: None, settle: Default::default() };
+        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: policy, jitter_percent, delay_ms: None, settle: Default::default(), reserve: [0; MAX_BUCKETS], partial_min: None };
         let mut buckets = stored[..nb].to_vec();
         let mut penalty = penalty;
         for (now, random) in calls {
@@ -439,7 +439,7 @@ proptest! {
         stored in prop::collection::vec(prop::option::of(any_valid_bucket()), MAX_BUCKETS + 1),
         calls in prop::collection::vec((any_now(), any::<u64>()), 1..=4),
     ) {
-        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: None, jitter_percent: 0, delay_ms: None, settle: Default::default() };
+        let req = TakeRequest { limits: rates.into_iter().take(MAX_BUCKETS).collect(), cost, penalty: None, jitter_percent: 0, delay_ms: None, settle: Default::default(), reserve: [0; MAX_BUCKETS], partial_min: None };
         let mut buckets = stored;
         let mut penalty = Penalty::default();
         for (now, random) in calls {

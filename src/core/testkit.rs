@@ -386,6 +386,8 @@ pub fn request_within_limits() -> impl Strategy<Value = TakeRequest> {
                 jitter_percent,
                 delay_ms,
                 settle: Default::default(),
+                reserve: [0; MAX_BUCKETS],
+                partial_min: None,
             },
         )
 }

@@ -13,8 +13,8 @@ use arrayvec::ArrayVec;
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
-use crate::adapter::reply::reply_decision;
-use crate::adapter::stats::Outcomes;
+use crate::adapter::reply::{reply_decision, reply_partial};
+use crate::adapter::stats::{self, Outcomes};
 use crate::adapter::store::{Access, Call, Event};
 use crate::core::decision::Decision;
 use crate::core::limiter::Limiter;
@@ -119,13 +119,7 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         (cost, Some(()), None) => (cost.unwrap_or(1), Settle::Debt),
         (cost, None, None) => (cost.unwrap_or(1), Settle::Charge),
     };
-    // A price known after the fact, or points given back, may be larger
-    // than a key's limit.
-    if settle == Settle::Charge {
-        if let Some(index) = limits.iter().position(|l| cost > l.limit()) {
-            return Err(ArgError::CostAboveCapacity { index });
-        }
-    }
+
     for (i, &a) in keys.iter().enumerate() {
         if keys[..i].iter().any(|&b| c.bytes_at(a) == c.bytes_at(b)) {
             return Err(ArgError::DuplicateKey);
@@ -149,7 +143,21 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
         delay_ms: None,
         settle,
+        reserve: [0; MAX_BUCKETS],
+        partial_min: None,
     })
+}
+
+/// `COST` must fit every key's limit, except for a price known after the
+/// fact (`DEBT`), points given back (`REFUND`) and a `PARTIAL` grant.
+pub fn check_cost<L: Limiter>(req: &Request<L>) -> Result<(), ArgError> {
+    if req.settle != Settle::Charge || req.partial_min.is_some() {
+        return Ok(());
+    }
+    match req.limits.iter().position(|l| req.cost > l.limit()) {
+        Some(index) => Err(ArgError::CostAboveCapacity { index }),
+        None => Ok(()),
+    }
 }
 
 /// Whether a call may write.
@@ -193,7 +201,12 @@ where
     };
     let decision = decide_call(&mut call, &req, effect);
     outcomes.record(decision.status);
-    reply_decision(ctx, &decision)
+    stats::settled(&req, &decision);
+    if req.partial_min.is_some() {
+        reply_partial(ctx, &decision)
+    } else {
+        reply_decision(ctx, &decision)
+    }
 }
 
 /// Decide a call on its open keys, each key's state read and changed
@@ -238,6 +251,9 @@ where
         let n = req.limits.len().min(MAX_BUCKETS);
         decide(&mut fresh[..n], &mut penalty, req, now, random)
     };
+    if effects.reserve_refused {
+        stats::RESERVE_REFUSALS.incr();
+    }
     if !writes {
         return decision;
     }

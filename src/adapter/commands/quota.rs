@@ -5,7 +5,7 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_parsed, Clause, Effect, KeyPositions};
+use super::limiter_call::{check_cost, parse_call, run_parsed, Clause, Effect, KeyPositions};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
@@ -30,6 +30,7 @@ pub fn parse<A: AsRef<[u8]>>(
         set_once(&mut peek, "PEEK", ())?;
         Ok(true)
     })?;
+    check_cost(&req)?;
     Ok((req, peek.is_some()))
 }
 

@@ -8,13 +8,15 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_parsed, Clause, Effect, KeyPositions};
+use arrayvec::ArrayVec;
+
+use super::limiter_call::{check_cost, parse_call, run_parsed, Clause, Effect, KeyPositions};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
 use crate::adapter::stats;
 use crate::core::bucket::Rate;
-use crate::core::limits::{MAX_DURATION_MS, MAX_POINTS};
+use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS, MAX_POINTS};
 use crate::core::take::{Settle, TakeRequest};
 
 const NAME: &str = "rl.take";
@@ -23,24 +25,69 @@ const NAME: &str = "rl.take";
 pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut KeyPositions) -> Result<TakeRequest, ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut delay = None;
+    let mut partial = None;
+    let mut min = None;
+    let mut reserves: ArrayVec<(usize, u64), MAX_BUCKETS> = ArrayVec::new();
     let mut req = parse_call(&mut c, keys, rate, |word, c| {
-        if !is(word, "DELAY") {
+        if is(word, "DELAY") {
+            set_once(&mut delay, "DELAY", c.duration_ms("DELAY max_wait", false)?)?;
+        } else if is(word, "PARTIAL") {
+            set_once(&mut partial, "PARTIAL", ())?;
+        } else if is(word, "MIN") {
+            set_once(&mut min, "MIN", c.integer("MIN minimum", 1, MAX_POINTS)?)?;
+        } else if is(word, "RESERVE") {
+            let index = c.integer("RESERVE index", 0, MAX_BUCKETS as u64 - 1)?;
+            let percent = c.integer("RESERVE percent", 0, 100)?;
+            let index = usize::try_from(index).unwrap_or(MAX_BUCKETS);
+            if reserves.iter().any(|&(i, _)| i == index) {
+                return Err(ArgError::Repeated {
+                    option: "RESERVE for one index",
+                });
+            }
+            reserves
+                .try_push((index, percent))
+                .map_err(|_| ArgError::TooManyBuckets)?;
+        } else {
             return Ok(false);
         }
-        set_once(&mut delay, "DELAY", c.duration_ms("DELAY max_wait", false)?)?;
         Ok(true)
     })?;
-    if delay.is_some() && req.settle != Settle::Charge {
-        let settle = if req.settle == Settle::Debt {
-            "DEBT"
-        } else {
-            "REFUND"
-        };
-        return Err(ArgError::Together {
-            a: "DELAY",
-            b: settle,
+    let settle = match req.settle {
+        Settle::Charge => None,
+        Settle::Debt => Some("DEBT"),
+        Settle::Refund => Some("REFUND"),
+    };
+    match (delay.is_some(), partial.is_some(), settle) {
+        (true, _, Some(b)) => return Err(ArgError::Together { a: "DELAY", b }),
+        (_, true, Some(b)) => return Err(ArgError::Together { a: "PARTIAL", b }),
+        (true, true, None) => {
+            return Err(ArgError::Together {
+                a: "PARTIAL",
+                b: "DELAY",
+            })
+        }
+        _ => {}
+    }
+    if partial.is_some() {
+        let min = min.unwrap_or(1);
+        if min > req.cost {
+            return Err(ArgError::MinAboveCost);
+        }
+        req.partial_min = Some(min);
+    } else if min.is_some() {
+        return Err(ArgError::Needs {
+            option: "MIN",
+            needed: "PARTIAL",
         });
     }
+    for (index, percent) in reserves {
+        let Some(rate) = req.limits.get(index) else {
+            return Err(ArgError::ReserveIndex { index });
+        };
+        // At least `percent`% of the capacity, rounded up.
+        req.reserve[index] = rate.capacity.saturating_mul(percent).div_ceil(100);
+    }
+    check_cost(&req)?;
     req.delay_ms = delay;
     if let Some(index) = req
         .limits
@@ -75,7 +122,6 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::limits::MAX_BUCKETS;
 
     fn parse_str(line: &str) -> Result<TakeRequest, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();

@@ -7,7 +7,7 @@
 
 use std::os::raw::c_int;
 
-use super::limiter_call::{parse_call, run_parsed, Clause, Effect, KeyPositions};
+use super::limiter_call::{check_cost, parse_call, run_parsed, Clause, Effect, KeyPositions};
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
@@ -38,6 +38,7 @@ pub fn parse<A: AsRef<[u8]>>(
         set_once(&mut mode, "EXACT or FIXED", chosen)?;
         Ok(true)
     })?;
+    check_cost(&req)?;
     let mode = mode.unwrap_or(Mode::Sliding);
     for (index, (w, &pos)) in req.limits.iter_mut().zip(keys.iter()).enumerate() {
         w.mode = mode;

@@ -33,6 +33,12 @@ pub struct Request<L> {
     /// How `cost` is settled: charged if it fits (the default), charged
     /// whatever (`DEBT`), or given back (`REFUND`).
     pub settle: Settle,
+    /// `RESERVE index percent`, in points per key: key `i` admits a call
+    /// only if at least `reserve[i]` points stay in it after the call.
+    pub reserve: [u64; MAX_BUCKETS],
+    /// `PARTIAL [MIN minimum]`: grant as many points as every key can give
+    /// now, up to `cost` and at least this minimum, the same from each.
+    pub partial_min: Option<u64>,
 }
 
 /// How a call settles its `cost`.
@@ -67,6 +73,8 @@ impl<L: Clone> Request<L> {
             jitter_percent: 0,
             delay_ms: None,
             settle: Settle::Charge,
+            reserve: [0; MAX_BUCKETS],
+            partial_min: None,
         }
     }
 }
@@ -116,6 +124,9 @@ pub struct Effects {
     pub penalty: bool,
     /// The box this call tripped.
     pub tripped: Option<ActiveBox>,
+    /// The call was refused only because of a `RESERVE`: it would have fit
+    /// the binding key without it.
+    pub reserve_refused: bool,
 }
 
 impl Effects {
@@ -176,15 +187,37 @@ pub fn decide<L: Limiter>(
         return settle(states, &mut seen, penalty, req, now, strikes_left(penalty));
     }
 
-    // Throttled: the key that needs the longest wait binds.
+    // PARTIAL: what every key can give now above its reserve, up to cost;
+    // below the minimum the call is decided (and refused) for the minimum.
+    let cost = match req.partial_min {
+        None => req.cost,
+        Some(min) => {
+            let available = (0..n)
+                .map(|i| {
+                    let reserve = i64::try_from(req.reserve[i]).unwrap_or(i64::MAX);
+                    limits[i].remaining(&seen[i]).saturating_sub(reserve)
+                })
+                .min()
+                .unwrap_or(0);
+            let grant = u64::try_from(available.max(0)).unwrap_or(0).min(req.cost);
+            grant.max(min)
+        }
+    };
+
+    // Throttled: the key that needs the longest wait binds. A key with a
+    // reserve must keep it: the call needs `cost + reserve` there.
     let mut binding = None;
     let mut longest = 0;
     for (i, ((seen, state), limit)) in seen.iter().zip(states.iter()).zip(limits).enumerate() {
-        let wait = if limit.fits(seen, req.cost) {
+        let need = cost.saturating_add(req.reserve[i]);
+        let wait = if limit.fits(seen, need) {
             0
+        } else if need > limit.limit() {
+            // Never above the reserve: until nothing limits.
+            limit.reset_ms(state.borrow().as_ref(), now).max(1)
         } else {
             limit
-                .wait_ms(state.borrow().as_ref(), seen, req.cost, now)
+                .wait_ms(state.borrow().as_ref(), seen, need, now)
                 .max(1)
         };
         if wait > longest {
@@ -194,8 +227,8 @@ pub fn decide<L: Limiter>(
     }
     let longest = u64::try_from(longest).unwrap_or(0);
     if let Some(i) = binding {
-        if req.cost > 0 && req.delay_ms.is_some_and(|max| longest <= max) {
-            charge_all(states, &mut seen, limits, req.cost, now);
+        if cost > 0 && req.delay_ms.is_some_and(|max| longest <= max) {
+            charge_all(states, &mut seen, limits, cost, now);
             let admitted = penalty.admit(now);
             let decision = Decision {
                 status: Status::Delayed,
@@ -209,12 +242,15 @@ pub fn decide<L: Limiter>(
             };
             return (decision, effects);
         }
-        let mut effects = Effects::default();
-        if req.cost > 0 {
+        let mut effects = Effects {
+            reserve_refused: req.reserve[i] > 0 && limits[i].fits(&seen[i], cost),
+            ..Effects::default()
+        };
+        if cost > 0 {
             effects.states = rewrite(states, &seen, limits, now);
         }
         let retry_after = jittered(longest, req.jitter_percent, random);
-        if let (Some(policy), true) = (req.penalty.as_ref(), req.cost > 0) {
+        if let (Some(policy), true) = (req.penalty.as_ref(), cost > 0) {
             // The refusal records the retry it announces; only an early
             // retry (before the previous refusal's) is a strike.
             effects.penalty = true;
@@ -233,8 +269,8 @@ pub fn decide<L: Limiter>(
 
     // Allowed: charge every key; the one with the fewest points left binds.
     let mut effects = Effects::default();
-    if req.cost > 0 {
-        charge_all(states, &mut seen, limits, req.cost, now);
+    if cost > 0 {
+        charge_all(states, &mut seen, limits, cost, now);
         effects.states = KeySet::first(n);
         effects.penalty = penalty.admit(now);
     }
@@ -249,6 +285,7 @@ pub fn decide<L: Limiter>(
     }
     let decision = Decision {
         status: Status::Allowed,
+        granted: req.partial_min.map(|_| cost),
         ..about(binding, states, &seen, limits, now, strikes_left(penalty))
     };
     (decision, effects)
@@ -320,6 +357,7 @@ fn about<L: Limiter>(
             box_level: 0,
             strikes_remaining,
             binding: 0,
+            granted: None,
         };
     };
     Decision {
@@ -331,6 +369,7 @@ fn about<L: Limiter>(
         box_level: 0,
         strikes_remaining,
         binding: i,
+        granted: None,
     }
 }
 

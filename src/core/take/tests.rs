@@ -283,3 +283,60 @@ fn delay_reserves_within_max_wait_and_throttles_beyond() {
         "one point plus max_wait worth of points, in ticks"
     );
 }
+
+#[test]
+fn partial_grants_what_every_bucket_can_give() {
+    let rates = [rate(10, 1, 1000), rate(4, 1, 1000)];
+    let mut buckets = [None, None];
+    let mut penalty = Penalty::default();
+    let mut r = req(&rates, 25);
+    r.partial_min = Some(2);
+    // The smaller bucket gives 4: 4 from each.
+    let (d, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+    assert_eq!(
+        (d.status, d.granted, d.binding),
+        (Status::Allowed, Some(4), 1)
+    );
+    assert_eq!(fx.states, KeySet::first(2));
+    assert_eq!(d.remaining, 0);
+    // Nothing left: below MIN, refused until 2 points are back.
+    let (d, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+    assert_eq!((d.status, d.granted), (Status::Throttled, None));
+    assert_eq!(d.retry_after, Span::Ms(2000));
+    assert!(fx.states.is_empty());
+    let (d, _) = take(&mut buckets, &mut penalty, &r, NOW + 3000, 0);
+    assert_eq!((d.status, d.granted), (Status::Allowed, Some(3)));
+}
+
+#[test]
+fn a_reserve_keeps_its_share_for_other_callers() {
+    let fleet = rate(10, 1, 1000);
+    let mut buckets = [None];
+    let mut penalty = Penalty::default();
+    let mut low = req(&[fleet], 1);
+    low.reserve[0] = 5; // keep 50 %
+    let top = req(&[fleet], 1);
+    for _ in 0..5 {
+        assert_eq!(
+            take(&mut buckets, &mut penalty, &low, NOW, 0).0.status,
+            Status::Allowed
+        );
+    }
+    let (d, fx) = take(&mut buckets, &mut penalty, &low, NOW, 0);
+    assert_eq!((d.status, d.binding), (Status::Throttled, 0));
+    assert_eq!(
+        d.retry_after,
+        Span::Ms(1000),
+        "until it fits above the reserve"
+    );
+    assert!(fx.reserve_refused);
+    // The top tier still gets through, down to empty.
+    for _ in 0..5 {
+        assert_eq!(
+            take(&mut buckets, &mut penalty, &top, NOW, 0).0.status,
+            Status::Allowed
+        );
+    }
+    let (d, fx) = take(&mut buckets, &mut penalty, &top, NOW, 0);
+    assert!(d.status == Status::Throttled && !fx.reserve_refused);
+}
