@@ -107,6 +107,18 @@ _M.kong = {
             return ngx.status
         end,
     },
+    service = {
+        request = {
+            set_header = function(name, value)
+                phase_check("kong.service.request.set_header", EXIT)
+                ngx.req.set_header(name, value)
+            end,
+            clear_header = function(name)
+                phase_check("kong.service.request.clear_header", EXIT)
+                ngx.req.clear_header(name)
+            end,
+        },
+    },
     log = {
         warn = function(...)
             ngx.log(ngx.WARN, "[kong] ", ...)

@@ -25,7 +25,23 @@ function _M.serve()
         end
         return
     end
-    ngx.say(cjson.encode({ method = ngx.req.get_method(), uri = ngx.var.uri }))
+    local status = tonumber(args.status)
+    if status then
+        -- a payment provider's answer (402: a failed payment), ...
+        ngx.status = status
+    end
+    local out = { method = ngx.req.get_method(), uri = ngx.var.uri }
+    -- what the gateway told the upstream (soft blocks, priority, tier)
+    local marks = {}
+    for name, v in pairs(ngx.req.get_headers(100)) do
+        if name:find("^x%-kyc") or name:find("^x%-ratelimit") then
+            marks[name] = v
+        end
+    end
+    if next(marks) then
+        out.marks = marks
+    end
+    ngx.say(cjson.encode(out))
 end
 
 return _M

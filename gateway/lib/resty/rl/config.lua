@@ -270,6 +270,45 @@ local function validate_route(i, r, tiers)
     end
 end
 
+-- The general options every configuration shares (Redis, fallback, ...).
+local function validate_general(conf)
+    check(positive_int(conf.redis.port), "redis.port must be an integer")
+    check(type(conf.redis.timeout_ms) == "number" and conf.redis.timeout_ms > 0,
+        "redis.timeout_ms must be > 0")
+    check(type(conf.fallback_ratio) == "number" and conf.fallback_ratio > 0
+        and conf.fallback_ratio <= 1, "fallback_ratio must be in (0, 1]")
+    check(positive_int(conf.fallback_entries), "fallback_entries must be an integer >= 1")
+    check(positive_int(conf.fail_closed_retry_after),
+        "fail_closed_retry_after must be an integer >= 1 (seconds)")
+    check(type(conf.http_date_after) == "number" and conf.http_date_after >= 0,
+        "http_date_after must be >= 0 (seconds)")
+end
+
+--- A rule policy (a configuration with `rules`): the general options over
+--- the defaults, the user's tiers and routes only (the sample tiers and
+--- routes are those of the tier form), then resty.rl.rules.
+function _M.build_rules(conf, user)
+    validate_general(conf)
+    conf.tiers = deep_copy(user.tiers or {})
+    conf.routes = deep_copy(user.routes or {})
+    conf.identity = deep_copy(user.identity or {})
+    conf.auth = nil
+    for name, t in pairs(conf.tiers) do
+        check(type(name) == "string" and name:match("^[%w_%-]+$"),
+            "tier name %q: letters, digits, - and _ only", tostring(name))
+        check(type(t) == "table", "tier %s must be a table", name)
+    end
+    for i, r in ipairs(conf.routes) do
+        r.cost = r.cost or 1
+        check(r.leases == nil and not r.auth, "routes[%d]: leases and auth belong to rules in a "
+            .. "rule policy", i)
+        validate_route(i, r, {})
+    end
+    conf.default_route.name = conf.default_route.template
+    conf.default_route.critical = conf.default_route.critical and true or false
+    return require("resty.rl.rules").compile(conf)
+end
+
 --- Builds a complete, validated configuration from `user` (a partial
 --- table, possibly nil) over the defaults. Raises an error naming the
 --- offending option. Tiers, routes and identity keys given by the user
@@ -285,6 +324,9 @@ function _M.build(user)
         conf.routes = deep_copy(user.routes)
     end
     check(type(conf.redis.host) == "string", "redis.host must be a string")
+    if user.rules ~= nil then
+        return _M.build_rules(conf, user)
+    end
     check(positive_int(conf.redis.port), "redis.port must be an integer")
     check(type(conf.redis.timeout_ms) == "number" and conf.redis.timeout_ms > 0,
         "redis.timeout_ms must be > 0")

@@ -41,8 +41,13 @@ local ATTEMPT_POLL_MS = 20
 
 --- A gateway for `user_conf` (a partial configuration over the defaults
 --- of resty.rl.config). Raises an error on an invalid configuration.
+--- A configuration with `rules` (a rule policy) gets resty.rl.engine.
 function _M.new(user_conf)
-    return setmetatable({ conf = config.build(user_conf) }, Gateway)
+    local conf = config.build(user_conf)
+    if conf.rules then
+        return require("resty.rl.engine").new(conf)
+    end
+    return setmetatable({ conf = conf }, Gateway)
 end
 
 --- The rate policies of a tier, in the order of the RL.TAKE buckets.
@@ -193,8 +198,8 @@ end
 --- are the configured durations of levels 1..3 (tier.box or auth.box).
 function Gateway:boxed(req, state, reply, decision, detail, box_lengths)
     local conf = self.conf
-    local level, retry_ms = reply[6], reply[5]
-    local manual = retry_ms < 0
+    local level, retry_ms = reply.box_level, reply.retry_after_ms
+    local manual = retry_ms == nil
     local secs = not manual and headers.seconds(retry_ms) or nil
     state.retry_after, state.box_level = secs, level
     state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
@@ -243,11 +248,12 @@ function Gateway:access(req)
     if not reply then
         return self:redis_failed(req, state, err, tier, key, tenant_key)
     end
-    local status, binding = reply[1], reply[8] + 1
+    local status, binding = reply.status, reply.binding + 1
     local policies = tier_policies(ident.tier, tier)
-    state.policy, state.strikes_remaining = policies[binding].name, reply[7]
+    state.policy, state.strikes_remaining = policies[binding].name, reply.strikes_remaining
     headers.ratelimit(state.headers, conf, policies, {
-        name = policies[binding].name, limit = reply[2], remaining = reply[3], reset_ms = reply[4],
+        name = policies[binding].name, limit = reply.limit, remaining = reply.remaining,
+        reset_ms = reply.reset_ms,
     })
     if status == 1 or status == 2 then
         return self:acquire_leases(req, state, ident, tier)
@@ -255,12 +261,12 @@ function Gateway:access(req)
     if status == -1 then
         return self:boxed(req, state, reply, "boxed", string.format(
             "Tier %s: this API key is in the penalty box (level %d) after repeated throttling.",
-            ident.tier, reply[6]), tier.box)
+            ident.tier, reply.box_level), tier.box)
     end
-    local secs = headers.seconds(reply[5])
+    local secs = headers.seconds(reply.retry_after_ms)
     state.retry_after = secs
-    headers.retry_after(state.headers, reply[5], false)
-    if reply[7] >= 0 then
+    headers.retry_after(state.headers, reply.retry_after_ms, false)
+    if reply.strikes_remaining then
         state.headers["X-Penalty-Box-Status"] = "Warning"
     end
     local budget = binding == 1 and tier.key or tier.tenant
@@ -271,7 +277,7 @@ function Gateway:access(req)
         retry_after_seconds = secs,
         recommended_backoff = problem.backoff(secs),
         quota_tier = ident.tier,
-        penalty_strikes_remaining = reply[7],
+        penalty_strikes_remaining = reply.strikes_remaining or null,
     })
 end
 
@@ -345,7 +351,7 @@ function Gateway:auth_access(req, state)
     end
     local exhausted = {}
     for i, r in ipairs(replies) do
-        if r[1] == 0 or (r[1] == 1 and r[3] <= 0) then
+        if r.status == 0 or (r.status == 1 and r.remaining <= 0) then
             exhausted[#exhausted + 1] = i
         end
     end
@@ -366,37 +372,37 @@ function Gateway:auth_access(req, state)
     -- the binding window: a boxed one, else the one with fewest failures left
     local b = 1
     for i, r in ipairs(replies) do
-        if r[1] == -1 then
+        if r.status == -1 then
             b = i
             break
         end
-        if r[3] < replies[b][3] then
+        if r.remaining < replies[b].remaining then
             b = i
         end
     end
     local r = replies[b]
     state.policy = policies[b].name
     headers.ratelimit(state.headers, conf, policies, {
-        name = policies[b].name, limit = r[2], remaining = r[1] == -1 and 0 or r[3],
-        reset_ms = r[4],
+        name = policies[b].name, limit = r.limit, remaining = r.status == -1 and 0 or r.remaining,
+        reset_ms = r.reset_ms,
     })
-    if r[1] == -1 or r[1] == 0 then
+    if r.status == -1 or r.status == 0 then
         -- refused here: nothing to record later
         self:release_now(state)
     end
-    if r[1] == -1 then
+    if r.status == -1 then
         return self:boxed(req, state, r, "locked_out", "Too many failed attempts.", auth.box)
     end
-    if r[1] == 0 then
-        local secs = headers.seconds(r[5])
+    if r.status == 0 then
+        local secs = headers.seconds(r.retry_after_ms)
         state.retry_after = secs
-        headers.retry_after(state.headers, r[5], false)
+        headers.retry_after(state.headers, r.retry_after_ms, false)
         return self:refuse(req, state, 429, "rate-limit-exceeded", "throttled", {
             detail = "Too many failed attempts; retry in " .. secs .. " s.",
             retry_after_seconds = secs,
             recommended_backoff = problem.backoff(secs),
             quota_tier = "auth",
-            penalty_strikes_remaining = r[7],
+            penalty_strikes_remaining = r.strikes_remaining or null,
         })
     end
     state.auth.pending = true

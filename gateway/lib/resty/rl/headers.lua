@@ -20,9 +20,43 @@ local function sf_string(s)
     return '"' .. s:gsub('[\\"]', "\\%0") .. '"'
 end
 
---- One quota policy item: "name";q=quota;w=window.
+--- One quota policy item: "name";q=quota[;qu="unit"][;w=window]: `qu`
+--- when the unit is not requests (points, cents, concurrent-requests),
+--- no `w` for a concurrency limit.
 function _M.policy_item(p)
-    return sf_string(p.name) .. ";q=" .. p.quota .. ";w=" .. p.window
+    local s = sf_string(p.name) .. ";q=" .. p.quota
+    if p.unit and p.unit ~= "requests" then
+        s = s .. ";qu=" .. sf_string(p.unit)
+    end
+    if p.window then
+        s = s .. ";w=" .. p.window
+    end
+    return s
+end
+
+--- Sets the RateLimit field (and the legacy triple with legacy_headers)
+--- for `b` = {name, limit, remaining, reset_ms, window, boxed}: `r` whole units
+--- left, `t` seconds until the quota is back, at most the window `w`
+--- (a sliding window can take up to two windows to count nothing), none
+--- for a manual box (reset_ms nil).
+function _M.ratelimit_field(out, conf, b)
+    local r = math.max(b.remaining or 0, 0)
+    local v = sf_string(b.name) .. ";r=" .. r
+    -- a box has no reset within the window: Retry-After says when it ends
+    local t = not b.boxed and b.reset_ms and _M.seconds(b.reset_ms)
+    if t and b.window then
+        t = math.min(t, math.ceil(b.window))
+    end
+    if t then
+        v = v .. ";t=" .. t
+    end
+    out["RateLimit"] = v
+    if conf.legacy_headers then
+        out["RateLimit-Limit"] = tostring(b.limit)
+        out["RateLimit-Remaining"] = tostring(r)
+        out["RateLimit-Reset"] = t and tostring(t) or nil
+    end
+    return out
 end
 
 --- The RateLimit-Policy field value: the policies that apply, each

@@ -75,6 +75,10 @@ _M.adapter = {
     set_header = function(name, value)
         ngx.header[name] = value
     end,
+    -- a request header for the upstream (nil: removed)
+    set_upstream_header = function(name, value)
+        ngx.req.set_header(name, value)
+    end,
     status = function()
         return ngx.status
     end,

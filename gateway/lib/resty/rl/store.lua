@@ -87,21 +87,53 @@ local function with_redis(rconf, fn)
     return res
 end
 
--- Checks an 8-integer limiter reply.
+--- The one decoder of the module's 8-integer limiter reply (RL.TAKE,
+--- RL.WINDOW, RL.QUOTA): a table of named fields, or nil when `res` is not
+--- such a reply. Values the reference gives as "none" are nil:
+--- retry_after_ms -1 (a manual box: no time to come back) and
+--- strikes_remaining -1 (no STRIKES); reset_ms -1 (a manual box) too.
+--- `binding` is the 0-based index of the bucket the reply describes.
+function _M.decode(res)
+    if type(res) ~= "table" or #res ~= 8 then
+        return nil
+    end
+    for i = 1, 8 do
+        if type(res[i]) ~= "number" then
+            return nil
+        end
+    end
+    local function none(v)
+        if v < 0 then
+            return nil
+        end
+        return v
+    end
+    return {
+        status = res[1],
+        limit = res[2],
+        remaining = res[3],
+        reset_ms = none(res[4]),
+        retry_after_ms = none(res[5]),
+        box_level = res[6],
+        strikes_remaining = none(res[7]),
+        binding = res[8],
+    }
+end
+
+-- Checks and decodes an 8-integer limiter reply.
 local function limiter_reply(res, err)
     if not res then
         return nil, err
     end
-    if type(res) ~= "table" or #res ~= 8 then
+    local d = _M.decode(res)
+    if not d then
         return nil, "unexpected reply"
     end
-    return res
+    return d
 end
 
 --- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
---- and boxes. Returns the 8 integers
---- {status, limit, remaining, reset_ms, retry_after_ms, box_level,
----  strikes_remaining, binding} or nil and an error.
+--- and boxes. Returns the decoded reply (see decode) or nil and an error.
 function _M.take(conf, key, tenant_key, tier, cost)
     return with_redis(conf.redis, function(red)
         local s = tier.strikes
@@ -127,7 +159,7 @@ end
 --- Failed-login counters, pipelined: for each {key, limits} of `pairs_`
 --- one RL.WINDOW with `cost` (0: a probe that writes nothing; 1: a failure
 --- recorded, the failure that does not fit trips the box). Returns the
---- list of 8-integer replies, or nil and an error.
+--- list of decoded replies (see decode), or nil and an error.
 function _M.auth_windows(conf, pairs_, cost)
     return with_redis(conf.redis, function(red)
         red:init_pipeline(#pairs_)
@@ -138,14 +170,16 @@ function _M.auth_windows(conf, pairs_, cost)
         if not res then
             return nil, err
         end
+        local out = {}
         for i = 1, #pairs_ do
             local r = res[i]
-            if type(r) ~= "table" or #r ~= 8 then
+            out[i] = _M.decode(r)
+            if not out[i] then
                 -- an error reply comes back as {false, "ERR ..."}
                 return nil, "RL.WINDOW: " .. tostring(type(r) == "table" and r[2] or r)
             end
         end
-        return res
+        return out
     end)
 end
 
@@ -162,6 +196,23 @@ function _M.acquire(conf, key, max, ttl, id)
             return nil, "unexpected reply"
         end
         return { granted = res[1] == 1 and res[2] ~= null, retry_after_ms = res[5] }
+    end)
+end
+
+--- Sends `cmds` (each a list: command name, then its arguments) in one
+--- pipeline, one round trip. Returns the list of raw replies (an error
+--- reply of one command is {false, "ERR ..."} in its place), or nil and an
+--- error when the round trip itself failed.
+function _M.pipeline(conf, cmds)
+    if #cmds == 0 then
+        return {}
+    end
+    return with_redis(conf.redis, function(red)
+        red:init_pipeline(#cmds)
+        for _, c in ipairs(cmds) do
+            red[c[1]](red, unpack(c, 2))
+        end
+        return red:commit_pipeline()
     end)
 end
 

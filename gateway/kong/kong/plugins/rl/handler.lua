@@ -77,6 +77,14 @@ local adapter = {
     set_header = function(name, value)
         kong.response.set_header(name, value)
     end,
+    -- a request header for the upstream (nil: removed)
+    set_upstream_header = function(name, value)
+        if value == nil then
+            kong.service.request.clear_header(name)
+        else
+            kong.service.request.set_header(name, value)
+        end
+    end,
     status = function()
         return kong.response.get_status()
     end,

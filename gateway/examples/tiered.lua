@@ -1,0 +1,63 @@
+-- The tiered quotas design (/work/shared/designs/002_*): a rule policy.
+-- Free / Developer / Business / Enterprise, each with a monthly quota
+-- (403 with an upgrade link when spent), a steady rate and burst per key
+-- (429 with Retry-After; no strikes), concurrent requests per key, and a
+-- priority for graceful degradation: sent upstream as X-RateLimit-Priority
+-- (for the upstream's load shedding), and when Redis fails the Free tier
+-- is shed (503) while paid tiers run on the local limiter. API keys, their
+-- tier (a tenant's `tier` field) and per-tenant overrides (monthly, ...)
+-- come from the identity store, so an upgrade takes effect within
+-- seconds. RL_REDIS_HOST / RL_REDIS_PORT name Redis.
+-- Not here yet: the monthly egress (bytes) quota, which needs the response
+-- size charged after the response.
+local UPGRADE = "https://dashboard.example.com/billing/upgrade"
+
+return {
+    redis = {
+        host = os.getenv("RL_REDIS_HOST") or "127.0.0.1",
+        port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
+        timeout_ms = 20,
+    },
+    key_prefix = "tq",
+    identity = {
+        required = true,
+        api_key = {
+            header = "X-Api-Key",
+            keys = { ["demo-free-key"] = { tenant = "app-1", tier = "free", key_id = "f-1" } },
+        },
+        store = true,
+        cache_ttl = 2,
+    },
+    default_tier = "free",
+    tiers = {
+        free = { monthly = 10000, rate = 1, burst = 10, concurrency = 2, priority = 0,
+                 degraded = "closed" },
+        developer = { monthly = 100000, rate = 10, burst = 50, concurrency = 5, priority = 1,
+                      degraded = "local" },
+        business = { monthly = 2000000, rate = 100, burst = 300, concurrency = 20, priority = 2,
+                     degraded = "local" },
+        enterprise = { monthly = 50000000, rate = 1000, burst = 3000, concurrency = 100,
+                       priority = 3, degraded = "local" },
+    },
+    upstream_headers = { ["X-RateLimit-Priority"] = "tier.priority",
+                         ["X-RateLimit-Tier"] = "attr:tier" },
+    rules = {
+        {
+            name = "{tier}-monthly", scope = { "tenant" },
+            limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH" },
+            on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
+                message = "The monthly quota of your plan is used up; upgrade for more." },
+            on_redis_failure = "tier.degraded",
+        },
+        {
+            name = "{tier}-rate", scope = { "key_id" },
+            limiter = { kind = "bucket", rate = "tier.rate", burst = "tier.burst", period = 1 },
+            on_redis_failure = "tier.degraded",
+        },
+        {
+            name = "{tier}-concurrency", scope = { "key_id" },
+            limiter = { kind = "lease", max = "tier.concurrency", ttl = 60, expected = 1 },
+            on_redis_failure = "tier.degraded",
+        },
+    },
+}
