@@ -170,6 +170,13 @@ local function fill(field, value)
     if value == nil and field.type ~= "record" then
         return ngx.null
     end
+    -- Kong runs a field's custom validator on the value it stores
+    if field.custom_validator then
+        local ok, err = field.custom_validator(value)
+        if not ok then
+            error("schema violation: " .. tostring(err), 0)
+        end
+    end
     if field.type == "record" then
         value = value or {}
         local out = {}

@@ -83,7 +83,7 @@ fn modules_dir() -> PathBuf {
 
 /// `load_module` lines for the Lua module (and NDK) when they are dynamic
 /// modules, nothing when they are not found (built in).
-fn load_modules() -> String {
+pub fn load_modules() -> String {
     let dir = modules_dir();
     let lua = dir.join("ngx_http_lua_module.so");
     if !lua.is_file() {
@@ -439,7 +439,7 @@ pub fn agent() -> ureq::Agent {
         .build()
 }
 
-fn into_resp(r: Result<ureq::Response, ureq::Error>) -> Resp {
+pub fn into_resp(r: Result<ureq::Response, ureq::Error>) -> Resp {
     let resp = match r {
         Ok(resp) => resp,
         Err(ureq::Error::Status(_, resp)) => resp,

@@ -409,7 +409,17 @@ function Engine:access(req)
                 limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
                 window = e.params.window or e.params.period } }
         else
-            cmds[#cmds + 1] = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+            local args = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+            local mode = e.params.kind == "lease" and "l" or e.probe and "p"
+                or e.params.delay and "a" or "c"
+            local cost_index = 0
+            for j, a in ipairs(args) do
+                if a == "COST" then
+                    cost_index = j + 1
+                    break
+                end
+            end
+            cmds[#cmds + 1] = { mode = mode, cost_index = cost_index, args = args }
             sent[#sent + 1] = e
             if e.params.kind == "lease" then
                 -- recorded before the call: a timed-out ACQUIRE may have been granted
@@ -418,13 +428,18 @@ function Engine:access(req)
         end
     end
     local res
-    res, err = store.pipeline(conf, cmds)
+    res, err = store.rules(conf, cmds)
     if not res then
         return self:redis_failed(req, state, err)
     end
     local record = {}
     for i, e in ipairs(sent) do
-        e.outcome, err = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        if res[i] == 0 then
+            -- a lease not attempted: another rule refused the request
+            e.outcome = { state = "skipped" }
+        else
+            e.outcome, err = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        end
         if not e.outcome then
             return self:redis_failed(req, state, err)
         end
@@ -494,8 +509,10 @@ function Engine:header_filter(req)
     end
     local e, b = state.binding_entry, state.binding
     if state.admitted and e and e.probe and b and e.rule.fail_set[req.status()] then
-        local after = { name = b.name, limit = b.limit, remaining = math.max(b.remaining - 1, 0),
-                        reset_ms = b.reset_ms, window = b.window }
+        -- the failure being recorded counts for a whole window from now
+        local after = { name = b.name, limit = b.limit,
+                        remaining = math.max(b.remaining - e.cost, 0),
+                        reset_ms = b.window * 1000, window = b.window }
         headers.ratelimit_field(state.headers, self.conf, after)
     end
     for k, v in pairs(state.headers) do

@@ -57,14 +57,15 @@ end
 -- Reads (cached) store hashes named by `names` ({cache key = redis key}).
 -- Returns {cache key = table or false} or nil and an error.
 local function read_hashes(conf, names)
-    local cache, out, cmds, order = cache_for(conf), {}, {}, {}
+    local cache, out, cmds, order, stale = cache_for(conf), {}, {}, {}, {}
     for ck, rk in pairs(names) do
-        local v = cache:get(ck)
+        local v, old = cache:get(ck)
         if v ~= nil then
             out[ck] = v
         else
             cmds[#cmds + 1] = { "HGETALL", rk }
             order[#order + 1] = ck
+            stale[ck] = old
         end
     end
     if #cmds == 0 then
@@ -72,7 +73,14 @@ local function read_hashes(conf, names)
     end
     local res, err = store.pipeline(conf, cmds)
     if not res then
-        return nil, err
+        -- the store is away: what this worker knew last, when it knew it
+        for _, ck in ipairs(order) do
+            if stale[ck] == nil then
+                return nil, err
+            end
+            out[ck] = stale[ck]
+        end
+        return out
     end
     for i, ck in ipairs(order) do
         local v = hash(res[i]) or false
@@ -303,10 +311,8 @@ function _M.resolve(conf, req)
         if attrs.brand then
             names["brand:" .. attrs.brand] = conf.key_prefix .. ":id:brand:" .. attrs.brand
         end
-        local got, err = read_hashes(conf, names)
-        if not got then
-            return nil, err
-        end
+        -- without them (the store away, nothing cached) the tier's own values apply
+        local got = read_hashes(conf, names) or {}
         ident.overrides.tenant = attrs.tenant and got["tenant:" .. attrs.tenant] or nil
         ident.overrides.brand = attrs.brand and got["brand:" .. attrs.brand] or nil
         if ident.overrides.tenant and ident.overrides.tenant.tier

@@ -216,6 +216,80 @@ function _M.pipeline(conf, cmds)
     end)
 end
 
+-- The rules of one request, atomically (a script is one Redis command):
+-- every rate command (mode "c") is first probed with COST 0 (its reply's
+-- `remaining`, the fewest whole points left in any of its buckets, tells
+-- whether its cost fits); when all fit, all are charged and the leases
+-- (mode "l") acquired; otherwise only the commands that do not fit are
+-- charged (their strikes and boxes count, their replies are true) and the
+-- others keep their probe replies: a request refused by one rule spends
+-- nothing on the others. Mode "p" (already a probe) and "a" (DELAY
+-- shaping: charged as it is) run once. ARGV: count, then per command its
+-- mode, the index of its COST value, its argument count and arguments.
+local RULES_SCRIPT = [[
+local n, pos, cmds = tonumber(ARGV[1]), 2, {}
+for c = 1, n do
+    local mode, at, argc = ARGV[pos], tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+    cmds[c] = { mode = mode, at = at, args = { unpack(ARGV, pos + 3, pos + 2 + argc) } }
+    pos = pos + 3 + argc
+end
+local replies, fits, all = {}, {}, true
+for c, cmd in ipairs(cmds) do
+    if cmd.mode == "c" then
+        local probe = { unpack(cmd.args) }
+        probe[cmd.at] = "0"
+        local r = redis.call(unpack(probe))
+        replies[c] = r
+        fits[c] = r[1] == 1 and r[3] >= tonumber(cmd.args[cmd.at])
+        all = all and fits[c]
+    elseif cmd.mode ~= "l" then
+        replies[c] = redis.call(unpack(cmd.args))
+    end
+end
+for c, cmd in ipairs(cmds) do
+    if cmd.mode == "c" and (all or not fits[c]) then
+        replies[c] = redis.call(unpack(cmd.args))
+    elseif cmd.mode == "l" then
+        replies[c] = all and redis.call(unpack(cmd.args)) or 0
+    end
+end
+return replies
+]]
+local RULES_SHA = (ngx.sha1_bin(RULES_SCRIPT):gsub(".", function(c)
+    return string.format("%02x", c:byte())
+end))
+
+--- Runs the commands of one request's rules atomically in one round trip
+--- (see RULES_SCRIPT): `items` each {mode, cost_index, args = {command
+--- name, arguments...}}. Returns the list of raw replies (0 for a lease
+--- not attempted), or nil and an error. EVALSHA, and EVAL once when the
+--- script is not cached (after a restart): the script runs on one Redis,
+--- not across cluster slots.
+function _M.rules(conf, items)
+    if #items == 0 then
+        return {}
+    end
+    local argv = { #items }
+    for _, it in ipairs(items) do
+        argv[#argv + 1] = it.mode
+        argv[#argv + 1] = it.cost_index or 0
+        argv[#argv + 1] = #it.args
+        for _, a in ipairs(it.args) do
+            argv[#argv + 1] = a
+        end
+    end
+    return with_redis(conf.redis, function(red)
+        local res, err = red:evalsha(RULES_SHA, 0, unpack(argv))
+        if not res and err and err:find("NOSCRIPT", 1, true) then
+            res, err = red:eval(RULES_SCRIPT, 0, unpack(argv))
+        end
+        if not res then
+            return nil, err
+        end
+        return res
+    end)
+end
+
 --- RL.LEASE RELEASE of each {key, id} in `leases`, pipelined. Returns
 --- true or nil and an error.
 function _M.release(conf, leases)

@@ -4,6 +4,22 @@
 -- take the library's sample policy.
 
 local typedefs = require "kong.db.schema.typedefs"
+local cjson = require "cjson.safe"
+
+-- A rule policy (gateway/README.md, "Policy reference") as JSON: the
+-- same rules as the nginx front end's Lua table, validated by the same
+-- code when Kong checks the plugin configuration (errors name the field).
+local function valid_policy(text)
+    local policy, err = cjson.decode(text)
+    if type(policy) ~= "table" then
+        return nil, "policy is not a JSON object: " .. tostring(err)
+    end
+    local ok, build_err = pcall(require("resty.rl.config").build, policy)
+    if not ok then
+        return nil, tostring(build_err)
+    end
+    return true
+end
 
 -- Field definitions are built by functions: each use gets its own table
 -- (Kong annotates field tables when it loads a schema).
@@ -90,6 +106,8 @@ return {
         { config = {
             type = "record",
             fields = {
+                -- a rule policy (JSON); when set, it is the whole configuration
+                { policy = { type = "string", custom_validator = valid_policy } },
                 { redis = { type = "record", fields = {
                     { host = typedefs.host { default = "127.0.0.1" } },
                     { port = typedefs.port { default = 6379 } },
