@@ -3,17 +3,16 @@
 --   1. the route and the caller (resty.rl.identity);
 --   2. every rule that matches and whose scope the caller has;
 --   3. the edge deny cache: a rule key known to be boxed answers at once;
---   4. one pipelined round trip with every rule's command (RL.TAKE,
---      RL.WINDOW, RL.QUOTA, RL.LEASE ACQUIRE; a probe for rules that count
---      failures), decoded by resty.rl.limiters;
+--   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
+--      RL.QUOTA, RL.LEASE ACQUIRE; a probe for rules that count failures),
+--      run atomically by one script (resty.rl.store.rules: a request
+--      refused by one rule spends nothing on the others), decoded by
+--      resty.rl.limiters;
 --   5. the strictest outcome wins (a box without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
 --      answers (reject, quota, challenge) or marks the request (soft);
 --   6. after the response (log phase, in a timer): failures recorded,
 --      leases released, level-2/3 box alerts added to the alert stream.
--- Every rule's command is separate: a request refused by one rule still
--- spends on those that admitted it (buckets that must be all-or-nothing
--- go in one rule, with `also`).
 
 local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"

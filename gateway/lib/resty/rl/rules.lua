@@ -309,6 +309,11 @@ local function validate_rule(i, r, conf)
             r.fail_set[s] = true
         end
     end
+    if type(r.cost) == "number" and l.kind ~= "lease" then
+        local cap = l.kind == "bucket" and "burst" or "limit"
+        check_opt(where, "limiter." .. cap, l[cap], tiers,
+            function(v) return v >= r.cost end, "at least the cost " .. r.cost)
+    end
     if r.cost == "route" and (l.kind == "bucket" or l.kind == "window") then
         local dearest = conf.default_route.cost or 1
         for _, rt in ipairs(conf.routes) do

@@ -219,13 +219,15 @@ end
 -- The rules of one request, atomically (a script is one Redis command):
 -- every rate command (mode "c") is first probed with COST 0 (its reply's
 -- `remaining`, the fewest whole points left in any of its buckets, tells
--- whether its cost fits); when all fit, all are charged and the leases
--- (mode "l") acquired; otherwise only the commands that do not fit are
--- charged (their strikes and boxes count, their replies are true) and the
--- others keep their probe replies: a request refused by one rule spends
--- nothing on the others. Mode "p" (already a probe) and "a" (DELAY
--- shaping: charged as it is) run once. ARGV: count, then per command its
--- mode, the index of its COST value, its argument count and arguments.
+-- whether its cost fits). When all fit, the leases (mode "l") are
+-- acquired; when they are all granted too, every rate command is charged.
+-- Otherwise nothing is spent: the rate commands that do not fit are
+-- charged (so that their strikes and boxes count and their replies are
+-- true), the others keep their probe replies, the leases granted by this
+-- call are given back and answer 0 (not attempted), a denied lease keeps
+-- its reply. Mode "p" (already a probe) and "a" (DELAY shaping: charged
+-- as it is) run once. ARGV: count, then per command its mode, the index
+-- of its COST value, its argument count and its arguments.
 local RULES_SCRIPT = [[
 local n, pos, cmds = tonumber(ARGV[1]), 2, {}
 for c = 1, n do
@@ -246,11 +248,31 @@ for c, cmd in ipairs(cmds) do
         replies[c] = redis.call(unpack(cmd.args))
     end
 end
+local granted = {}
+for c, cmd in ipairs(cmds) do
+    if cmd.mode == "l" then
+        if all then
+            local r = redis.call(unpack(cmd.args))
+            replies[c] = r
+            if r[1] == 1 then
+                granted[#granted + 1] = c
+            else
+                all = false
+            end
+        else
+            replies[c] = 0
+        end
+    end
+end
+if not all then
+    for _, c in ipairs(granted) do
+        redis.call("RL.LEASE", "RELEASE", cmds[c].args[3], cmds[c].args[7])
+        replies[c] = 0
+    end
+end
 for c, cmd in ipairs(cmds) do
     if cmd.mode == "c" and (all or not fits[c]) then
         replies[c] = redis.call(unpack(cmd.args))
-    elseif cmd.mode == "l" then
-        replies[c] = all and redis.call(unpack(cmd.args)) or 0
     end
 end
 return replies

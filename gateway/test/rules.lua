@@ -1,0 +1,55 @@
+-- Rule policies of the end-to-end tests (tests/gateway_rules.rs), by name.
+-- Redis comes from RL_REDIS_PORT, as in the shipped examples.
+local redis = { host = "127.0.0.1", port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
+                timeout_ms = 250 }
+
+local M = {}
+
+-- One rule of each kind and identity the examples do not use.
+M.kinds = {
+    redis = redis, key_prefix = "kinds",
+    trusted_proxies = { "127.0.0.1/32" },
+    -- an authentication layer in front sets X-Auth-User (and strips it from clients)
+    identity = { required = false, headers = { user = "X-Auth-User", tenant = "X-Auth-Org" } },
+    routes = { { method = "POST", template = "/v1/psp/charge" },
+               { method = "GET", template = "/v1/search" } },
+    rules = {
+        -- fixed window per user (identity from the auth layer's header)
+        { name = "user-fixed", match = { path = "/v1/items" }, scope = { "user" },
+          limiter = { kind = "window", mode = "fixed", limit = 3, window = 3600 } },
+        -- sliding window per API client (a plain request header)
+        { name = "client-sliding", match = { path = "/v1/items" }, scope = { "header:X-Client" },
+          limiter = { kind = "window", limit = 4, window = 3600 } },
+        -- a query argument as the scope, matched on another argument's value
+        { name = "search-per-term", match = { routes = { "GET /v1/search" }, arg = { mode = "deep" } },
+          scope = { "arg:q" }, limiter = { kind = "window", mode = "exact", limit = 2, window = 60 } },
+        -- shaping in front of a fragile provider: wait rather than fail
+        { name = "psp-shaping", match = { routes = { "POST /v1/psp/charge" } }, scope = { "tenant" },
+          limiter = { kind = "bucket", rate = 4, burst = 1, period = 1, delay = 2 } },
+        -- jitter on Retry-After and strikes with a box, per user
+        { name = "user-bucket", match = { path = "/v1/jittery" }, scope = { "user" },
+          limiter = { kind = "bucket", rate = 1, burst = 2, period = 60, jitter = 50,
+                      strikes = { threshold = 3, window = 60 }, box = { 30, 60, 90 } } },
+    },
+}
+
+-- The load test: a bucket and an exact window per key, a daily quota and a
+-- lease per tenant, all on one route.
+M.mixed = {
+    redis = redis, key_prefix = "mixed",
+    identity = { required = true, api_key = { keys = {
+        ["m-1"] = { key_id = "m1", tenant = "mix" }, ["m-2"] = { key_id = "m2", tenant = "mix" },
+        ["m-3"] = { key_id = "m3", tenant = "mix" } } } },
+    rules = {
+        { name = "key-bucket", scope = { "key_id" },
+          limiter = { kind = "bucket", rate = 20, burst = 20, period = 1 } },
+        { name = "key-window", scope = { "key_id" },
+          limiter = { kind = "window", mode = "exact", limit = 40, window = 3600 } },
+        { name = "tenant-day", scope = { "tenant" },
+          limiter = { kind = "quota", limit = 100, period = "DAY" } },
+        { name = "tenant-conc", scope = { "tenant" },
+          limiter = { kind = "lease", max = 4, ttl = 30, expected = 1 } },
+    },
+}
+
+return M
