@@ -240,3 +240,34 @@ pub fn key_record(prefix: &str, api_key: &str) -> String {
         hex.split_whitespace().next().unwrap_or("")
     )
 }
+
+/// `HSET key f1 v1 ...` (identity store records).
+pub fn hset(con: &mut redis::Connection, key: &str, fields: &[(&str, &str)]) {
+    let mut c = redis::cmd("HSET");
+    c.arg(key);
+    for (f, v) in fields {
+        c.arg(*f).arg(*v);
+    }
+    let _: i64 = c.query(con).expect("HSET");
+}
+
+/// The entries of the alert stream, as field maps.
+pub fn alerts(
+    con: &mut redis::Connection,
+    stream: &str,
+) -> Vec<std::collections::HashMap<String, String>> {
+    let v: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query(con)
+        .expect("XRANGE");
+    v.into_iter()
+        .map(|(_, kv)| {
+            kv.chunks(2)
+                .filter(|c| c.len() == 2)
+                .map(|c| (c[0].clone(), c[1].clone()))
+                .collect()
+        })
+        .collect()
+}
