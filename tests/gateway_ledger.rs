@@ -325,3 +325,48 @@ fn ledger_example_runs_every_rule_of_its_design() {
         gw.nginx.lua_errors()
     );
 }
+
+#[test]
+fn ledger_example_concurrent_failed_logins_do_not_exceed_the_limit() {
+    let redis = Server::start(&[]);
+    let gw = start(redis.port, &[example("ledger")], &[]).expect("start");
+    let url = format!("{}/v1/auth/token?hold=0.1", gw.url(0));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let a = agent();
+                (0..10)
+                    .map(|_| {
+                        post_form(
+                            &a,
+                            &url,
+                            &[],
+                            &[("client_id", "carol"), ("client_secret", "x")],
+                        )
+                        .status
+                    })
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("worker"))
+        .collect();
+    let upstream = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        upstream <= 5,
+        "{upstream} guesses reached the upstream: {statuses:?}"
+    );
+    assert!(upstream >= 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| [401, 429].contains(s)),
+        "{statuses:?}"
+    );
+    let mut con = redis.client();
+    assert_eq!(
+        leases(&mut con, "ledger:{subject:carol}:auth-subject:attempt"),
+        0
+    );
+}

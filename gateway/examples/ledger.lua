@@ -111,6 +111,9 @@ return {
         {
             name = "auth-subject", match = { routes = { TOKEN } }, scope = { "subject" },
             count = "failures", fail_statuses = { 401, 403 },
+            -- one attempt in flight per subject: parallel guesses wait for
+            -- the previous failure to be counted
+            one_in_flight = { ttl = 30, wait_ms = 500, retry_after = 1 },
             limiter = { kind = "window", mode = "exact", limit = 5, window = 900,
                         strikes = { threshold = 1, window = 900 }, box = { 900, 3600, DAY } },
         },

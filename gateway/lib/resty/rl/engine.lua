@@ -152,6 +152,41 @@ function Engine:entry(req, state, rule, ident)
     return e
 end
 
+-- Interval of the one_in_flight lease polls.
+local ATTEMPT_POLL_MS = 20
+
+--- One attempt in flight per scope (`one_in_flight` of a rule counting
+--- failures, e.g. logins per subject): the attempt lease `<key>:attempt`,
+--- held until this attempt's failure is recorded after the response, so
+--- that parallel guesses cannot all pass the probe before the first
+--- failure counts. An attempt waits (polling) up to wait_ms for the
+--- previous one. Returns nil (granted), a refusal entry, or nil, error.
+function Engine:one_in_flight(state, e)
+    local f = e.rule.one_in_flight
+    local key = e.key .. ":attempt"
+    state.leases[#state.leases + 1] = { key = key, id = state.request_id }
+    local waited = 0
+    while true do
+        local res, err = store.acquire(self.conf, key, 1, f.ttl, state.request_id)
+        if not res then
+            return nil, err
+        end
+        if res.granted then
+            return nil
+        end
+        if waited >= f.wait_ms then
+            break
+        end
+        ngx.sleep(ATTEMPT_POLL_MS / 1000)
+        waited = waited + ATTEMPT_POLL_MS
+    end
+    -- not ours: nothing to release
+    state.leases[#state.leases] = nil
+    return { rule = e.rule, name = e.name, params = { kind = "lease", max = 1 }, cost = e.cost,
+             outcome = { state = "refused", retry_ms = f.retry_after * 1000, concurrency = 1,
+                         binding = { name = e.name, limit = 1, remaining = 0 } } }
+end
+
 -- Ranks a hard refusal: a box without end first, then the longest wait.
 local function severity(o)
     return o.retry_ms or math.huge
@@ -397,6 +432,18 @@ function Engine:access(req)
             state.deny_cached = true
             self:rate_headers(state, e)
             return self:refuse_with(req, state, e)
+        end
+    end
+    for _, e in ipairs(entries) do
+        if e.rule.one_in_flight then
+            local busy, ferr = self:one_in_flight(state, e)
+            if ferr then
+                return self:redis_failed(req, state, ferr)
+            end
+            if busy then
+                self:rate_headers(state, busy)
+                return self:refuse_with(req, state, busy)
+            end
         end
     end
     local cmds, sent = {}, {}

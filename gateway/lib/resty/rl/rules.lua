@@ -325,6 +325,16 @@ local function validate_rule(i, r, conf)
         check_opt(where, "limiter." .. cap, l[cap], tiers,
             function(v) return v >= dearest end, "at least the dearest route's cost " .. dearest)
     end
+    local f = r.one_in_flight
+    if f then
+        check(r.count == "failures", "%s: one_in_flight needs count = failures", where)
+        f.ttl, f.wait_ms, f.retry_after = f.ttl or 30, f.wait_ms or 500, f.retry_after or 1
+        check(seconds(f.ttl), "%s: one_in_flight.ttl must be seconds > 0", where)
+        check(type(f.wait_ms) == "number" and f.wait_ms >= 0,
+            "%s: one_in_flight.wait_ms must be >= 0", where)
+        check(positive_int(f.retry_after), "%s: one_in_flight.retry_after must be an integer >= 1",
+            where)
+    end
     r.unit = r.unit or ((r.cost == "route" or type(r.cost) == "table") and "points"
         or l.kind == "lease" and "concurrent-requests" or "requests")
     local a = r.on_refusal or {}
