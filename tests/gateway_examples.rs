@@ -238,6 +238,42 @@ fn tiered_example_runs_every_rule_of_its_design() {
         .parse::<u64>()
         .is_ok_and(|s| s > 0 && s <= 31 * 86400));
 
+    // the monthly egress: response body bytes, counted after the response
+    let rec = key_record("tq", "egress-key");
+    hset(
+        &mut con,
+        &rec,
+        &[
+            ("key_id", "x-1"),
+            ("tenant", "app-4"),
+            ("tier", "developer"),
+        ],
+    );
+    hset(&mut con, "tq:id:tenant:app-4", &[("egress_bytes", "150")]);
+    let egress = ("X-Api-Key", "egress-key");
+    let mut sent = 0;
+    let mut last = get(&a, &url, &[egress]);
+    for _ in 0..20 {
+        if last.status != 200 {
+            break;
+        }
+        sent += last.body.len();
+        // the count lands in a timer after the response
+        std::thread::sleep(Duration::from_millis(100));
+        last = get(&a, &url, &[egress]);
+    }
+    let b = problem(&last, 403, "quota-exceeded");
+    assert_eq!(b["policy"], "developer-egress");
+    assert!(
+        (150..150 + 200).contains(&sent),
+        "{sent} bytes before the refusal"
+    );
+    let left = ints(
+        &mut con,
+        "RL.QUOTA tq:{tenant:app-4}:tier-egress 150 MONTH COST 0",
+    )[2];
+    assert_eq!(left, 0, "used up");
+
     // an upgrade takes effect within seconds: the tenant's tier, with more quota
     hset(
         &mut con,

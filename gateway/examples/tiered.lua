@@ -1,6 +1,6 @@
 -- The tiered quotas design (/work/shared/designs/002_*): a rule policy.
--- Free / Developer / Business / Enterprise, each with a monthly quota
--- (403 with an upgrade link when spent), a steady rate and burst per key
+-- Free / Developer / Business / Enterprise, each with a monthly quota of
+-- requests and of data egress (403 with an upgrade link when spent), a steady rate and burst per key
 -- (429 with Retry-After; no strikes), concurrent requests per key, and a
 -- priority for graceful degradation: sent upstream as X-RateLimit-Priority
 -- (for the upstream's load shedding), and when Redis fails the Free tier
@@ -8,8 +8,8 @@
 -- tier (a tenant's `tier` field) and per-tenant overrides (monthly, ...)
 -- come from the identity store, so an upgrade takes effect within
 -- seconds. RL_REDIS_HOST / RL_REDIS_PORT name Redis.
--- Not here yet: the monthly egress (bytes) quota, which needs the response
--- size charged after the response.
+-- Monthly egress: the response body bytes, counted after each response
+-- (a request is refused once the month's bytes are used up).
 local UPGRADE = "https://dashboard.example.com/billing/upgrade"
 
 return {
@@ -29,15 +29,18 @@ return {
         cache_ttl = 2,
     },
     default_tier = "free",
+    -- monthly: requests a month; egress_bytes: response body bytes a month;
+    -- rate / burst: requests a second per key; concurrency: requests in
+    -- flight per key; priority: for the upstream's load shedding
     tiers = {
-        free = { monthly = 10000, rate = 1, burst = 10, concurrency = 2, priority = 0,
-                 degraded = "closed" },
-        developer = { monthly = 100000, rate = 10, burst = 50, concurrency = 5, priority = 1,
-                      degraded = "local" },
-        business = { monthly = 2000000, rate = 100, burst = 300, concurrency = 20, priority = 2,
-                     degraded = "local" },
-        enterprise = { monthly = 50000000, rate = 1000, burst = 3000, concurrency = 100,
-                       priority = 3, degraded = "local" },
+        free = { monthly = 10000, egress_bytes = 1000000000, rate = 1, burst = 10,
+                 concurrency = 2, priority = 0, degraded = "closed" },
+        developer = { monthly = 100000, egress_bytes = 10000000000, rate = 10, burst = 50,
+                      concurrency = 5, priority = 1, degraded = "local" },
+        business = { monthly = 2000000, egress_bytes = 200000000000, rate = 100, burst = 300,
+                     concurrency = 20, priority = 2, degraded = "local" },
+        enterprise = { monthly = 50000000, egress_bytes = 5000000000000, rate = 1000,
+                       burst = 3000, concurrency = 100, priority = 3, degraded = "local" },
     },
     upstream_headers = { ["X-RateLimit-Priority"] = "tier.priority",
                          ["X-RateLimit-Tier"] = "attr:tier" },
@@ -47,6 +50,13 @@ return {
             limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH" },
             on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
                 message = "The monthly quota of your plan is used up; upgrade for more." },
+            on_redis_failure = "tier.degraded",
+        },
+        {
+            name = "{tier}-egress", scope = { "tenant" }, count = "response_bytes",
+            limiter = { kind = "quota", limit = "tier.egress_bytes", period = "MONTH" },
+            on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
+                message = "The monthly data egress of your plan is used up; upgrade for more." },
             on_redis_failure = "tier.degraded",
         },
         {

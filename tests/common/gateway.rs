@@ -98,6 +98,27 @@ pub fn load_modules() -> String {
     s
 }
 
+/// The `http {}` lines every test nginx shares: temp paths inside its
+/// directory, the Lua path (library, Kong plugin, test helpers) and the
+/// shared dicts (counters, the deny cache of rule policies).
+pub fn http_common() -> String {
+    let gw = gateway_dir();
+    let gw = gw.display();
+    format!(
+        r#"    access_log off;
+    client_body_temp_path tmp/body;
+    proxy_temp_path tmp/proxy;
+    fastcgi_temp_path tmp/fastcgi;
+    uwsgi_temp_path tmp/uwsgi;
+    scgi_temp_path tmp/scgi;
+    lua_package_path "{gw}/lib/?.lua;{gw}/kong/?.lua;{gw}/test/?.lua;/usr/share/lua/5.1/?.lua;;";
+    lua_shared_dict rl_metrics 1m;
+    lua_shared_dict rl_deny 1m;
+    lua_socket_log_errors off;
+"#
+    )
+}
+
 /// Ports of the servers of one [`Nginx`].
 #[derive(Clone, Copy, Debug)]
 pub struct Ports {
@@ -165,16 +186,7 @@ pid logs/nginx.pid;
 error_log logs/error.log warn;
 events {{ worker_connections 512; }}
 http {{
-    access_log off;
-    client_body_temp_path tmp/body;
-    proxy_temp_path tmp/proxy;
-    fastcgi_temp_path tmp/fastcgi;
-    uwsgi_temp_path tmp/uwsgi;
-    scgi_temp_path tmp/scgi;
-    lua_package_path "{gw}/lib/?.lua;{gw}/kong/?.lua;{gw}/test/?.lua;/usr/share/lua/5.1/?.lua;;";
-    lua_shared_dict rl_metrics 1m;
-    lua_socket_log_errors off;
-    init_by_lua_block {{ {lua_init} }}
+{common}    init_by_lua_block {{ {lua_init} }}
 {main}
 {legacy}
 {shadow}
@@ -196,6 +208,7 @@ http {{
 }}
 "#,
         modules = load_modules(),
+        common = http_common(),
         main = front("main", ports.main),
         legacy = front("legacy", ports.legacy),
         shadow = front("shadow", ports.shadow),

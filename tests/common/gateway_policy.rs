@@ -18,7 +18,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::common::{free_port, fresh_dir};
-use super::gateway::{gateway_dir, load_modules, Nginx, Ports, Resp, START_ATTEMPTS};
+use super::gateway::{gateway_dir, http_common, load_modules, Nginx, Ports, Resp, START_ATTEMPTS};
 
 /// The JWT secret the tests give nginx (`RL_JWT_SECRET`).
 pub const JWT_SECRET: &str = "test-jwt-secret";
@@ -115,17 +115,7 @@ env RL_REDIS_PORT;
 env RL_JWT_SECRET;
 events {{ worker_connections 512; }}
 http {{
-    access_log off;
-    client_body_temp_path tmp/body;
-    proxy_temp_path tmp/proxy;
-    fastcgi_temp_path tmp/fastcgi;
-    uwsgi_temp_path tmp/uwsgi;
-    scgi_temp_path tmp/scgi;
-    lua_package_path "{gw}/lib/?.lua;{gw}/kong/?.lua;{gw}/test/?.lua;/usr/share/lua/5.1/?.lua;;";
-    lua_shared_dict rl_metrics 1m;
-    lua_shared_dict rl_deny 1m;
-    lua_socket_log_errors off;
-    init_by_lua_block {{
+{common}    init_by_lua_block {{
 {init}    }}
 {servers}
     server {{
@@ -135,6 +125,7 @@ http {{
 }}
 "#,
         modules = load_modules(),
+        common = http_common(),
     )
 }
 

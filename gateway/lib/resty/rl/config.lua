@@ -327,16 +327,7 @@ function _M.build(user)
     if user.rules ~= nil then
         return _M.build_rules(conf, user)
     end
-    check(positive_int(conf.redis.port), "redis.port must be an integer")
-    check(type(conf.redis.timeout_ms) == "number" and conf.redis.timeout_ms > 0,
-        "redis.timeout_ms must be > 0")
-    check(type(conf.fallback_ratio) == "number" and conf.fallback_ratio > 0
-        and conf.fallback_ratio <= 1, "fallback_ratio must be in (0, 1]")
-    check(positive_int(conf.fallback_entries), "fallback_entries must be an integer >= 1")
-    check(positive_int(conf.fail_closed_retry_after),
-        "fail_closed_retry_after must be an integer >= 1 (seconds)")
-    check(type(conf.http_date_after) == "number" and conf.http_date_after >= 0,
-        "http_date_after must be >= 0 (seconds)")
+    validate_general(conf)
     check(next(conf.tiers) ~= nil, "at least one tier is needed")
     for name, t in pairs(conf.tiers) do
         check(name:match("^[%w_%-]+$"), "tier name %q: letters, digits, - and _ only", name)

@@ -134,7 +134,8 @@ function Engine:entry(req, state, rule, ident)
         cost = math.ceil(n * (rule.cost.scale or 1))
     end
     local tier = ident.attrs.tier or "none"
-    local e = { rule = rule, params = params, cost = cost, probe = rule.count == "failures",
+    -- failures and response bytes are probed now, charged after the response
+    local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
                 name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {} }
     e.key = rule_key(conf, rule.tag, values, rule.name, rule.scope)
     for i, a in ipairs(params.also or {}) do
@@ -554,7 +555,7 @@ function Engine:header_filter(req)
         return
     end
     local e, b = state.binding_entry, state.binding
-    if state.admitted and e and e.probe and b and e.rule.fail_set[req.status()] then
+    if state.admitted and e and b and e.rule.count == "failures" and e.rule.fail_set[req.status()] then
         -- the failure being recorded counts for a whole window from now
         local after = { name = b.name, limit = b.limit,
                         remaining = math.max(b.remaining - e.cost, 0),
@@ -568,11 +569,26 @@ end
 
 -- After the response (a timer): record failures, release leases, add the
 -- alerts of boxes that reached an alerting level.
-local function after_response(_premature, conf, cmds, warn)
+local function after_response(_premature, conf, cmds, egress, warn)
     local res, err = store.pipeline(conf, cmds)
     if not res then
         metrics.redis_error(conf, err)
         warn("rl: after-response work failed: " .. tostring(err))
+    end
+    for _, x in ipairs(egress) do
+        -- the bytes sent, or what is left when they do not fit (the quota
+        -- is then used up: all-or-nothing would count nothing)
+        local cost = math.min(x.bytes, x.e.params.limit)
+        res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
+        local d = res and store.decode(res[1])
+        if d and d.status == 0 and d.remaining > 0 then
+            res, err = store.pipeline(conf,
+                { limiters.KINDS[x.e.params.kind].command(x.e, d.remaining, true) })
+        end
+        if not res then
+            metrics.redis_error(conf, err)
+            warn("rl: response bytes not counted: " .. tostring(err))
+        end
     end
 end
 
@@ -617,11 +633,16 @@ function Engine:log(req)
             deny_cache = state.deny_cached,
         }) or "{}"):gsub("\\/", "/"))
     end
-    local cmds = {}
+    local cmds, egress = {}, {}
     if state.admitted then
         for _, e in ipairs(state.entries) do
-            if e.probe and e.rule.fail_set[status] then
+            if e.rule.count == "failures" and e.rule.fail_set[status] then
                 cmds[#cmds + 1] = limiters.KINDS.window.command(e, e.cost, true)
+            elseif e.rule.count == "response_bytes" then
+                local bytes = req.bytes_sent()
+                if bytes and bytes > 0 then
+                    egress[#egress + 1] = { e = e, bytes = bytes }
+                end
             end
         end
     end
@@ -631,8 +652,8 @@ function Engine:log(req)
     for _, e in ipairs(state.boxed or {}) do
         cmds[#cmds + 1] = self:alert(state, e)
     end
-    if #cmds > 0 then
-        local ok, err = ngx.timer.at(0, after_response, conf, cmds, req.warn)
+    if #cmds > 0 or #egress > 0 then
+        local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn)
         if not ok then
             req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
         end

@@ -15,7 +15,7 @@
 --   <prefix>:id:tenant:<tenant>                hash: tier, and tier field overrides
 --   <prefix>:id:brand:<brand>                  hash: brand overrides (deposit_total_24h, ...)
 
-local lrucache = require "resty.lrucache"
+local fallback = require "resty.rl.fallback"
 local cjson = require "cjson.safe"
 local store = require "resty.rl.store"
 local policy = require "resty.rl.policy"
@@ -25,12 +25,7 @@ local _M = {}
 local caches = setmetatable({}, { __mode = "k" })
 
 local function cache_for(conf)
-    local c = caches[conf]
-    if not c then
-        c = assert(lrucache.new(conf.fallback_entries))
-        caches[conf] = c
-    end
-    return c
+    return fallback.lru_for(caches, conf)
 end
 
 local function hex(s)

@@ -79,6 +79,10 @@ _M.adapter = {
     set_upstream_header = function(name, value)
         ngx.req.set_header(name, value)
     end,
+    -- bytes of the response body sent (log phase): egress quotas
+    bytes_sent = function()
+        return tonumber(ngx.var.body_bytes_sent)
+    end,
     status = function()
         return ngx.status
     end,

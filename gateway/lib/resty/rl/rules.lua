@@ -297,8 +297,16 @@ local function validate_rule(i, r, conf)
     check(r.cost == "route" or (type(r.cost) == "number" and r.cost >= 0 and r.cost % 1 == 0)
         or (type(r.cost) == "table" and type(r.cost.arg) == "string"),
         "%s: cost must be an integer >= 0, \"route\" or {arg = name}", where)
-    check(r.count == nil or r.count == "requests" or r.count == "failures",
-        "%s: count must be requests or failures", where)
+    check(r.count == nil or r.count == "requests" or r.count == "failures"
+        or r.count == "response_bytes",
+        "%s: count must be requests, failures or response_bytes", where)
+    if r.count == "response_bytes" then
+        check((l.kind == "quota" or l.kind == "window") and not l.also and not l.strikes,
+            "%s: count response_bytes needs a quota or window limiter without also or strikes",
+            where)
+        r.cost = 1
+        r.unit = r.unit or "content-bytes"
+    end
     r.count = r.count or "requests"
     if r.count == "failures" then
         check(l.kind == "window" and not l.also, "%s: count failures needs a window limiter "

@@ -89,6 +89,10 @@ local adapter = {
             kong.service.request.set_header(name, value)
         end
     end,
+    -- bytes of the response body sent (log phase): egress quotas
+    bytes_sent = function()
+        return tonumber(ngx.var.body_bytes_sent)
+    end,
     status = function()
         return kong.response.get_status()
     end,
