@@ -30,7 +30,7 @@ fn kong_plugin_allows_throttles_boxes_and_locks_out() {
     assert_eq!(r.status, 200, "{r:#?}");
     assert_eq!(
         r.must("RateLimit-Policy"),
-        r#""sandbox-key";q=1;w=60, "sandbox-tenant";q=600;w=60"#
+        r#""sandbox-key";q=1;qu="points";w=60, "sandbox-tenant";q=600;qu="points";w=60"#
     );
     assert_eq!(r.must("RateLimit"), r#""sandbox-key";r=49;t=60"#);
     // the plugin's state is its own (key prefix "kong")

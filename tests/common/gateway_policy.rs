@@ -113,6 +113,7 @@ error_log logs/error.log warn;
 env RL_REDIS_HOST;
 env RL_REDIS_PORT;
 env RL_JWT_SECRET;
+env RL_REDIS_TIMEOUT_MS;
 events {{ worker_connections 512; }}
 http {{
 {common}    init_by_lua_block {{
@@ -130,7 +131,8 @@ http {{
 }
 
 /// Starts nginx with `fronts` against Redis on `redis_port` (given to the
-/// policies as `RL_REDIS_PORT`, with `RL_JWT_SECRET`). `files` are written
+/// policies as `RL_REDIS_PORT`, with `RL_JWT_SECRET` and a Redis budget of
+/// 250 ms, `RL_REDIS_TIMEOUT_MS`). `files` are written
 /// into the nginx directory first (policies a test rewrites before a
 /// reload). A port taken meanwhile is retried with new ports; any other
 /// failure (a bad policy) is returned with nginx's output.
@@ -157,6 +159,8 @@ pub fn start(
             ("RL_REDIS_HOST", "127.0.0.1"),
             ("RL_REDIS_PORT", redis.as_str()),
             ("RL_JWT_SECRET", JWT_SECRET),
+            // a loaded 2-core machine must not time out by accident
+            ("RL_REDIS_TIMEOUT_MS", "250"),
         ];
         let wait = Ports {
             main: ports[0],

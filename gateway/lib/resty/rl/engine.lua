@@ -559,7 +559,7 @@ function Engine:header_filter(req)
         -- the failure being recorded counts for a whole window from now
         local after = { name = b.name, limit = b.limit,
                         remaining = math.max(b.remaining - e.cost, 0),
-                        reset_ms = b.window * 1000, window = b.window }
+                        reset_ms = b.window * 1000, window = b.window, clamp = true }
         headers.ratelimit_field(state.headers, self.conf, after)
     end
     for k, v in pairs(state.headers) do

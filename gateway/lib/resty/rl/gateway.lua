@@ -53,11 +53,12 @@ end
 --- The rate policies of a tier, in the order of the RL.TAKE buckets.
 local function tier_policies(tier_name, tier, suffix, key_budget, tenant_budget)
     suffix = suffix or ""
+    -- the unit is points (cost-weighted requests): `qu` says so
     return {
         { name = tier_name .. "-key" .. suffix, quota = (key_budget or tier.key).rate,
-          window = tier.period },
+          window = tier.period, unit = "points" },
         { name = tier_name .. "-tenant" .. suffix, quota = (tenant_budget or tier.tenant).rate,
-          window = tier.period },
+          window = tier.period, unit = "points" },
     }
 end
 
@@ -382,10 +383,12 @@ function Gateway:auth_access(req, state)
     end
     local r = replies[b]
     state.policy = policies[b].name
-    headers.ratelimit(state.headers, conf, policies, {
+    local binding = {
         name = policies[b].name, limit = r.limit, remaining = r.status == -1 and 0 or r.remaining,
-        reset_ms = r.reset_ms,
-    })
+        reset_ms = r.reset_ms, window = policies[b].window,
+    }
+    state.auth.binding, state.auth.policies = binding, policies
+    headers.ratelimit(state.headers, conf, policies, binding)
     if r.status == -1 or r.status == 0 then
         -- refused here: nothing to record later
         self:release_now(state)
@@ -414,6 +417,16 @@ function Gateway:header_filter(req)
     -- shadow mode is invisible to clients
     if not state or self.conf.shadow then
         return
+    end
+    local auth = state.auth
+    if auth and auth.pending and auth.binding and self.conf.auth.fail_set[req.status()] then
+        -- this failure is recorded after the response: `r` says what the
+        -- next attempt will see, and the failure counts a whole window
+        local b = auth.binding
+        headers.ratelimit(state.headers, self.conf, auth.policies, {
+            name = b.name, limit = b.limit, remaining = math.max(b.remaining - 1, 0),
+            reset_ms = b.window * 1000, window = b.window,
+        })
     end
     for k, v in pairs(state.headers) do
         req.set_header(k, v)

@@ -35,16 +35,17 @@ function _M.policy_item(p)
 end
 
 --- Sets the RateLimit field (and the legacy triple with legacy_headers)
---- for `b` = {name, limit, remaining, reset_ms, window, boxed}: `r` whole units
---- left, `t` seconds until the quota is back, at most the window `w`
---- (a sliding window can take up to two windows to count nothing), none
---- for a manual box (reset_ms nil).
+--- for `b` = {name, limit, remaining, reset_ms, window, clamp, boxed}: `r`
+--- whole units left, `t` seconds until the quota is back; with `clamp` (a
+--- window or quota) at most the window `w` (a sliding window can take up to
+--- two windows to count nothing); a bucket's `t` is its time to be full
+--- again, which may exceed its refill period. No `t` for a box.
 function _M.ratelimit_field(out, conf, b)
     local r = math.max(b.remaining or 0, 0)
     local v = sf_string(b.name) .. ";r=" .. r
     -- a box has no reset within the window: Retry-After says when it ends
     local t = not b.boxed and b.reset_ms and _M.seconds(b.reset_ms)
-    if t and b.window then
+    if t and b.clamp and b.window then
         t = math.min(t, math.ceil(b.window))
     end
     if t then
@@ -71,21 +72,28 @@ end
 
 --- Sets the rate-limit fields in `out` (a header table).
 --- `policies`: the policies that apply, each {name, quota, window};
---- `binding`: {name, limit, remaining, reset_ms} for the policy that binds
---- (reset_ms -1 or nil: no reset time, as in a manual box).
+--- `binding`: {name, limit, remaining, reset_ms, window} for the policy
+--- that binds (reset_ms -1 or nil: no reset time, as in a manual box; `t`
+--- is at most `window` when given: a window or quota, not a bucket, whose
+--- time to be full again may be longer than its refill period).
 function _M.ratelimit(out, conf, policies, binding)
     out["RateLimit-Policy"] = _M.policy(policies)
     local rl = sf_string(binding.name) .. ";r=" .. math.max(binding.remaining, 0)
     local has_reset = binding.reset_ms and binding.reset_ms >= 0
+    -- t is at most the window w (a sliding window may take two to be empty)
+    local t = has_reset and _M.seconds(binding.reset_ms)
+    if t and binding.window then
+        t = math.min(t, math.ceil(binding.window))
+    end
     if has_reset then
-        rl = rl .. ";t=" .. _M.seconds(binding.reset_ms)
+        rl = rl .. ";t=" .. t
     end
     out["RateLimit"] = rl
     if conf.legacy_headers then
         out["RateLimit-Limit"] = tostring(binding.limit)
         out["RateLimit-Remaining"] = tostring(math.max(binding.remaining, 0))
         if has_reset then
-            out["RateLimit-Reset"] = tostring(_M.seconds(binding.reset_ms))
+            out["RateLimit-Reset"] = tostring(t)
         end
     end
     return out

@@ -81,7 +81,7 @@ local function rate_outcome(e, raw)
         strikes = d.strikes_remaining, level = d.box_level,
         binding = { name = b == 0 and e.name or e.also_names[b], limit = d.limit,
                     remaining = d.remaining, reset_ms = d.reset_ms,
-                    window = window_of(kind, bp), unit = e.rule.unit },
+                    window = window_of(kind, bp), unit = e.rule.unit, clamp = kind ~= "bucket" },
     }
     if d.status == 1 then
         out.state = "allowed"

@@ -9,6 +9,9 @@ local _M = {}
 
 _M.CONTENT_TYPE = "application/problem+json"
 
+--- The backoff problem bodies recommend (the ledger design's wording).
+_M.RECOMMENDED_BACKOFF = "exponential_with_full_jitter"
+
 local TITLES = {
     ["rate-limit-exceeded"] = "Rate limit exceeded",
     ["penalty-box-active"] = "Penalty box active",
@@ -32,9 +35,6 @@ local ERRORS = {
     ["ambiguous-argument"] = "INVALID_ARGUMENT",
 }
 
---- The backoff a rule policy's problem bodies recommend (the ledger
---- design's wording); a manual box recommends none.
-_M.RECOMMENDED_BACKOFF = "exponential_with_full_jitter"
 
 -- Replaces "$name" strings inside a template (recursively) by vars[name]
 -- (typed: a number stays a number, a missing value is null).
@@ -122,17 +122,14 @@ function _M.timestamp(t)
     return os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(t))
 end
 
---- A backoff recommendation for a wait of `secs` seconds.
+--- The backoff a client should use after a wait of `secs` seconds: the
+--- ledger design's "exponential_with_full_jitter", or "none" (a manual
+--- box: do not retry).
 function _M.backoff(secs)
     if not secs then
-        return { strategy = "none", detail = "manual review: do not retry" }
+        return "none"
     end
-    return {
-        strategy = "exponential",
-        initial_seconds = math.max(secs, 1),
-        max_seconds = math.max(secs, 60),
-        jitter = "full",
-    }
+    return _M.RECOMMENDED_BACKOFF
 end
 
 --- Encodes a problem of `kind` (a key of TITLES) with `status` and the
