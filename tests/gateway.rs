@@ -328,10 +328,8 @@ fn leases_give_409_per_ledger_and_429_per_tenant() {
         let r = post(&a, &reconcile("L1", "0"), &[GROWTH]);
         let b = problem(&r, 409, "concurrency-limit-exceeded");
         let retry: u64 = r.must("Retry-After").parse().expect("delta-seconds");
-        assert!(
-            (295..=300).contains(&retry),
-            "until A's lease expires: {retry}"
-        );
+        // the holder's expected end (5 s declared), not the 300 s ttl
+        assert!((1..=5).contains(&retry), "the expected duration: {retry}");
         assert_eq!(b["retry_after_seconds"], retry);
         assert_eq!(b["concurrency_limit"], 1);
         assert!(

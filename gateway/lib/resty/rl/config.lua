@@ -93,9 +93,9 @@ _M.defaults = {
             leases = {
                 -- one reconcile per ledger; a second one gets 409 Conflict
                 { name = "reconcile-ledger", scope = "arg", arg = "ledger_id", max = 1,
-                  status = 409, ttl = 300 },
+                  status = 409, ttl = 300, expected = 5 },
                 -- per tenant: tier.concurrency.reconcile
-                { name = "reconcile", scope = "tenant", status = 429, ttl = 300 },
+                { name = "reconcile", scope = "tenant", status = 429, ttl = 300, expected = 5 },
             },
         },
         {
@@ -103,7 +103,7 @@ _M.defaults = {
             -- a range (arguments from/to, YYYY-MM-DD) beyond 90 days costs 50
             range = { from_arg = "from", to_arg = "to", max_days = 90, cost = 50 },
             leases = {
-                { name = "export", scope = "tenant", status = 429, ttl = 600 },
+                { name = "export", scope = "tenant", status = 429, ttl = 600, expected = 30 },
             },
         },
         { method = "POST", template = "/v1/auth/token", auth = true, critical = true },
@@ -267,6 +267,8 @@ local function validate_route(i, r, tiers)
         end
         l.status = l.status or 429
         l.ttl = l.ttl or 300
+        check(l.expected == nil or type(l.expected) == "number" and l.expected > 0,
+            "routes[%d].leases[%d]: expected must be seconds > 0", i, j)
     end
 end
 

@@ -27,6 +27,7 @@ local headers = require "resty.rl.headers"
 local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
+local limiters = require "resty.rl.limiters"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -177,10 +178,12 @@ function Gateway:acquire_leases(req, state, ident, tier)
         end
         if not res.granted then
             self:release_now(state)
-            local secs = headers.seconds(res.retry_after_ms)
+            -- from the route's expected duration, never the lease ttl
+            local retry_ms = limiters.lease_retry_ms(spec.ttl, spec.expected, res.retry_after_ms)
+            local secs = headers.seconds(retry_ms)
             state.retry_after = secs
             state.policy = spec.name
-            headers.retry_after(state.headers, res.retry_after_ms, false)
+            headers.retry_after(state.headers, retry_ms, false)
             local per = spec.scope == "arg" and ("per " .. spec.arg) or "per tenant"
             return self:refuse(req, state, spec.status, "concurrency-limit-exceeded", "conflict", {
                 detail = string.format(

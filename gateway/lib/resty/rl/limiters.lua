@@ -134,6 +134,19 @@ function _M.capacity(e)
     return cap
 end
 
+--- The Retry-After (ms) of a full lease: the earliest holder's expected
+--- end, `expected` seconds (default 1) after it started (the lease that
+--- expires first was taken first: it started `ttl - earliest_left` ago),
+--- at least 1 s, at most the earliest expiry; never the ttl itself.
+function _M.lease_retry_ms(ttl, expected, earliest_left)
+    local elapsed = ttl * 1000 - earliest_left
+    local retry = (expected or 1) * 1000 - elapsed
+    if retry < 1000 then
+        retry = 1000
+    end
+    return math.min(retry, math.max(earliest_left, 1000))
+end
+
 _M.KINDS = {
     bucket = {
         command = function(e, cost)
@@ -197,14 +210,7 @@ _M.KINDS = {
                 out.state = "allowed"
                 return out
             end
-            local earliest_left = raw[5]
-            local elapsed = p.ttl * 1000 - earliest_left
-            local expected = (p.expected or 1) * 1000
-            local retry = expected - elapsed
-            if retry < 1000 then
-                retry = 1000
-            end
-            out.state, out.retry_ms = "refused", math.min(retry, math.max(earliest_left, 1000))
+            out.state, out.retry_ms = "refused", _M.lease_retry_ms(p.ttl, p.expected, raw[5])
             out.binding.remaining = 0
             return out
         end,

@@ -67,6 +67,8 @@ local lease = {
         { max = { type = "integer", gt = 0 } },
         { status = { type = "integer", default = 429, one_of = { 409, 429 } } },
         { ttl = { type = "number", default = 300, gt = 0 } },
+        -- how long the work usually takes: the Retry-After of a full lease
+        { expected = { type = "number", gt = 0 } },
     },
 }
 
