@@ -185,16 +185,49 @@ fn throttled_requests_get_429_with_a_problem_body() {
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
 }
 
-/// Sends throttled requests until the box trips, checking each strike;
-/// returns the boxed response.
-fn strike_until_boxed(a: &ureq::Agent, url: &str, key: (&str, &str), threshold: i64) -> Resp {
+/// Sends throttled requests until the box trips, checking each strike
+/// (`first`: the first strike, already sent); returns the boxed response.
+fn strike_until_boxed(
+    a: &ureq::Agent,
+    url: &str,
+    key: (&str, &str),
+    threshold: i64,
+    mut first: Option<Resp>,
+) -> Resp {
     for i in 1..threshold {
-        let r = get(a, url, &[key]);
+        let r = first.take().unwrap_or_else(|| get(a, url, &[key]));
         let b = problem(&r, 429, "rate-limit-exceeded");
         assert_eq!(r.must("X-Penalty-Box-Status"), "Warning");
         assert_eq!(b["penalty_strikes_remaining"], threshold - i, "strike {i}");
     }
     get(a, url, &[key])
+}
+
+/// An operator lifts the box of `rkey` (`RL.BOX RELEASE`, then `INCR
+/// rl:deny:version` so that the nodes drop their deny cache), and the
+/// gateway sees it (polled: boxed answers from the cache count no strike).
+/// Returns the first answer that is not a box.
+fn release(
+    con: &mut redis::Connection,
+    rkey: &str,
+    a: &ureq::Agent,
+    url: &str,
+    key: (&str, &str),
+) -> Resp {
+    assert_eq!(int(con, &format!("RL.BOX RELEASE {rkey}")), 1);
+    int(con, "INCR rl:deny:version");
+    let deadline = Instant::now() + ASYNC;
+    loop {
+        let r = get(a, url, &[key]);
+        if r.header("X-Penalty-Box-Status") != Some("Active-Lockout") {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the release never reached the gateway"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A box answer of level `level` of a box lasting `secs` (429,
@@ -249,19 +282,26 @@ fn penalty_box_levels_and_manual_review() {
         assert_eq!(get(&a, &url, &[SANDBOX]).status, 200);
     }
     let key = "rl:{t:sbx}:key:s1";
+    let mut first = None;
     for (level, secs) in [(1, 300), (2, 3600), (3, 86400)] {
-        let r = strike_until_boxed(&a, &url, SANDBOX, 20);
+        let r = strike_until_boxed(&a, &url, SANDBOX, 20, first.take());
         assert_boxed(&r, level, secs);
         if secs == 3600 {
             // a second into a 1-hour box: still an HTTP-date (the form
             // follows the box's length, not the time left)
             std::thread::sleep(Duration::from_millis(1100));
         }
-        // while boxed: the same answer, no strike
+        // while boxed: the same answer (from the edge deny cache), no strike
+        let calls = redis.info_get("rl", "rl_take_calls");
         assert_boxed(&get(&a, &url, &[SANDBOX]), level, secs);
+        assert_eq!(
+            redis.info_get("rl", "rl_take_calls"),
+            calls,
+            "no Redis round trip"
+        );
         assert_eq!(ints(&mut con, &format!("RL.BOX STATUS {key}"))[0], level);
         // an operator lifts the box; the offenses stay, so the next trip escalates
-        assert_eq!(int(&mut con, &format!("RL.BOX RELEASE {key}")), 1);
+        first = Some(release(&mut con, key, &a, &url, SANDBOX));
     }
 
     // enterprise: 100 strikes, level 3 is never automatic: manual review
@@ -270,11 +310,13 @@ fn penalty_box_levels_and_manual_review() {
         assert_eq!(get(&a, &url, &[ENTERPRISE]).status, 200);
     }
     let key = "rl:{t:bigco}:key:e1";
+    let mut first = None;
     for (level, secs) in [(1, 300), (2, 3600)] {
-        assert_boxed(&strike_until_boxed(&a, &url, ENTERPRISE, 100), level, secs);
-        assert_eq!(int(&mut con, &format!("RL.BOX RELEASE {key}")), 1);
+        let r = strike_until_boxed(&a, &url, ENTERPRISE, 100, first.take());
+        assert_boxed(&r, level, secs);
+        first = Some(release(&mut con, key, &a, &url, ENTERPRISE));
     }
-    let r = strike_until_boxed(&a, &url, ENTERPRISE, 100);
+    let r = strike_until_boxed(&a, &url, ENTERPRISE, 100, first.take());
     let b = problem(&r, 403, "penalty-box-active");
     assert_eq!(r.must("X-Penalty-Box-Status"), "Active-Lockout");
     assert!(r.header("Retry-After").is_none(), "no time to come back");
@@ -292,16 +334,35 @@ fn penalty_box_levels_and_manual_review() {
         [3, -1]
     );
     // the review releases it: throttled again (the bucket is still empty), not boxed
-    assert_eq!(int(&mut con, &format!("RL.BOX RELEASE {key}")), 1);
-    let r = get(&a, &url, &[ENTERPRISE]);
+    let r = release(&mut con, key, &a, &url, ENTERPRISE);
     problem(&r, 429, "rate-limit-exceeded");
 
+    // one line per boxed request: the 6 trips and the 3 sandbox answers
+    // "while boxed" exactly, plus the cached answers seen while a release
+    // was on its way to the gateway (deny_cache: true)
     let main = nginx.url(nginx.ports.main);
-    assert_eq!(counter(&a, &main, "boxed", "GET /v1/ledgers/{id}"), 6);
-    assert_eq!(counter(&a, &main, "boxed", "GET /v1/ledgers"), 3);
     let events = nginx.events();
     let boxed: Vec<&Value> = events.iter().filter(|e| e["decision"] == "boxed").collect();
-    assert_eq!(boxed.len(), 9, "one line per boxed request");
+    let cached_on = |route: &str| {
+        boxed
+            .iter()
+            .filter(|e| e["deny_cache"] == true && e["route"] == route)
+            .count() as u64
+    };
+    let trips = boxed.iter().filter(|e| e["deny_cache"] != true).count();
+    assert_eq!(trips, 6, "each trip answered by Redis");
+    assert!(
+        cached_on("GET /v1/ledgers/{id}") >= 3,
+        "the answers while boxed"
+    );
+    assert_eq!(
+        counter(&a, &main, "boxed", "GET /v1/ledgers/{id}"),
+        3 + cached_on("GET /v1/ledgers/{id}")
+    );
+    assert_eq!(
+        counter(&a, &main, "boxed", "GET /v1/ledgers"),
+        3 + cached_on("GET /v1/ledgers")
+    );
     assert!(boxed
         .iter()
         .any(|e| e["box_level"] == 3 && e["status"] == 403));

@@ -45,6 +45,10 @@ _M.defaults = {
     http_date_after = 3600,
     -- Status of a manual box (enterprise level 3: no time to come back).
     manual_box_status = 403,
+    -- The edge deny cache (resty.rl.deny): boxed keys answered by the node
+    -- until the box ends; a release is seen within `poll` seconds of
+    -- INCR <key_prefix>:deny:version.
+    deny_cache = { dict = "rl_deny", poll = 1, manual_ttl = 60 },
     -- Who is calling: the API key header and a key -> identity table.
     -- `key_id` names the key in Redis keys and logs (never the key itself).
     identity = {
@@ -284,6 +288,11 @@ local function validate_general(conf)
         "fail_closed_retry_after must be an integer >= 1 (seconds)")
     check(type(conf.http_date_after) == "number" and conf.http_date_after >= 0,
         "http_date_after must be >= 0 (seconds)")
+    local dc = conf.deny_cache
+    check(type(dc) == "table" and type(dc.dict) == "string", "deny_cache.dict must be a string")
+    check(type(dc.poll) == "number" and dc.poll > 0, "deny_cache.poll must be seconds > 0")
+    check(type(dc.manual_ttl) == "number" and dc.manual_ttl > 0,
+        "deny_cache.manual_ttl must be seconds > 0")
 end
 
 --- A rule policy (a configuration with `rules`): the general options over

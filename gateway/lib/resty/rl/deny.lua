@@ -4,8 +4,8 @@
 -- requests are answered here without a Redis round trip (a manual box: for
 -- deny_cache.manual_ttl seconds at a time). A release is seen within
 -- deny_cache.poll seconds: every worker polls the release version
--- `<prefix>:deny:version` (one GET a second) and, when it changed, empties
--- the cache. Release a box with
+-- `<prefix>:deny:version` (one GET a second) and, when it changed, drops
+-- the cached boxes of that prefix. Release a box with
 --   RL.BOX RELEASE <key>   then   INCR <prefix>:deny:version
 -- (gateway/README.md, "Releasing a box").
 --
@@ -16,7 +16,10 @@ local store = require "resty.rl.store"
 
 local _M = {}
 
-local VERSION_MARK = "\1version"
+-- The release version this node saw last, per key prefix: gateways with
+-- different prefixes may share a dict, a release drops the boxes of its
+-- own prefix only.
+local VERSION_MARK = "\1version:"
 
 local pollers = setmetatable({}, { __mode = "k" })
 
@@ -88,12 +91,18 @@ local function poll(premature, conf)
     end
     local v = res[1]
     v = type(v) == "string" and v or "0"
-    local seen = d:get(VERSION_MARK)
+    local mark = VERSION_MARK .. conf.key_prefix
+    local seen = d:get(mark)
     if seen ~= v then
-        if seen ~= nil then
-            d:flush_all()
+        -- also without a version seen yet: boxes cached before this
+        -- worker's first poll may predate a release
+        local own = conf.key_prefix .. ":"
+        for _, k in ipairs(d:get_keys(0)) do
+            if k:sub(1, #own) == own then
+                d:delete(k)
+            end
         end
-        d:set(VERSION_MARK, v)
+        d:set(mark, v)
     end
 end
 
@@ -103,6 +112,8 @@ function _M.ensure_poller(conf)
         return
     end
     pollers[conf] = true
+    -- a first poll at once, then every `poll` seconds
+    ngx.timer.at(0, poll, conf)
     local ok, err = ngx.timer.every(conf.deny_cache.poll, poll, conf)
     if not ok then
         pollers[conf] = nil

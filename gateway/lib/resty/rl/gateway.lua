@@ -28,6 +28,7 @@ local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local limiters = require "resty.rl.limiters"
+local deny = require "resty.rl.deny"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -229,6 +230,7 @@ end
 --- leases, and refuses the request when the policy says so.
 function Gateway:access(req)
     local conf = self.conf
+    deny.ensure_poller(conf)
     local path = req.path()
     local route = policy.match_route(conf, req.method(), path)
     local state = { route = route, path = path, request_id = req.request_id(), headers = {},
@@ -248,9 +250,22 @@ function Gateway:access(req)
     state.headers["RateLimit-Policy"] = headers.policy(tier_policies(ident.tier, tier))
     state.cost = policy.cost(route, req)
     local key, tenant_key = policy.bucket_keys(conf, ident)
-    local reply, err = store.take(conf, key, tenant_key, tier, state.cost)
-    if not reply then
-        return self:redis_failed(req, state, err, tier, key, tenant_key)
+    -- the edge deny cache: a key known to be boxed is answered here
+    local reply, err
+    local box = deny.get(conf, key)
+    if box then
+        state.deny_cached = true
+        reply = { status = -1, limit = tier.key.burst, remaining = 0, reset_ms = box.retry_ms,
+                  retry_after_ms = box.retry_ms, box_level = box.level, strikes_remaining = 0,
+                  binding = 0 }
+    else
+        reply, err = store.take(conf, key, tenant_key, tier, state.cost)
+        if not reply then
+            return self:redis_failed(req, state, err, tier, key, tenant_key)
+        end
+        if reply.status == -1 then
+            deny.put(conf, key, reply.box_level, reply.retry_after_ms)
+        end
     end
     local status, binding = reply.status, reply.binding + 1
     local policies = tier_policies(ident.tier, tier)
@@ -488,6 +503,7 @@ function Gateway:log(req)
             box_level = state.box_level,
             strikes_remaining = state.strikes_remaining,
             redis_error = state.redis_error,
+            deny_cache = state.deny_cached,
             -- token endpoint: who was refused (a client id is no secret)
             subject = state.auth and state.auth.subject,
             client_ip = state.auth and state.auth.ip,

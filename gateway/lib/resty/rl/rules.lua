@@ -426,12 +426,6 @@ function _M.compile(conf)
     conf.body = body
     check(body.format == "problem" or (body.format == "json" and type(body.template) == "table"),
         "body.format must be problem, or json with a template table")
-    conf.deny_cache = conf.deny_cache or {}
-    local dc = conf.deny_cache
-    dc.dict = dc.dict or "rl_deny"
-    dc.poll = dc.poll or 1
-    dc.manual_ttl = dc.manual_ttl or 60
-    check(type(dc.poll) == "number" and dc.poll > 0, "deny_cache.poll must be seconds > 0")
     conf.alerts = conf.alerts or {}
     conf.alerts.stream = conf.alerts.stream or (conf.key_prefix .. ":alerts")
     conf.alerts.maxlen = conf.alerts.maxlen or 10000

@@ -128,6 +128,11 @@ return {
                 { fallback_entries = { type = "integer", default = 10000, gt = 0 } },
                 { metrics_dict = { type = "string", default = "rl_metrics" } },
                 { http_date_after = { type = "integer", default = 3600, gt = 0 } },
+                { deny_cache = { type = "record", fields = {
+                    { dict = { type = "string", default = "rl_deny" } },
+                    { poll = { type = "number", default = 1, gt = 0 } },
+                    { manual_ttl = { type = "number", default = 60, gt = 0 } },
+                } } },
                 { manual_box_status = { type = "integer", default = 403, one_of = { 403, 429 } } },
                 { client_ip_header = { type = "string" } },
                 { identity = { type = "record", fields = {
