@@ -24,7 +24,7 @@ local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
-local cjson = require "cjson.safe"
+local after = require "resty.rl.after"
 
 local _M = {}
 
@@ -380,12 +380,6 @@ function Engine:redis_failed(req, state, err)
     end
 end
 
--- The attributes a refused-request log line carries.
-local function log_ident(state)
-    local a = state.ident and state.ident.attrs or {}
-    return a.tenant, a.key_id, a.user, a.brand
-end
-
 --- Access phase (see the file comment).
 function Engine:access(req)
     local conf = self.conf
@@ -557,107 +551,20 @@ function Engine:header_filter(req)
     local e, b = state.binding_entry, state.binding
     if state.admitted and e and b and e.rule.count == "failures" and e.rule.fail_set[req.status()] then
         -- the failure being recorded counts for a whole window from now
-        local after = { name = b.name, limit = b.limit,
+        local next_binding = { name = b.name, limit = b.limit,
                         remaining = math.max(b.remaining - e.cost, 0),
                         reset_ms = b.window * 1000, window = b.window, clamp = true }
-        headers.ratelimit_field(state.headers, self.conf, after)
+        headers.ratelimit_field(state.headers, self.conf, next_binding)
     end
     for k, v in pairs(state.headers) do
         req.set_header(k, v)
     end
 end
 
--- After the response (a timer): record failures, release leases, add the
--- alerts of boxes that reached an alerting level.
-local function after_response(_premature, conf, cmds, egress, warn)
-    local res, err = store.pipeline(conf, cmds)
-    if not res then
-        metrics.redis_error(conf, err)
-        warn("rl: after-response work failed: " .. tostring(err))
-    end
-    for _, x in ipairs(egress) do
-        -- the bytes sent, or what is left when they do not fit (the quota
-        -- is then used up: all-or-nothing would count nothing)
-        local cost = math.min(x.bytes, x.e.params.limit)
-        res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
-        local d = res and store.decode(res[1])
-        if d and d.status == 0 and d.remaining > 0 then
-            res, err = store.pipeline(conf,
-                { limiters.KINDS[x.e.params.kind].command(x.e, d.remaining, true) })
-        end
-        if not res then
-            metrics.redis_error(conf, err)
-            warn("rl: response bytes not counted: " .. tostring(err))
-        end
-    end
-end
-
---- The alert of a box reached by `e` (XADD to the alert stream), or nil
---- when its level does not alert or this node sent it already.
-function Engine:alert(state, e)
-    local conf, al, o = self.conf, e.rule.alerts, e.outcome
-    if not al or (o.level or 0) < al.from_level then
-        return nil
-    end
-    local ident = state.ident or { attrs = {} }
-    local action = o.level >= 3 and rules.resolve(al.level3, ident) or "notify"
-    if not deny.once(conf, e.key .. ":" .. o.level, o.retry_ms and o.retry_ms / 1000 or 3600) then
-        return nil
-    end
-    local tenant, key_id, user, brand = log_ident(state)
-    return { "XADD", conf.alerts.stream, "MAXLEN", "~", conf.alerts.maxlen, "*",
-        "level", o.level, "action", action, "policy", e.name, "tier", state.tier_name or "",
-        "tenant", tenant or "", "key_id", key_id or "", "user", user or "", "brand", brand or "",
-        "route", state.route.name, "box_seconds", o.retry_ms and headers.seconds(o.retry_ms) or -1,
-        "request_id", state.request_id }
-end
-
 --- Log phase: counters, one structured line per refusal, and the work
---- after the response.
+--- after the response (resty.rl.after).
 function Engine:log(req)
-    local conf = self.conf
-    local state = req.ctx().rl
-    if not state then
-        return
-    end
-    local status = req.status()
-    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
-    if state.decision ~= "allowed" and state.decision ~= "degraded_allowed" then
-        local tenant, key_id, user, brand = log_ident(state)
-        req.warn("rl_event " .. (cjson.encode({
-            request_id = state.request_id, decision = state.decision, would_be = state.would_be,
-            route = state.route.name, tenant = tenant, key_id = key_id, user = user,
-            brand = brand, tier = state.tier_name, status = status, policy = state.policy,
-            retry_after = state.retry_after, box_level = state.box_level,
-            strikes_remaining = state.strikes_remaining, redis_error = state.redis_error,
-            deny_cache = state.deny_cached,
-        }) or "{}"):gsub("\\/", "/"))
-    end
-    local cmds, egress = {}, {}
-    if state.admitted then
-        for _, e in ipairs(state.entries) do
-            if e.rule.count == "failures" and e.rule.fail_set[status] then
-                cmds[#cmds + 1] = limiters.KINDS.window.command(e, e.cost, true)
-            elseif e.rule.count == "response_bytes" then
-                local bytes = req.bytes_sent()
-                if bytes and bytes > 0 then
-                    egress[#egress + 1] = { e = e, bytes = bytes }
-                end
-            end
-        end
-    end
-    for _, l in ipairs(state.leases) do
-        cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", l.key, l.id }
-    end
-    for _, e in ipairs(state.boxed or {}) do
-        cmds[#cmds + 1] = self:alert(state, e)
-    end
-    if #cmds > 0 or #egress > 0 then
-        local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn)
-        if not ok then
-            req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
-        end
-    end
+    return after.log(self.conf, req)
 end
 
 return _M

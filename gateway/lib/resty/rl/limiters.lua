@@ -68,11 +68,17 @@ local function window_of(kind, p)
     return _M.period_seconds(p.period)
 end
 
+-- The error of a reply that is not the expected one (an error reply of a
+-- pipelined or scripted command comes back as {false, "ERR ..."}).
+local function bad_reply(raw)
+    return "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
+end
+
 -- A rate outcome from a decoded 8-integer reply.
 local function rate_outcome(e, raw)
     local d = store.decode(raw)
     if not d then
-        return nil, "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
+        return nil, bad_reply(raw)
     end
     local kind = e.params.kind
     local b = d.binding
@@ -200,17 +206,18 @@ _M.KINDS = {
         -- expires first was taken first: elapsed = ttl - its time left),
         -- never the ttl; at least 1 s, at most the earliest expiry.
         outcome = function(e, raw)
-            if type(raw) ~= "table" or #raw ~= 5 or type(raw[1]) ~= "number" then
-                return nil, "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
+            local d = store.decode_lease(raw)
+            if not d then
+                return nil, bad_reply(raw)
             end
             local p = e.params
-            local out = { binding = { name = e.name, limit = p.max, remaining = p.max - raw[3],
+            local out = { binding = { name = e.name, limit = p.max, remaining = p.max - d.in_use,
                                       unit = "concurrent-requests" }, concurrency = p.max }
-            if raw[1] == 1 and raw[2] ~= ngx.null then
+            if d.granted then
                 out.state = "allowed"
                 return out
             end
-            out.state, out.retry_ms = "refused", _M.lease_retry_ms(p.ttl, p.expected, raw[5])
+            out.state, out.retry_ms = "refused", _M.lease_retry_ms(p.ttl, p.expected, d.retry_after_ms)
             out.binding.remaining = 0
             return out
         end,

@@ -120,6 +120,20 @@ function _M.decode(res)
     }
 end
 
+--- The decoder of an RL.LEASE ACQUIRE reply [granted, lease-id, in_use,
+--- max, retry_after_ms]: {granted, lease_id, in_use, max, retry_after_ms}
+--- (retry_after_ms: until the earliest live lease expires, when full), or
+--- nil when `res` is not such a reply.
+function _M.decode_lease(res)
+    if type(res) ~= "table" or #res ~= 5 or type(res[1]) ~= "number"
+        or type(res[3]) ~= "number" or type(res[5]) ~= "number" then
+        return nil
+    end
+    local granted = res[1] == 1 and res[2] ~= null
+    return { granted = granted, lease_id = granted and res[2] or nil, in_use = res[3],
+             max = res[4], retry_after_ms = res[5] }
+end
+
 -- Checks and decodes an 8-integer limiter reply.
 local function limiter_reply(res, err)
     if not res then
@@ -192,10 +206,11 @@ function _M.acquire(conf, key, max, ttl, id)
         if not res then
             return nil, err
         end
-        if type(res) ~= "table" or #res ~= 5 then
+        local d = _M.decode_lease(res)
+        if not d then
             return nil, "unexpected reply"
         end
-        return { granted = res[1] == 1 and res[2] ~= null, retry_after_ms = res[5] }
+        return d
     end)
 end
 
