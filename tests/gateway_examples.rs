@@ -202,6 +202,8 @@ fn tiered_example_runs_every_rule_of_its_design() {
                 "strikes are off"
             );
             assert!(b.get("penalty_strikes_remaining").is_none(), "{b}");
+            assert_eq!(b["dashboard_url"], "https://dashboard.example.com/usage");
+            assert_eq!(b["quota_tier"], "free");
             throttled += 1;
         }
     }

@@ -10,7 +10,11 @@
 -- seconds. RL_REDIS_HOST / RL_REDIS_PORT name Redis.
 -- Monthly egress: the response body bytes, counted after each response
 -- (a request is refused once the month's bytes are used up).
+-- Not here: webhooks for approaching quota thresholds (the usage is in
+-- every response's RateLimit fields; an alert worker could read the
+-- quota keys).
 local UPGRADE = "https://dashboard.example.com/billing/upgrade"
+local DASHBOARD = "https://dashboard.example.com/usage"
 
 return {
     redis = {
@@ -63,6 +67,8 @@ return {
         {
             name = "{tier}-rate", scope = { "key_id" },
             limiter = { kind = "bucket", rate = "tier.rate", burst = "tier.burst", period = 1 },
+            -- the design's descriptive 429: usage is in the RateLimit fields
+            on_refusal = { fields = { dashboard_url = DASHBOARD } },
             on_redis_failure = "tier.degraded",
         },
         {
