@@ -208,9 +208,14 @@ fn rule_kinds_and_identities_beyond_the_examples() {
     let shadow = format!(
         "(function() local p = {kinds}; p.shadow = true; p.key_prefix = \"sh\"; return p end)()"
     );
+    let untrusted = "dofile(GW .. \"/test/rules.lua\").untrusted";
     let gw = start(
         redis.port,
-        &[Front::Nginx(kinds.into()), Front::Nginx(shadow)],
+        &[
+            Front::Nginx(kinds.into()),
+            Front::Nginx(shadow),
+            Front::Nginx(untrusted.into()),
+        ],
         &[],
     )
     .expect("start");
@@ -302,6 +307,42 @@ fn rule_kinds_and_identities_beyond_the_examples() {
     let r = get(&a, &jittery, &user);
     assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 1);
     assert_eq!(r.must("Retry-After"), "30");
+
+    // X-Forwarded-For from a connection that is not a trusted proxy is
+    // ignored: both "addresses" are the connection's, one counter
+    let ubase = gw.url(2);
+    let ip = format!("{ubase}/v1/ip");
+    assert_eq!(
+        get(&a, &ip, &[("X-Forwarded-For", "203.0.113.1")]).status,
+        200
+    );
+    assert_eq!(
+        get(&a, &ip, &[("X-Forwarded-For", "203.0.113.2")]).status,
+        200
+    );
+    let r = get(&a, &ip, &[("X-Forwarded-For", "203.0.113.3")]);
+    assert_eq!(problem(&r, 429, "rate-limit-exceeded")["policy"], "per-ip");
+    // a verified JWT's claim as the scope; a forged one is no identity
+    let org = format!("{ubase}/v1/org");
+    let t1 = format!(
+        "Bearer {}",
+        jwt(json!({"sub": "u", "org": "o-1"}), JWT_SECRET)
+    );
+    let t2 = format!(
+        "Bearer {}",
+        jwt(json!({"sub": "u", "org": "o-2"}), JWT_SECRET)
+    );
+    let forged = format!("Bearer {}", jwt(json!({"sub": "u", "org": "o-1"}), "guess"));
+    assert_eq!(get(&a, &org, &[("Authorization", t1.as_str())]).status, 200);
+    problem(
+        &get(&a, &org, &[("Authorization", t1.as_str())]),
+        429,
+        "rate-limit-exceeded",
+    );
+    assert_eq!(get(&a, &org, &[("Authorization", t2.as_str())]).status, 200);
+    let r = get(&a, &org, &[("Authorization", forged.as_str())]);
+    assert_eq!(r.status, 200, "no verified claim: the rule does not apply");
+    assert!(r.header("RateLimit-Policy").is_none(), "{r:#?}");
 
     // shadow mode: the same rules decide and log, everything goes through
     let sbase = gw.url(1);

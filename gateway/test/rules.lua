@@ -33,6 +33,21 @@ M.kinds = {
     },
 }
 
+-- The client IP when the connection does not come from a trusted proxy:
+-- X-Forwarded-For is ignored (the tests connect from 127.0.0.1, which is
+-- not in 10.0.0.0/8); claims of a verified JWT as the scope.
+M.untrusted = {
+    redis = redis, key_prefix = "untrusted",
+    trusted_proxies = { "10.0.0.0/8" },
+    identity = { jwt = { secret_env = "RL_JWT_SECRET", claims = { user = "sub" } } },
+    rules = {
+        { name = "per-ip", match = { path = "/v1/ip" }, scope = { "ip" },
+          limiter = { kind = "window", mode = "exact", limit = 2, window = 60 } },
+        { name = "per-org", match = { path = "/v1/org" }, scope = { "claim:org" },
+          limiter = { kind = "window", mode = "exact", limit = 1, window = 60 } },
+    },
+}
+
 -- The load test: a bucket and an exact window per key, a daily quota and a
 -- lease per tenant, all on one route.
 M.mixed = {
