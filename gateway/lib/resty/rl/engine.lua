@@ -397,10 +397,17 @@ function Engine:access(req)
     end
     local ident, err = identity.resolve(conf, req)
     if not ident then
-        return self:redis_failed(req, state, err)
+        -- the identity store is away and nothing is cached: the caller is
+        -- unknown (not refused); the rules of its other attributes apply
+        metrics.redis_error(conf, err)
+        state.redis_error = err
+        ident = { attrs = {}, overrides = {}, store_failed = true,
+                  tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
+        ident.attrs.tier = conf.default_tier
     end
     state.ident, state.tier_name = ident, ident.attrs.tier
-    if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public) then
+    if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
+        and not ident.store_failed) then
         return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
             ident.revoked and "This API key is revoked." or "Send valid credentials.")
     end

@@ -80,15 +80,24 @@ function _M.resolve(v, ident)
     local root, field = ref.path[1], ref.path[2]
     local out
     if root == "tier" then
+        local own = dig(ident and ident.tier_data, ref.path)
         local over = ident and ident.overrides and ident.overrides.tenant
         out = over and #ref.path == 2 and tonumber(over[field])
-        if out == nil then
-            out = dig(ident and ident.tier_data, ref.path)
+        -- an override must be as usable as what it replaces: a number, and
+        -- at least 1 where the tier's own value is (a limit, a rate)
+        if out == nil or type(own) ~= "number" or own >= 1 and out < 1 then
+            out = own
         end
     else
         local over = ident and ident.overrides and ident.overrides[root]
         out = over and over[field]
-        out = tonumber(out) or out
+        local d = ref.default
+        if type(d) == "number" then
+            out = tonumber(out)
+            if out and d >= 1 and out < 1 then
+                out = nil
+            end
+        end
     end
     if out == nil then
         return ref.default
@@ -275,6 +284,11 @@ local function validate_rule(i, r, conf)
     r.scope = r.scope or { "key_id" }
     check_scope(where, r.scope)
     r.tag = r.tag or r.scope[1]
+    local tag_in_scope = false
+    for _, a in ipairs(r.scope) do
+        tag_in_scope = tag_in_scope or a == r.tag
+    end
+    check(tag_in_scope, "%s: tag %s must be one of the scope's attributes", where, tostring(r.tag))
     local l = r.limiter
     check(type(l) == "table" and _M.KINDS[l.kind],
         "%s: limiter.kind must be bucket, window, quota, lease or distinct", where)
