@@ -332,6 +332,9 @@ fn tiered_example_runs_every_rule_of_its_design() {
             .starts_with(r#""business-rate-degraded""#),
         "{r:#?}"
     );
+    // a key this gateway never saw cannot be looked up: unknown, not refused
+    let r = get(&a, &url, &[("X-Api-Key", "never-seen-key")]);
+    assert_eq!(r.status, 200, "{r:#?}");
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",
