@@ -27,7 +27,7 @@ const ASYNC: Duration = Duration::from_secs(10);
 fn policy_src(name: &str, limiter: &str, extra: &str) -> String {
     format!(
         r#"return {{
-    redis = {{ port = tonumber(os.getenv("RL_REDIS_PORT")), timeout_ms = 250 }},
+    redis = {{ port = tonumber(os.getenv("RL_REDIS_PORT")), timeout_ms = 1000 }},
     key_prefix = "reload",
     identity = {{ api_key = {{ keys = {{ ["k"] = {{ key_id = "k1", tenant = "t1", tier = "pro" }} }} }} }},
     tiers = {{ pro = {{ rate = 100 }} }},

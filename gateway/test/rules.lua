@@ -1,7 +1,7 @@
 -- Rule policies of the end-to-end tests (tests/gateway_rules.rs), by name.
 -- Redis comes from RL_REDIS_PORT, as in the shipped examples.
 local redis = { host = "127.0.0.1", port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
-                timeout_ms = 250 }
+                timeout_ms = 1000 }
 
 local M = {}
 
