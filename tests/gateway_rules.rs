@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Server;
-use gateway::{agent, get, poll, post, problem, ratelimit};
+use gateway::{agent, get, leases, poll, post, problem, ratelimit};
 use gateway_policy::{jwt, post_json, start, Front, JWT_SECRET};
 use serde_json::json;
 
@@ -439,5 +439,60 @@ fn a_load_mixing_rules_never_admits_more_than_each_bound() {
         100 - total,
         "refused requests spend nothing ({:?})",
         refused.lock().unwrap()
+    );
+}
+
+#[test]
+fn a_request_refused_by_the_tenant_rule_gives_back_what_the_key_rules_took() {
+    let redis = Server::start(&[]);
+    let gw = start(
+        redis.port,
+        &[Front::Nginx(
+            "dofile(GW .. \"/test/rules.lua\").compensated".into(),
+        )],
+        &[],
+    )
+    .expect("start");
+    let (a, url) = (agent(), format!("{}/v1/work", gw.url(0)));
+    let mut con = redis.client();
+    // what is left (COST 0 probes) of c1's bucket and window, the
+    // tenant's monthly quota and its bucket
+    let left = |con: &mut redis::Connection| {
+        [
+            "RL.TAKE comp:{key_id:c1}:key-bucket 10 1 3600 COST 0",
+            "RL.WINDOW comp:{key_id:c1}:key-window 10 3600 COST 0 EXACT",
+            "RL.QUOTA comp:{tenant:ct}:monthly 100 MONTH COST 0",
+            "RL.TAKE comp:{tenant:ct}:tenant-bucket 2 1 3600 COST 0",
+        ]
+        .map(|c| common::ints(con, c)[2])
+    };
+    assert_eq!(get(&a, &url, &[("X-Api-Key", "c-1")]).status, 200);
+    assert_eq!(get(&a, &url, &[("X-Api-Key", "c-2")]).status, 200);
+    assert_eq!(left(&mut con), [9, 9, 98, 0], "two requests admitted");
+    for _ in 0..3 {
+        let r = get(&a, &url, &[("X-Api-Key", "c-1")]);
+        let b = problem(&r, 429, "rate-limit-exceeded");
+        assert_eq!(b["policy"], "tenant-bucket", "{b}");
+        assert_eq!(
+            left(&mut con),
+            [9, 9, 98, 0],
+            "a refused request leaves the key's bucket and window and the monthly quota as they were"
+        );
+        assert_eq!(
+            leases(&mut con, "comp:{key_id:c1}:key-conc"),
+            0,
+            "its lease is given back before the answer"
+        );
+    }
+    assert!(
+        gw.nginx.lua_errors().is_empty(),
+        "{:?}",
+        gw.nginx.lua_errors()
+    );
+    let m = get(&a, &format!("{}/metrics", gw.url(0)), &[]);
+    assert!(
+        !m.body.contains("rl_gateway_redis_errors_total{"),
+        "the refunds are no Redis errors: {}",
+        m.body
     );
 }

@@ -67,4 +67,24 @@ M.mixed = {
     },
 }
 
+-- Rules of two scopes (two hash tags: two cluster slots): a request the
+-- tenant's bucket refuses gives back what the key's rules took.
+M.compensated = {
+    redis = redis, key_prefix = "comp",
+    identity = { required = true, api_key = { keys = {
+        ["c-1"] = { key_id = "c1", tenant = "ct" }, ["c-2"] = { key_id = "c2", tenant = "ct" } } } },
+    rules = {
+        { name = "key-bucket", scope = { "key_id" },
+          limiter = { kind = "bucket", rate = 1, burst = 10, period = 3600 } },
+        { name = "key-window", scope = { "key_id" },
+          limiter = { kind = "window", mode = "exact", limit = 10, window = 3600 } },
+        { name = "key-conc", scope = { "key_id" },
+          limiter = { kind = "lease", max = 1, ttl = 60, expected = 1 } },
+        { name = "monthly", scope = { "tenant" },
+          limiter = { kind = "quota", limit = 100, period = "MONTH" } },
+        { name = "tenant-bucket", scope = { "tenant" },
+          limiter = { kind = "bucket", rate = 1, burst = 2, period = 3600 } },
+    },
+}
+
 return M

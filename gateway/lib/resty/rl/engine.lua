@@ -5,9 +5,9 @@
 --   3. the edge deny cache: a rule key known to be boxed answers at once;
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
 --      RL.QUOTA, RL.LEASE ACQUIRE; a probe for rules that count failures),
---      run atomically by one script (resty.rl.store.rules: a request
---      refused by one rule spends nothing on the others), decoded by
---      resty.rl.limiters;
+--      pipelined (each command atomic on its own), decoded by
+--      resty.rl.limiters; when the request is refused, a second round
+--      trip gives back what the admitted rules took (resty.rl.limiters.compensate);
 --   5. the strictest outcome wins (a box without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
 --      answers (reject, quota, challenge) or marks the request (soft);
@@ -457,17 +457,7 @@ function Engine:access(req)
                 limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
                 window = e.params.window or e.params.period } }
         else
-            local args = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
-            local mode = e.params.kind == "lease" and "l" or e.probe and "p"
-                or e.params.delay and "a" or "c"
-            local cost_index = 0
-            for j, a in ipairs(args) do
-                if a == "COST" then
-                    cost_index = j + 1
-                    break
-                end
-            end
-            cmds[#cmds + 1] = { mode = mode, cost_index = cost_index, args = args }
+            cmds[#cmds + 1] = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
             sent[#sent + 1] = e
             if e.params.kind == "lease" then
                 -- recorded before the call: a timed-out ACQUIRE may have been granted
@@ -476,21 +466,23 @@ function Engine:access(req)
         end
     end
     local res
-    res, err = store.rules(conf, cmds)
+    res, err = store.pipeline(conf, cmds)
     if not res then
         return self:redis_failed(req, state, err)
     end
-    local record = {}
+    local bad
     for i, e in ipairs(sent) do
-        if res[i] == 0 then
-            -- a lease not attempted: another rule refused the request
-            e.outcome = { state = "skipped" }
-        else
-            e.outcome, err = limiters.KINDS[e.params.kind].outcome(e, res[i])
-        end
-        if not e.outcome then
-            return self:redis_failed(req, state, err)
-        end
+        local oerr
+        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        bad = bad or oerr
+    end
+    if bad then
+        -- an error reply (a slot moved, ...): the others give back their charge
+        limiters.compensate(conf, state, sent)
+        return self:redis_failed(req, state, bad)
+    end
+    local record = {}
+    for _, e in ipairs(sent) do
         if e.probe and e.outcome.state == "refused" and e.params.strikes then
             -- no failure left: this attempt counts as one, which trips the box
             record[#record + 1] = e
@@ -530,6 +522,7 @@ function Engine:access(req)
             state.headers[k] = v
         end
     elseif win then
+        limiters.compensate(conf, state, sent)
         return self:refuse_with(req, state, win)
     end
     state.admitted = true

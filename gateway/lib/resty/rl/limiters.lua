@@ -5,6 +5,13 @@
 -- command, policies and outcome, and its option validation in
 -- resty.rl.rules (KINDS).
 --
+-- A kind's command(e, cost, record, request_id, refund): the command
+-- charging `cost` (record: a failure recorded after the response, with
+-- its strikes), or with `refund` the one giving `cost` points back to
+-- every bucket of the rule (`REFUND`, no penalty options): the
+-- compensation of a request another rule refused. A lease has no refund
+-- (it is released).
+--
 -- An entry `e` (built by resty.rl.engine for one rule and one request):
 --   e.rule, e.params (the limiter's options resolved for the caller),
 --   e.key, e.also_keys, e.cost, e.name and e.also_names (policy names),
@@ -14,6 +21,7 @@
 --   {name, limit, remaining, reset_ms, window}}.
 
 local store = require "resty.rl.store"
+local metrics = require "resty.rl.metrics"
 
 local _M = {}
 
@@ -155,10 +163,14 @@ end
 
 _M.KINDS = {
     bucket = {
-        command = function(e, cost)
+        command = function(e, cost, _record, _request_id, refund)
             local p = e.params
-            local args = { "RL.TAKE", e.key, p.burst, p.rate, p.period, "COST", cost }
+            local args = { "RL.TAKE", e.key, p.burst, p.rate, p.period,
+                           refund and "REFUND" or "COST", cost }
             also(args, e, { "burst", "rate", "period" })
+            if refund then
+                return args
+            end
             penalty(args, p, e.probe)
             if p.delay then
                 args[#args + 1] = "DELAY"
@@ -170,14 +182,17 @@ _M.KINDS = {
         outcome = rate_outcome,
     },
     window = {
-        command = function(e, cost, record)
+        command = function(e, cost, record, _request_id, refund)
             local p = e.params
-            local args = { "RL.WINDOW", e.key, p.limit, p.window, "COST", cost }
+            local args = { "RL.WINDOW", e.key, p.limit, p.window, refund and "REFUND" or "COST", cost }
             also(args, e, { "limit", "window" })
             if p.mode == "exact" then
                 args[#args + 1] = "EXACT"
             elseif p.mode == "fixed" then
                 args[#args + 1] = "FIXED"
+            end
+            if refund then
+                return args
             end
             return penalty(args, p, e.probe and not record)
         end,
@@ -185,10 +200,13 @@ _M.KINDS = {
         outcome = rate_outcome,
     },
     quota = {
-        command = function(e, cost)
+        command = function(e, cost, _record, _request_id, refund)
             local p = e.params
-            local args = { "RL.QUOTA", e.key, p.limit, p.period, "COST", cost }
+            local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
             also(args, e, { "limit", "period" })
+            if refund then
+                return args
+            end
             return penalty(args, p, e.probe)
         end,
         policies = rate_policies,
@@ -223,5 +241,48 @@ _M.KINDS = {
         end,
     },
 }
+
+--- A request refused (or a reply unusable) after every rule's command
+--- ran: gives back what the admitted rules of `sent` took, in a second
+--- pipelined round trip (only refused requests pay it): REFUND of their
+--- cost for buckets, windows and quotas (never above full), RL.LEASE
+--- RELEASE for the leases granted. The rules that refused keep their
+--- charge (their strikes and boxes count). Not atomic with the first
+--- round trip: in between, a concurrent request may see these points
+--- spent (it can be refused, never admitted beyond a bound). A failed
+--- round trip is counted as a Redis error; its leases are released
+--- again after the response.
+function _M.compensate(conf, state, sent)
+    local cmds, released = {}, {}
+    for _, e in ipairs(sent) do
+        local o = e.outcome
+        if o and (o.state == "allowed" or o.state == "delayed") then
+            if e.params.kind == "lease" then
+                cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", e.key, state.request_id }
+                released[e.key] = true
+            elseif not e.probe and e.cost > 0 then
+                cmds[#cmds + 1] = _M.KINDS[e.params.kind].command(e, e.cost, false, nil, true)
+            end
+        end
+    end
+    local res, err = store.pipeline(conf, cmds)
+    for _, r in ipairs(res or {}) do
+        if type(r) == "table" and r[1] == false then
+            res, err = nil, r[2]
+        end
+    end
+    if not res then
+        metrics.redis_error(conf, err)
+        state.redis_error = "refund: " .. tostring(err)
+        return
+    end
+    local kept = {}
+    for _, l in ipairs(state.leases) do
+        if not released[l.key] then
+            kept[#kept + 1] = l
+        end
+    end
+    state.leases = kept
+end
 
 return _M
