@@ -114,6 +114,7 @@ pub fn http_common() -> String {
     lua_package_path "{gw}/lib/?.lua;{gw}/kong/?.lua;{gw}/test/?.lua;/usr/share/lua/5.1/?.lua;;";
     lua_shared_dict rl_metrics 1m;
     lua_shared_dict rl_deny 1m;
+    lua_shared_dict rl_redis 1m;
     lua_socket_log_errors off;
 "#
     )

@@ -22,6 +22,19 @@ _M.defaults = {
         timeout_ms = 20,
         pool_size = 64,
         keepalive_ms = 60000,
+        -- single (host, port) | cluster (nodes: seeds "host:port"; the
+        -- slot map in the lua_shared_dict `dict`) | sentinel (sentinels:
+        -- "host:port" list; the primary named master_name)
+        mode = "single",
+        nodes = nil,
+        sentinels = nil,
+        master_name = "mymaster",
+        sentinel_password = nil,
+        dict = "rl_redis",
+        -- cluster: at most one slot map refresh per nginx node this often;
+        -- sentinel: the primary's address asked again this often (and at
+        -- once after a connection error or a READONLY reply)
+        refresh_ms = 1000,
     },
     -- Every Redis key starts with this prefix, then a hash tag per tenant.
     key_prefix = "rl",
@@ -277,7 +290,38 @@ local function validate_route(i, r, tiers)
 end
 
 -- The general options every configuration shares (Redis, fallback, ...).
+-- A list of "host:port" strings.
+local function addr_list(v)
+    if type(v) ~= "table" or #v == 0 then
+        return false
+    end
+    for _, a in ipairs(v) do
+        if type(a) ~= "string" or not a:match("^[^:]+:%d+$") then
+            return false
+        end
+    end
+    return true
+end
+
 local function validate_general(conf)
+    local r = conf.redis
+    check(r.mode == "single" or r.mode == "cluster" or r.mode == "sentinel",
+        "redis.mode must be single, cluster or sentinel")
+    if r.mode == "cluster" then
+        r.nodes = r.nodes or { r.host .. ":" .. r.port }
+        check(addr_list(r.nodes), "redis.nodes must be a list of \"host:port\" (cluster seeds)")
+        check(r.database == nil or r.database == 0, "redis.database: a cluster has only database 0")
+        r.database = nil
+        check(type(r.dict) == "string" and ngx.shared[r.dict] ~= nil,
+            "redis.dict: lua_shared_dict %s (the cluster's slot map) is not declared", tostring(r.dict))
+    elseif r.mode == "sentinel" then
+        check(addr_list(r.sentinels), "redis.sentinels must be a list of \"host:port\"")
+        check(type(r.master_name) == "string" and r.master_name ~= "",
+            "redis.master_name must be a string")
+    end
+    check(type(r.refresh_ms) == "number" and r.refresh_ms > 0, "redis.refresh_ms must be > 0")
+    -- the cluster's redirection counters go where the other counters go
+    r.metrics_dict = conf.metrics_dict
     check(positive_int(conf.redis.port), "redis.port must be an integer")
     check(type(conf.redis.timeout_ms) == "number" and conf.redis.timeout_ms > 0,
         "redis.timeout_ms must be > 0")

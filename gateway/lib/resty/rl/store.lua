@@ -1,90 +1,33 @@
 -- resty.rl.store: the rl commands over lua-resty-redis.
 --
--- Each function opens (or reuses, from the cosocket pool) one connection
--- with the configured time budget on connect, send and read, runs its
--- command(s) and returns the connection to the pool. Any error, a timeout
--- included, returns nil and a message, and the connection is closed (a
--- half-read reply must never go back into the pool).
+-- Every call goes through resty.rl.redis (the mode: single, sentinel,
+-- cluster; pooling and the time budget of one call). Any error, a timeout
+-- included, returns nil and a message.
 
-local ok_resty, redis = pcall(require, "resty.redis")
-if not ok_resty then
-    -- Debian's lua-nginx-redis ships lua-resty-redis as nginx.redis
-    redis = require "nginx.redis"
-end
+local transport = require "resty.rl.redis"
 
 local _M = {}
 
 local null = ngx.null
 
-local function connect(rconf)
-    local red, err = redis:new()
-    if not red then
-        return nil, err
-    end
-    red:set_timeout(rconf.timeout_ms)
-    local ok
-    ok, err = red:connect(rconf.host, rconf.port, {
-        pool = "rl:" .. rconf.host .. ":" .. rconf.port .. ":" .. (rconf.database or 0),
-        pool_size = rconf.pool_size,
-    })
-    if not ok then
-        return nil, "connect: " .. tostring(err)
-    end
-    if red:get_reused_times() == 0 then
-        if rconf.password then
-            ok, err = red:auth(rconf.password)
-            if not ok then
-                red:close()
-                return nil, "auth: " .. tostring(err)
-            end
-        end
-        if rconf.database then
-            ok, err = red:select(rconf.database)
-            if not ok then
-                red:close()
-                return nil, "select: " .. tostring(err)
-            end
-        end
-    end
-    return red
+-- The commands `cmds` over the configured Redis (resty.rl.redis: single,
+-- sentinel or cluster), in one round trip per node.
+local function run(conf, cmds)
+    return transport.run(conf.redis, cmds)
 end
 
-local function done(red, rconf)
-    local ok = red:set_keepalive(rconf.keepalive_ms, rconf.pool_size)
-    if not ok then
-        red:close()
-    end
-end
-
--- Runs `fn(red)` on a pooled connection within the time budget: what
--- the connection took is deducted from the budget of the command (so a
--- call takes about timeout_ms at most, not one per socket operation).
--- Returns what fn returns, or nil and an error (the connection is then
--- closed).
-local function with_redis(rconf, fn)
-    -- ngx.now() is the time the event loop last woke up: refresh it, or
-    -- the budget would start in the past
-    ngx.update_time()
-    local deadline = ngx.now() * 1000 + rconf.timeout_ms
-    local red, err = connect(rconf)
-    if not red then
+-- The reply of a one-command call, or nil and an error (an error reply
+-- included).
+local function one(conf, cmd)
+    local res, err = run(conf, { cmd })
+    if not res then
         return nil, err
     end
-    -- ngx.now() is refreshed by the event loop after a yield (a new connect)
-    local left = deadline - ngx.now() * 1000
-    if left < 1 then
-        red:close()
-        return nil, "timeout (connect used the budget)"
+    local r = res[1]
+    if type(r) == "table" and r[1] == false then
+        return nil, tostring(r[2])
     end
-    red:set_timeout(left)
-    local res
-    res, err = fn(red)
-    if res == nil then
-        red:close()
-        return nil, err
-    end
-    done(red, rconf)
-    return res
+    return r
 end
 
 --- The one decoder of the module's 8-integer limiter reply (RL.TAKE,
@@ -149,16 +92,14 @@ end
 --- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
 --- and boxes. Returns the decoded reply (see decode) or nil and an error.
 function _M.take(conf, key, tenant_key, tier, cost)
-    return with_redis(conf.redis, function(red)
-        local s = tier.strikes
-        return limiter_reply(red["RL.TAKE"](red,
-            key, tier.key.burst, tier.key.rate, tier.period,
-            "COST", cost,
-            "ALSO", tenant_key, tier.tenant.burst, tier.tenant.rate, tier.period,
-            "STRIKES", s.threshold, s.window,
-            "BOX", tier.box[1], tier.box[2], tier.box[3],
-            "OFFENSES", tier.offenses_ttl))
-    end)
+    local s = tier.strikes
+    return limiter_reply(one(conf, { "RL.TAKE",
+        key, tier.key.burst, tier.key.rate, tier.period,
+        "COST", cost,
+        "ALSO", tenant_key, tier.tenant.burst, tier.tenant.rate, tier.period,
+        "STRIKES", s.threshold, s.window,
+        "BOX", tier.box[1], tier.box[2], tier.box[3],
+        "OFFENSES", tier.offenses_ttl }))
 end
 
 -- The arguments of RL.WINDOW for one failed-login counter.
@@ -175,79 +116,62 @@ end
 --- recorded, the failure that does not fit trips the box). Returns the
 --- list of decoded replies (see decode), or nil and an error.
 function _M.auth_windows(conf, pairs_, cost)
-    return with_redis(conf.redis, function(red)
-        red:init_pipeline(#pairs_)
-        for _, p in ipairs(pairs_) do
-            red["RL.WINDOW"](red, unpack(window_args(p[1], p[2], conf.auth.box, cost)))
+    local cmds = {}
+    for i, p in ipairs(pairs_) do
+        cmds[i] = { "RL.WINDOW", unpack(window_args(p[1], p[2], conf.auth.box, cost)) }
+    end
+    local res, err = run(conf, cmds)
+    if not res then
+        return nil, err
+    end
+    local out = {}
+    for i = 1, #pairs_ do
+        local r = res[i]
+        out[i] = _M.decode(r)
+        if not out[i] then
+            -- an error reply comes back as {false, "ERR ..."}
+            return nil, "RL.WINDOW: " .. tostring(type(r) == "table" and r[2] or r)
         end
-        local res, err = red:commit_pipeline()
-        if not res then
-            return nil, err
-        end
-        local out = {}
-        for i = 1, #pairs_ do
-            local r = res[i]
-            out[i] = _M.decode(r)
-            if not out[i] then
-                -- an error reply comes back as {false, "ERR ..."}
-                return nil, "RL.WINDOW: " .. tostring(type(r) == "table" and r[2] or r)
-            end
-        end
-        return out
-    end)
+    end
+    return out
 end
 
 --- RL.LEASE ACQUIRE with `id` (the request id: new on every request) as
 --- the lease id, so that the release names exactly this request's lease.
 --- Returns {granted (bool), retry_after_ms} or nil and an error.
 function _M.acquire(conf, key, max, ttl, id)
-    return with_redis(conf.redis, function(red)
-        local res, err = red["RL.LEASE"](red, "ACQUIRE", key, max, ttl, "ID", id)
-        if not res then
-            return nil, err
-        end
-        local d = _M.decode_lease(res)
-        if not d then
-            return nil, "unexpected reply"
-        end
-        return d
-    end)
+    local res, err = one(conf, { "RL.LEASE", "ACQUIRE", key, max, ttl, "ID", id })
+    if not res then
+        return nil, err
+    end
+    local d = _M.decode_lease(res)
+    if not d then
+        return nil, "unexpected reply"
+    end
+    return d
 end
 
 --- Sends `cmds` (each a list: command name, then its arguments) in one
---- pipeline, one round trip. Returns the list of raw replies (an error
---- reply of one command is {false, "ERR ..."} in its place), or nil and an
---- error when the round trip itself failed.
+--- pipelined round trip (per cluster node). Returns the list of raw
+--- replies (an error reply of one command, in cluster mode an unreachable
+--- node's too, is {false, "ERR ..."} in its place), or nil and an error
+--- when no reply came.
 function _M.pipeline(conf, cmds)
-    if #cmds == 0 then
-        return {}
-    end
-    return with_redis(conf.redis, function(red)
-        red:init_pipeline(#cmds)
-        for _, c in ipairs(cmds) do
-            red[c[1]](red, unpack(c, 2))
-        end
-        return red:commit_pipeline()
-    end)
+    return run(conf, cmds)
 end
 
 --- RL.LEASE RELEASE of each {key, id} in `leases`, pipelined. Returns
 --- true or nil and an error.
 function _M.release(conf, leases)
-    if #leases == 0 then
-        return true
+    local cmds = {}
+    for i, l in ipairs(leases) do
+        cmds[i] = { "RL.LEASE", "RELEASE", l.key, l.id }
     end
-    return with_redis(conf.redis, function(red)
-        red:init_pipeline(#leases)
-        for _, l in ipairs(leases) do
-            red["RL.LEASE"](red, "RELEASE", l.key, l.id)
-        end
-        local res, err = red:commit_pipeline()
-        if not res then
-            return nil, err
-        end
-        return true
-    end)
+    local res, err = run(conf, cmds)
+    if not res then
+        return nil, err
+    end
+    return true
 end
 
 return _M
