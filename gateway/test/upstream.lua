@@ -14,6 +14,25 @@ function _M.serve()
     if hold then
         ngx.sleep(math.min(hold, 10))
     end
+    if ngx.var.uri == "/keyslot" then
+        -- the gateway's hash slots of a JSON array of keys (tests/gateway_cluster.rs)
+        ngx.req.read_body()
+        local body = ngx.req.get_body_data()
+        if not body then
+            local f = io.open(ngx.req.get_body_file() or "", "rb")
+            body = f and f:read("*a")
+            if f then
+                f:close()
+            end
+        end
+        local keys = cjson.decode(body or "[]") or {}
+        local slots = {}
+        for i, k in ipairs(keys) do
+            slots[i] = require("resty.rl.cluster").keyslot(k)
+        end
+        ngx.say(cjson.encode(slots))
+        return
+    end
     if ngx.var.uri == "/v1/auth/token" then
         ngx.req.read_body()
         local form = ngx.req.get_post_args() or {}
