@@ -64,6 +64,7 @@ test: deps
 test-gateway: deps build
 	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_kong \
 		--test gateway_rules --test gateway_examples --test gateway_ledger \
+		--test gateway_cluster --test gateway_sentinel \
 		-- --test-threads=$(TEST_THREADS)
 
 # Prints the figures of the last run (make test or make reliability).

@@ -10,90 +10,38 @@
 mod common;
 #[path = "common/gateway.rs"]
 mod gateway;
+#[path = "common/gateway_ha.rs"]
+mod gateway_ha;
 #[path = "common/gateway_policy.rs"]
 mod gateway_policy;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Cluster, Flavor, Server};
 use gateway::{agent, get};
-use gateway_policy::{post_json, start, Front, PolicyGateway};
-
-/// Longest wait for the gateway to follow a failover.
-const FOLLOW: Duration = Duration::from_secs(30);
-
-/// Burst of every key's bucket (refill 1 an hour: admissions are exact).
-const BURST: usize = 5;
-
-/// The rule policy over the cluster seeds `nodes`: a bucket per key
-/// (header X-Key), a daily quota per tenant (header X-Tenant), a bucket
-/// with strikes and boxes for the keys of /v1/boxed; fail closed (a
-/// Redis failure answers 503, never an admission).
-fn policy(nodes: &[String]) -> Front {
-    let seeds: Vec<String> = nodes.iter().map(|n| format!("\"{n}\"")).collect();
-    Front::Nginx(format!(
-        r#"{{
-    redis = {{ mode = "cluster", nodes = {{ {} }}, timeout_ms = 1000, refresh_ms = 200 }},
-    key_prefix = "cl",
-    identity = {{ required = false }},
-    rules = {{
-        {{ name = "key-bucket", scope = {{ "header:X-Key" }}, on_redis_failure = "closed",
-          limiter = {{ kind = "bucket", rate = 1, burst = {BURST}, period = 3600 }} }},
-        {{ name = "tenant-day", scope = {{ "header:X-Tenant" }}, on_redis_failure = "closed",
-          limiter = {{ kind = "quota", limit = 100000, period = "DAY" }} }},
-        {{ name = "boxing", match = {{ path = "/v1/boxed" }}, scope = {{ "header:X-Box" }},
-          on_redis_failure = "closed",
-          limiter = {{ kind = "bucket", rate = 1, burst = 1, period = 3600,
-                      strikes = {{ threshold = 1, window = 3600 }}, box = {{ 3600, 3600, 3600 }} }} }},
-    }},
-}}"#,
-        seeds.join(", ")
-    ))
-}
-
-/// The Redis key of a key's bucket.
-fn bucket_key(k: &str) -> String {
-    format!("cl:{{header:X-Key:{k}}}:key-bucket")
-}
-
-/// One request for key `k` of tenant `t`: its status.
-fn ask(a: &ureq::Agent, gw: &PolicyGateway, k: &str, t: &str) -> u16 {
-    get(
-        a,
-        &format!("{}/v1/work", gw.url(0)),
-        &[("X-Key", k), ("X-Tenant", t)],
-    )
-    .status
-}
-
-/// A counter of the gateway's /metrics (0 when absent).
-fn metric(gw: &PolicyGateway, line_start: &str) -> u64 {
-    let m = get(&agent(), &format!("{}/metrics", gw.url(0)), &[]);
-    m.body
-        .lines()
-        .find(|l| l.starts_with(line_start))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
+use gateway_ha::{
+    ask, ask_boxed, box_key, box_probe, bucket_key, bucket_probe, metric, policy, until_followed,
+    wait_synced, BURST, FOLLOW,
+};
+use gateway_policy::{post_json, start, Front};
 
 /// What a bucket has left (RL.TAKE COST 0 on the primary that owns it).
 fn bucket_left(cluster: &Cluster, k: &str) -> i64 {
-    let key = bucket_key(k);
-    let mut con = cluster.master_for_key(key.as_bytes()).client();
-    common::ints(&mut con, &format!("RL.TAKE {key} {BURST} 1 3600 COST 0"))[2]
+    let mut con = cluster.master_for_key(bucket_key(k).as_bytes()).client();
+    common::ints(&mut con, &bucket_probe(k))[2]
 }
 
-/// The cluster seeds as "127.0.0.1:port".
-fn seeds(cluster: &Cluster) -> Vec<String> {
-    cluster
+/// The policy's `redis` fields: cluster mode, every node a seed.
+fn cluster_redis(cluster: &Cluster) -> String {
+    let seeds: Vec<String> = cluster
         .nodes
         .iter()
-        .map(|n| format!("127.0.0.1:{}", n.port))
-        .collect()
+        .map(|n| format!("\"127.0.0.1:{}\"", n.port))
+        .collect();
+    format!("mode = \"cluster\", nodes = {{ {} }}", seeds.join(", "))
 }
 
 /// Keys whose buckets land on every primary, `per` per primary.
@@ -187,7 +135,12 @@ fn the_gateways_crc16_is_redis_keyslot() {
 #[test]
 fn a_cluster_serves_every_primary_and_a_migrating_slot_under_load() {
     let cluster = Cluster::launch(Flavor::Module, 3, 1, &[]);
-    let gw = start(cluster.nodes[0].port, &[policy(&seeds(&cluster))], &[]).expect("start");
+    let gw = start(
+        cluster.nodes[0].port,
+        &[policy(&cluster_redis(&cluster))],
+        &[],
+    )
+    .expect("start");
     let a = agent();
     // keys on every primary: each admits exactly its burst
     let keys = keys_on_every_primary(&cluster, 2);
@@ -329,54 +282,23 @@ fn a_cluster_serves_every_primary_and_a_migrating_slot_under_load() {
     );
 }
 
-/// Waits (bounded) until `replica` has every write of `primary`.
-fn wait_synced(primary: &Server, replica: &Server) {
-    common::wait_until(Duration::from_secs(10), "replica synced", || {
-        let p = primary.info_get("replication", "master_repl_offset");
-        let r = replica.info_get("replication", "slave_repl_offset");
-        p.is_some() && p == r
-    });
-}
-
-/// Requests for `k` until one is answered by Redis again (not 503),
-/// bounded by FOLLOW; returns every status seen.
-fn until_followed(a: &ureq::Agent, gw: &PolicyGateway, k: &str) -> Vec<u16> {
-    let t0 = Instant::now();
-    let mut seen = Vec::new();
-    while t0.elapsed() < FOLLOW {
-        let s = ask(a, gw, k, "t3");
-        seen.push(s);
-        if s != 503 {
-            return seen;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the gateway did not follow within {FOLLOW:?}: {seen:?}");
-}
-
 #[test]
 fn a_cluster_failover_and_a_killed_primary_are_followed() {
     let cluster = Cluster::launch(Flavor::Module, 3, 1, &["--cluster-node-timeout", "1500"]);
-    let gw = start(cluster.nodes[0].port, &[policy(&seeds(&cluster))], &[]).expect("start");
+    let gw = start(
+        cluster.nodes[0].port,
+        &[policy(&cluster_redis(&cluster))],
+        &[],
+    )
+    .expect("start");
     let a = agent();
     let k = "f1";
-    let boxed = |a: &ureq::Agent| {
-        get(
-            a,
-            &format!("{}/v1/boxed", gw.url(0)),
-            &[("X-Box", "b1"), ("X-Key", "bk"), ("X-Tenant", "t3")],
-        )
-    };
     assert_eq!(ask(&a, &gw, k, "t3"), 200);
     // the box: one admitted, the refusal trips a one-hour box
-    assert_eq!(boxed(&a).status, 200);
-    assert_eq!(boxed(&a).status, 429);
-    let box_key = "cl:{header:X-Box:b1}:boxing";
-    let box_state = |c: &Cluster| {
-        let mut con = c.master_for_key(box_key.as_bytes()).client();
-        common::ints(&mut con, &format!("RL.TAKE {box_key} 1 1 3600 COST 0"))[0]
-    };
-    assert_eq!(box_state(&cluster), -1, "boxed");
+    assert_eq!(ask_boxed(&a, &gw, "b1"), 200);
+    assert_eq!(ask_boxed(&a, &gw, "b1"), 429);
+    let mut con = cluster.master_for_key(box_key("b1").as_bytes()).client();
+    assert_eq!(common::ints(&mut con, &box_probe("b1"))[0], -1, "boxed");
     let mut admitted = 1;
 
     // CLUSTER FAILOVER on the replica of k's primary: coordinated, no write lost
@@ -424,19 +346,12 @@ fn a_cluster_failover_and_a_killed_primary_are_followed() {
         admitted, BURST,
         "exactly the burst admitted across two failovers"
     );
-    let mut con = cluster.node(old).client();
-    let key = bucket_key(k);
-    assert_eq!(
-        common::ints(&mut con, &format!("RL.TAKE {key} {BURST} 1 3600 COST 0"))[2],
-        0
-    );
+    let mut con = live_master_for(&cluster, &bucket_key(k), replica_port);
+    assert_eq!(common::ints(&mut con, &bucket_probe(k))[2], 0);
     // the box survived both failovers
-    let mut con = live_master_for(&cluster, box_key, replica_port);
-    assert_eq!(
-        common::ints(&mut con, &format!("RL.TAKE {box_key} 1 1 3600 COST 0"))[0],
-        -1
-    );
-    assert_eq!(boxed(&a).status, 429, "still boxed");
+    let mut con = live_master_for(&cluster, &box_key("b1"), replica_port);
+    assert_eq!(common::ints(&mut con, &box_probe("b1"))[0], -1);
+    assert_eq!(ask_boxed(&a, &gw, "b1"), 429, "still boxed");
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",
