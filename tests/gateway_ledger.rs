@@ -7,6 +7,8 @@
 mod common;
 #[path = "common/gateway.rs"]
 mod gateway;
+#[path = "common/gateway_dates.rs"]
+mod gateway_dates;
 #[path = "common/gateway_policy.rs"]
 mod gateway_policy;
 
@@ -305,7 +307,7 @@ fn ledger_example_runs_every_rule_of_its_design() {
     let r = until_boxed(&a, &url, ("X-Api-Key", "ent-key"), 120);
     let b = problem(&r, 429, "penalty-box-active");
     assert_eq!(b["penalty_level"], 3);
-    let until = gateway::http_date(r.must("Retry-After")).expect("an HTTP-date for 1 hour");
+    let until = gateway_dates::http_date(r.must("Retry-After")).expect("an HTTP-date for 1 hour");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
