@@ -82,6 +82,27 @@ fn bad_policies_are_refused_at_start_and_at_reload_with_the_field_named() {
             r#"body = { format = "xml" },"#,
             "body.format must be problem",
         ),
+        // the Redis modes (a later `redis` field replaces the first)
+        (
+            GOOD.into(),
+            r#"redis = { mode = "ring" },"#,
+            "redis.mode must be single, cluster or sentinel",
+        ),
+        (
+            GOOD.into(),
+            r#"redis = { mode = "cluster", nodes = { "no-port" } },"#,
+            "redis.nodes must be a list of \"host:port\"",
+        ),
+        (
+            GOOD.into(),
+            r#"redis = { mode = "cluster", nodes = { "127.0.0.1:7000" }, dict = "nope" },"#,
+            "lua_shared_dict nope (the cluster's slot map) is not declared",
+        ),
+        (
+            GOOD.into(),
+            r#"redis = { mode = "sentinel" },"#,
+            "redis.sentinels must be a list of \"host:port\"",
+        ),
     ];
     for (i, (limiter, extra, want)) in cases.iter().enumerate() {
         let mut src = policy_src("alpha", limiter, extra);
