@@ -193,24 +193,25 @@ local function fetch_from(rconf, addr, deadline)
 end
 
 --- Fetches the map from the first node that answers (the current map's
---- nodes, then the seeds) and stores it in the dict, under a new version.
---- Returns true, or nil and an error.
+--- nodes, then the seeds, each list from a random place: a node that
+--- hangs is not always asked first) and stores it in the dict, under a
+--- new version. Each node asked has the whole time budget. Returns true,
+--- or nil and an error.
 function _M.refresh(rconf)
     local d, ns = dict_of(rconf)
-    local deadline = transport.deadline(rconf)
     local tried, errs = {}, {}
     local m = current(rconf)
     local candidates = {}
-    for _, a in ipairs(m and m.nodes or {}) do
-        candidates[#candidates + 1] = a
-    end
-    for _, a in ipairs(rconf.nodes) do
-        candidates[#candidates + 1] = a
+    for _, list in ipairs({ m and m.nodes or {}, rconf.nodes }) do
+        local from = #list > 0 and math.random(#list) or 1
+        for i = 0, #list - 1 do
+            candidates[#candidates + 1] = list[(from - 1 + i) % #list + 1]
+        end
     end
     for _, addr in ipairs(candidates) do
         if not tried[addr] then
             tried[addr] = true
-            local ranges, err = fetch_from(rconf, addr, deadline)
+            local ranges, err = fetch_from(rconf, addr, transport.deadline(rconf))
             if ranges then
                 local lines = {}
                 for i, r in ipairs(ranges) do
