@@ -18,7 +18,7 @@ mod gateway_policy;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Cluster, Flavor, Server};
 use gateway::{agent, get};
@@ -32,6 +32,17 @@ use gateway_policy::{post_json, start};
 fn bucket_left(cluster: &Cluster, k: &str) -> i64 {
     let mut con = cluster.master_for_key(bucket_key(k).as_bytes()).client();
     common::ints(&mut con, &bucket_probe(k))[2]
+}
+
+/// How many `CLUSTER SHARDS` a node has answered (INFO commandstats).
+fn shards_calls(node: &Server) -> u64 {
+    node.info("commandstats")
+        .lines()
+        .find(|l| l.starts_with("cmdstat_cluster|shards:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The policy's `redis` fields: cluster mode, every node a seed.
@@ -139,6 +150,7 @@ fn a_cluster_serves_every_primary_and_a_migrating_slot_under_load() {
         &[],
     )
     .expect("start");
+    let started = Instant::now();
     let a = agent();
     // keys on every primary: each admits exactly its burst
     let keys = keys_on_every_primary(&cluster, 2);
@@ -272,6 +284,15 @@ fn a_cluster_serves_every_primary_and_a_migrating_slot_under_load() {
         bucket_left(&cluster, moving),
         0,
         "the moved bucket kept its count"
+    );
+    // no thundering herd: the MOVED storm of 4 threads and 2 workers cost
+    // at most one map refresh per refresh_ms (200) per nginx, plus slack
+    let refreshes: u64 = cluster.nodes.iter().map(shards_calls).sum();
+    let bound = started.elapsed().as_millis() as u64 / 200 + 3;
+    assert!(
+        (1..=bound).contains(&refreshes),
+        "{refreshes} CLUSTER SHARDS calls in {:?} (bound {bound})",
+        started.elapsed()
     );
     assert!(
         gw.nginx.lua_errors().is_empty(),
