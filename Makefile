@@ -2,8 +2,11 @@
 #
 #   make run    install deps, build the module, run redis-server with it on 6379
 #   make test   install deps, then fmt + clippy + release build + all tests
+#               on redis-server, then the integration tests again on Valkey
+#   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
+#   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -17,10 +20,27 @@ TEST_THREADS ?= 2
 # The reliability tests (tests/reliability_*.rs) append one
 # `property | how tested | figure` line each to this file.
 FIGURES      := $(CURDIR)/target/reliability-figures.txt
+FIGURES_VALKEY := $(CURDIR)/target/reliability-figures-valkey.txt
+# cargo's output of the two runs; the summary line sums both.
+TEST_LOG     := $(CURDIR)/target/test-output.log
+TEST_LOG_VALKEY := $(CURDIR)/target/test-output-valkey.log
+# Where .ci/get-valkey (called by .ci/deps) puts valkey-server/valkey-cli.
+VALKEY_DIR   ?= $(HOME)/.cache/rl/valkey-8.1.8
+export VALKEY_DIR
+# Every test binary of tests/ starts servers: the run on Valkey is these,
+# without the crate's unit tests, proptests and doc-tests.
+INTEGRATION_TESTS := $(patsubst tests/%.rs,--test %,$(wildcard tests/*.rs))
+# Prints "tests: N passed, N failed, N skipped" summed over cargo's
+# "test result:" lines of the logs given as arguments.
+SUMMARY      = awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
+		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }'
+
+# sdk/test.sh writes one cargo-style "test result:" line per SDK here.
+SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-gateway bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -39,23 +59,62 @@ run: deps build
 
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
-# they load is the one just built, with Redis' allocator. The last line sums
-# up every test binary (cargo's own last line is the doc-tests' count).
+# they load is the one just built, with Redis' allocator. Then the
+# integration tests run again on Valkey (valkey-integration), then the SDKs'
+# tests (sdk/test.sh). The last line sums up every test binary of both runs
+# (cargo's own last line is the doc-tests' count) and both SDKs' counts,
+# after the wall time of each run; the exit status is the first failure of
+# the three.
 test: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
-	@rm -f $(FIGURES)
+	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS)
 	@set -o pipefail; \
+	started=$$SECONDS; \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
-		-- --test-threads=$(TEST_THREADS) 2>&1 | tee target/test-output.log; \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG); \
 	rc=$$?; \
+	redis_s=$$((SECONDS - started)); \
+	$(MAKE) --no-print-directory valkey-integration; \
+	valkey_rc=$$?; \
+	valkey_s=$$((SECONDS - started - redis_s)); \
+	[ $$rc -ne 0 ] || rc=$$valkey_rc; \
 	$(MAKE) --no-print-directory reliability-report; \
-	awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
-		END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' \
-		target/test-output.log; \
+	$(MAKE) --no-print-directory reliability-report FIGURES=$(FIGURES_VALKEY); \
+	RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh; \
+	sdk_rc=$$?; \
+	[ $$rc -ne 0 ] || rc=$$sdk_rc; \
+	touch $(SDK_COUNTS); \
+	echo "runs: all tests on redis-server $$redis_s s, integration tests on Valkey $$valkey_s s"; \
+	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY) $(SDK_COUNTS); \
 	exit $$rc
+
+# The integration tests alone, on Valkey 8.1 instead of redis-server (the
+# binaries .ci/get-valkey fetched into $(VALKEY_DIR)/bin); summary line of
+# this run only. By hand, on any server:
+#   REDIS_SERVER=/path/valkey-server REDIS_CLI=/path/valkey-cli \
+#     RL_MODULE=$PWD/target/release/librl.so cargo test --release --test take
+test-valkey: deps build
+	@rm -f $(TEST_LOG_VALKEY) $(FIGURES_VALKEY)
+	@$(MAKE) --no-print-directory valkey-integration; \
+	rc=$$?; \
+	$(SUMMARY) $(TEST_LOG_VALKEY); \
+	exit $$rc
+
+# The run on Valkey behind `test` and `test-valkey` (no deps, no build:
+# they have done both); output also in $(TEST_LOG_VALKEY).
+valkey-integration:
+	@mkdir -p $(dir $(TEST_LOG_VALKEY)) && : > $(TEST_LOG_VALKEY)
+	@test -x $(VALKEY_DIR)/bin/valkey-server -a -x $(VALKEY_DIR)/bin/valkey-cli || \
+		{ echo "no valkey-server/valkey-cli in $(VALKEY_DIR)/bin: run make deps" >&2; exit 1; }
+	@echo "--- integration tests on $$($(VALKEY_DIR)/bin/valkey-server --version) ---"
+	@set -o pipefail; \
+	REDIS_SERVER=$(VALKEY_DIR)/bin/valkey-server REDIS_CLI=$(VALKEY_DIR)/bin/valkey-cli \
+	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES_VALKEY) \
+		$(CARGO) test --release --no-fail-fast $(INTEGRATION_TESTS) \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG_VALKEY)
 
 # The gateway's end-to-end tests alone (gateway/README.md): nginx with the
 # Lua library and the Kong plugin under its PDK shim, in front of a local
@@ -67,6 +126,13 @@ test-gateway: deps build
 		--test gateway_rules --test gateway_examples --test gateway_ledger \
 		--test gateway_cluster --test gateway_sentinel \
 		-- --test-threads=$(TEST_THREADS)
+
+# The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and
+# TypeScript (tsc + node --test), unit tests with a fake clock and
+# end-to-end tests against nginx + Redis with the release module, the two
+# SDKs in parallel (about 2 minutes). `make test` runs them too.
+test-sdk: deps build
+	@RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:
@@ -92,15 +158,22 @@ reliability: deps build
 	@mv target/RELIABILITY.md.new tests/RELIABILITY.md
 	@echo "tests/RELIABILITY.md: table rewritten from $(FIGURES)"
 
-# System benchmark (bench/run.sh, under 5 minutes): redis-server with the
-# module, redis-benchmark for INCR, RL.TAKE/WINDOW/LEASE and the Lua
+# System benchmark (bench/run.sh, 5-10 minutes): one redis-server with
+# the module and its peers, the floor module (FLOOR.TAKE) and redis-cell
+# renamed CELL.THROTTLE (built once into target/peers/ from ../shared/ by
+# bench/peers.sh; RL_SHARED=dir overrides the location; a peer that cannot
+# be built is reported and left out), redis-benchmark for INCR,
+# RL.TAKE/WINDOW/LEASE, CL.THROTTLE, CELL.THROTTLE, FLOOR.TAKE and the Lua
 # baseline at pipeline 1 and 32, then with a replica; prints throughput
-# ratios to INCR, usec/call, bytes/key and the issue-6 targets. Results:
-# bench/RESULTS.md. The criterion benchmarks of the pure core are a
-# separate target, bench-core (they build the dev-dependencies, and link
-# the crate outside Redis, hence the system allocator); bench-profile
-# counts instructions and allocations per call under callgrind
-# (WORKLOAD=take|take_live|take_also|window|lease|incr|lua).
+# ratios to INCR, usec/call, bytes/key, RATIO lines between rl and each
+# peer measured side by side in that run, and TARGET lines for the speed
+# and memory targets. Results: bench/RESULTS.md. The criterion benchmarks
+# of the pure core are a separate target, bench-core (they build the
+# dev-dependencies, and link the crate outside Redis, hence the system
+# allocator); bench-profile counts instructions and allocations per call
+# under callgrind, rl's workloads with their peers in the same server
+# (WORKLOAD="take throttle ...", or all or targets; see bench/profile.sh),
+# and checks the instruction targets against the floor.
 bench: deps
 	bash bench/run.sh
 

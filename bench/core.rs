@@ -169,7 +169,7 @@ fn bench_window(c: &mut Criterion) {
             )
         });
     }
-    // EXACT by log length (issue 6: at most O(log n) in its own entries).
+    // EXACT by log length (the speed targets: at most O(log n) in its own entries).
     for entries in [10i64, 100, 1000] {
         let req = window_request(Mode::Exact, 10_000);
         let mut states: Vec<Option<WindowState>> = vec![None];
@@ -211,7 +211,7 @@ fn bench_lease(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
-    // By the number of live leases (issue 6: at most O(log n)).
+    // By the number of live leases (the speed targets: at most O(log n)).
     for held in [10u64, 100, 999] {
         let mut leases = Leases::new();
         for i in 0..held {

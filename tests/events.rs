@@ -21,7 +21,8 @@ fn a_subscriber_sees_trips_and_releases() {
     let mut con = server.client();
     let line = "RL.TAKE ip:203.0.113.9 1 1 100 STRIKES 1 60";
     ints(&mut con, line);
-    assert_eq!(ints(&mut con, line)[0], -1, "the strike trips the box");
+    assert_eq!(ints(&mut con, line)[0], 0, "refused: a retry is announced");
+    assert_eq!(ints(&mut con, line)[0], -1, "the early retry trips the box");
     ints(&mut con, "RL.BOX TRIP user:alice 3 0");
     assert_eq!(int(&mut con, "RL.BOX RELEASE user:alice"), 1);
     assert_eq!(

@@ -54,7 +54,13 @@ fn kind_name(kind: usize) -> &'static str {
 fn a_million_attacker_keys_cost_bounded_memory_and_all_expire() {
     let fig = Figure::start();
     let clock = TimeShift::new();
-    let server = Server::start_with(&clock.prefix(), &["--hz", "50"]);
+    // No slow log: on a busy machine calls preempted past 10 ms fill it
+    // (up to 128 entries with their arguments, ~100 KB), memory that has
+    // nothing to do with the keys and would stay after they expire.
+    let server = Server::start_with(
+        &clock.prefix(),
+        &["--hz", "50", "--slowlog-log-slower-than", "-1"],
+    );
     let mut con = server.client();
     // A warm-up cycle of the same calls (first allocations of Redis and the
     // module: Redis keeps about 50 KB after its first keys expire, plain
@@ -198,6 +204,7 @@ fn under_maxmemory_noeviction_charging_is_oom_and_releasing_works() {
         "RL.QUOTA oom:q 5 DAY",
         "CL.THROTTLE oom:c 5 5 60",
         "RL.LEASE ACQUIRE oom:lease 3 600",
+        "RL.BOX TRIP oom:trip 1 60",
     ];
     let mut not_oom = Vec::new();
     for line in must_oom {
@@ -224,16 +231,20 @@ fn under_maxmemory_noeviction_charging_is_oom_and_releasing_works() {
         && call(&mut con, "RL.LEASE LIST oom:lease").is_ok();
     // Releasing freed keys; nothing was evicted.
     let keys_after = int(&mut con, "DBSIZE");
-    // RL.BOX is not deny-oom (commands.md): an operator can still box.
-    let trip_ok = call(&mut con, "RL.BOX TRIP oom:bucket 2 60").is_ok();
-    // Free memory: charging works again.
-    let _: () = redis::cmd("FLUSHALL").query(&mut con).expect("FLUSHALL");
+    // RL.BOX TRIP creates keys: it is deny-oom (in must_oom above).
+    // Free memory: charging works again. SYNC: Valkey 8 flushes in the
+    // background by default (lazyfree-lazy-user-flush yes), and the next
+    // call could still see the memory in use.
+    let _: () = redis::cmd("FLUSHALL")
+        .arg("SYNC")
+        .query(&mut con)
+        .expect("FLUSHALL SYNC");
     let recovered = ints(&mut con, "RL.TAKE oom:bucket 10 1 600")[0] == 1;
     fig.record(
         "8. OOM: charging refused, releasing works",
         "maxmemory = used + 2 MB, noeviction, filled with strings until OOM; then every charging form and every releasing form",
         &format!(
-            "charging calls not answered OOM: {} of {}; releases (LEASE RENEW/RELEASE, BOX RELEASE incl. FORGET) failed: {} of {}; STATUS/LIST answer: {status_ok}; RL.BOX TRIP works: {trip_ok}; keys {keys_before} -> {keys_after} (2 freed by releases, none evicted); charging works again after freeing memory: {recovered}",
+            "charging calls not answered OOM: {} of {}; releases (LEASE RENEW/RELEASE, BOX RELEASE incl. FORGET) failed: {} of {}; STATUS/LIST answer: {status_ok}; RL.BOX TRIP refused like every writer; keys {keys_before} -> {keys_after} (2 freed by releases, none evicted); charging works again after freeing memory: {recovered}",
             not_oom.len(),
             must_oom.len(),
             failed.len(),
@@ -242,7 +253,7 @@ fn under_maxmemory_noeviction_charging_is_oom_and_releasing_works() {
     );
     assert!(not_oom.is_empty(), "{not_oom:#?}");
     assert!(failed.is_empty(), "{failed:#?}");
-    assert!(status_ok && trip_ok && recovered);
+    assert!(status_ok && recovered);
     assert_eq!(
         keys_after,
         keys_before - 2,

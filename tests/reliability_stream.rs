@@ -111,7 +111,11 @@ fn scenarios() -> Vec<Scenario> {
             label: "throttled with STRIKES (a strike is written)",
             run: |c| {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 3 60 JITTER 100");
-                assert_eq!((r[0], r[6]), (0, 2), "throttled, one strike");
+                assert_eq!(
+                    (r[0], r[6]),
+                    (0, 3),
+                    "throttled, its retry recorded: no strike yet"
+                );
             },
             expect: &["RL.APPLY"],
         },
@@ -119,11 +123,13 @@ fn scenarios() -> Vec<Scenario> {
             label: "the call that trips a box, then a call meeting it",
             run: |c| {
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 2 60 BOX 30 60 90");
+                assert_eq!((r[0], r[6]), (0, 1), "an early retry: a strike");
+                let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2 STRIKES 2 60 BOX 30 60 90");
                 assert_eq!(r[0], -1, "the box trips");
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 1");
                 assert_eq!(r[0], -1, "boxed");
             },
-            expect: &["RL.APPLY"],
+            expect: &["RL.APPLY", "RL.APPLY"],
         },
         Scenario {
             label: "RL.WINDOW sliding, exact and fixed, one throttled with STRIKES",
@@ -167,18 +173,18 @@ fn scenarios() -> Vec<Scenario> {
             run: |c| {
                 q(c, "CL.THROTTLE s:cell 5 1 60");
                 let ns = (now_ms() as u128 + 10_000) * 1_000_000;
-                q(c, &format!("SET s:legacy {ns}"));
+                q(c, &format!("SET s:legacy {ns} PX 60000"));
                 let r = ints(c, "CL.THROTTLE s:legacy 15 1 1");
                 assert_eq!(r.len(), 5, "converted and answered: {r:?}");
                 q(c, "TYPE s:legacy");
-                // A quantity above the burst takes nothing: the conversion
-                // is replicated on its own.
-                q(c, &format!("SET s:legacy2 {ns}"));
+                // A quantity above the burst takes nothing: the value is
+                // answered from as it is, and nothing is written.
+                q(c, &format!("SET s:legacy2 {ns} PX 60000"));
                 let r = ints(c, "CL.THROTTLE s:legacy2 15 1 1 20");
                 assert_eq!(r[0], 1, "limited: {r:?}");
             },
             // The conversion goes with the charge, in one RL.APPLY.
-            expect: &["RL.APPLY", "SET", "RL.APPLY", "SET", "RL.APPLY"],
+            expect: &["RL.APPLY", "SET", "RL.APPLY", "SET"],
         },
         Scenario {
             label: "RL.TAKE with DELAY: allowed, then delayed (status 2)",

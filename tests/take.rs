@@ -105,7 +105,13 @@ fn strikes_trip_an_escalating_box() {
     let line = "RL.TAKE login 1 1 1000 STRIKES 2 60 BOX 10 20 0";
     assert_eq!(ints(&mut con, line)[..3], [1, 1, 0]);
     let r = ints(&mut con, line);
-    assert_eq!((r[0], r[6]), (0, 1), "first strike: one left");
+    assert_eq!(
+        (r[0], r[6]),
+        (0, 2),
+        "refused, a retry announced: no strike"
+    );
+    let r = ints(&mut con, line);
+    assert_eq!((r[0], r[6]), (0, 1), "an early retry: the first strike");
     let r = ints(&mut con, line);
     assert_eq!(
         (r[0], r[1], r[2], r[5], r[6], r[7]),
@@ -120,10 +126,14 @@ fn strikes_trip_an_escalating_box() {
     let r = ints(&mut con, line);
     assert_eq!(r[0], 0, "box over; the bucket is still empty");
     let r = ints(&mut con, line);
+    assert_eq!((r[0], r[6]), (0, 1), "retried early: a strike");
+    let r = ints(&mut con, line);
     assert_eq!((r[0], r[5]), (-1, 2), "the offense is remembered: level 2");
     near(r[4], 19_990, 20_000, "level 2 lasts d2");
 
     clock.advance_ms(20_001);
+    // A refusal, then two early retries: the third trip.
+    ints(&mut con, line);
     ints(&mut con, line);
     let r = ints(&mut con, line);
     assert_eq!(
@@ -176,8 +186,10 @@ fn key_ttl_follows_what_matters() {
         5000,
         "bucket full again in 5 s",
     );
-    ints(&mut con, "RL.TAKE s 1 1 1 STRIKES 5 100");
-    ints(&mut con, "RL.TAKE s 1 1 1 STRIKES 5 100");
+    // Allowed, refused, then an early retry: a strike.
+    for _ in 0..3 {
+        ints(&mut con, "RL.TAKE s 1 1 1 STRIKES 5 100");
+    }
     near(
         int(&mut con, "PTTL s"),
         99_000,
@@ -385,17 +397,17 @@ fn command_getkeys_names_every_key() {
 fn info_counts_calls_and_outcomes() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE i 1 1 100 STRIKES 2 100 BOX 100 100 100");
-    ints(&mut con, "RL.TAKE i 1 1 100 STRIKES 2 100 BOX 100 100 100");
-    ints(&mut con, "RL.TAKE i 1 1 100 STRIKES 2 100 BOX 100 100 100");
-    ints(&mut con, "RL.TAKE i 1 1 100 STRIKES 2 100 BOX 100 100 100");
+    // Allowed, refused, refused early (a strike), tripped, boxed.
+    for _ in 0..5 {
+        ints(&mut con, "RL.TAKE i 1 1 100 STRIKES 2 100 BOX 100 100 100");
+    }
     ints(&mut con, "RL.BOX TRIP j 3 0");
     int(&mut con, "RL.BOX RELEASE j");
     let info = server.info("rl");
     for (field, value) in [
-        ("rl_take_calls", "4"),
+        ("rl_take_calls", "5"),
         ("rl_take_allowed", "1"),
-        ("rl_take_throttled", "1"),
+        ("rl_take_throttled", "2"),
         ("rl_take_boxed", "2"),
         ("rl_box_trips_level1", "1"),
         ("rl_box_trips_level3", "1"),

@@ -95,6 +95,100 @@ fn a_redis_cell_value_is_converted_not_reset() {
     );
 }
 
+/// A string value, a TTL or none, and a `CL.THROTTLE` quantity: whether the
+/// call converts the value (answering with the points it spent kept).
+struct StringCase {
+    what: &'static str,
+    value: String,
+    ttl_ms: Option<u64>,
+    quantity: u64,
+    converts: bool,
+}
+
+#[test]
+fn only_redis_cell_values_are_converted_and_only_by_a_charge() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let now = server_time_ns(&mut con);
+    // Two points of 2 s spent (a TAT 4 s ahead, just under).
+    let plausible = (now + 3_990_000_000).to_string();
+    let case = |what, value: &str, ttl_ms, quantity, converts| StringCase {
+        what,
+        value: value.to_string(),
+        ttl_ms,
+        quantity,
+        converts,
+    };
+    let cases = [
+        case("a TAT with a TTL, charged", &plausible, Some(4000), 1, true),
+        case("a TAT with a TTL, probed", &plausible, Some(4000), 0, false),
+        case(
+            "a TAT with a TTL, above the burst",
+            &plausible,
+            Some(4000),
+            99,
+            false,
+        ),
+        case("a TAT without a TTL", &plausible, None, 1, false),
+        case("a balance without a TTL", "1000", None, 1, false),
+        case("a balance without a TTL, probed", "1000", None, 0, false),
+        case("a counter without a TTL", "5", None, 1, false),
+        case(
+            "i64::MAX ns (2262)",
+            "9223372036854775807",
+            Some(60_000),
+            1,
+            false,
+        ),
+        case(
+            "300 years before the epoch",
+            "-9000000000000000000",
+            Some(60_000),
+            1,
+            false,
+        ),
+        case(
+            "a TAT with spaces",
+            &format!(" {plausible}"),
+            Some(4000),
+            1,
+            false,
+        ),
+        case("text", "not a time", Some(4000), 1, false),
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let key = format!("s{i}");
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(&c.value);
+        if let Some(ttl) = c.ttl_ms {
+            set.arg("PX").arg(ttl);
+        }
+        let _: () = set.query(&mut con).expect("SET");
+        let dump_before = call(&mut con, &format!("DUMP {key}")).expect("DUMP");
+        let line = format!("CL.THROTTLE {key} 15 30 60 {}", c.quantity);
+        let reply = call(&mut con, &line);
+        let kind = value_str(&call(&mut con, &format!("TYPE {key}")).expect("TYPE"));
+        let is_cell = c.ttl_ms.is_some() && c.value == plausible;
+        if c.converts {
+            let r = int_array(reply.expect(c.what));
+            assert_eq!(r[..3], [0, 16, 13], "{}: the points spent are kept", c.what);
+            assert_eq!(kind, "rl-record", "{}", c.what);
+            continue;
+        }
+        if is_cell {
+            // Answered from the value as it is: 2 points spent, nothing
+            // written.
+            let r = int_array(reply.expect(c.what));
+            assert_eq!(r[2], 14, "{}: {r:?}", c.what);
+        } else {
+            expect_err(reply, "WRONGTYPE");
+        }
+        assert_eq!(kind, "string", "{}", c.what);
+        let dump_after = call(&mut con, &format!("DUMP {key}")).expect("DUMP");
+        assert_eq!(dump_before, dump_after, "{}: left byte for byte", c.what);
+    }
+}
+
 #[test]
 fn bad_input_changes_nothing() {
     let server = Server::start(&[]);

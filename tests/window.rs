@@ -144,10 +144,13 @@ fn a_login_lockout_counts_only_failures() {
         "a probe always fits: 0 failures left"
     );
     let r = ints(&mut con, failure);
+    assert_eq!(r[0], 0, "the sixth failure is refused");
+    near(r[4], 1, 900_000, "until the sliding count admits one more");
+    let r = ints(&mut con, failure);
     assert_eq!(
         (r[0], r[4], r[5]),
         (-1, 900_000, 1),
-        "the sixth failure locks out for 15 minutes"
+        "retrying before that is a strike: locked out for 15 minutes"
     );
     assert_eq!(ints(&mut con, probe)[0], -1, "the probe sees the lockout");
 }
@@ -205,14 +208,15 @@ fn a_key_can_hold_a_bucket_a_window_and_leases_at_once() {
 fn info_counts_window_calls() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
-    ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
-    ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
+    // Allowed, refused, refused early (a strike), tripped.
+    for _ in 0..4 {
+        ints(&mut con, "RL.WINDOW i 1 60 STRIKES 2 60");
+    }
     let info = server.info("rl");
     for (field, value) in [
-        ("rl_window_calls", "3"),
+        ("rl_window_calls", "4"),
         ("rl_window_allowed", "1"),
-        ("rl_window_throttled", "1"),
+        ("rl_window_throttled", "2"),
         ("rl_window_boxed", "1"),
         ("rl_take_calls", "0"),
     ] {

@@ -22,6 +22,16 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
         }
     }
 
+    /// A cursor after a subcommand's name (`RL.BOX STATUS ...`): Redis
+    /// has already routed the call by that word.
+    pub fn after_subcommand(command: &'static str, args: &'a [A]) -> Self {
+        Cursor {
+            args,
+            pos: 2,
+            command,
+        }
+    }
+
     /// The name of the command, for error texts.
     pub fn command(&self) -> &'static str {
         self.command

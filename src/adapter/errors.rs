@@ -62,6 +62,8 @@ pub enum ArgError {
     LeaseId,
     /// A subcommand this command does not know.
     UnknownSubcommand { command: &'static str },
+    /// Two options that exclude each other.
+    Together { a: &'static str, b: &'static str },
 }
 
 impl ArgError {
@@ -140,6 +142,9 @@ impl fmt::Display for ArgError {
             ArgError::Period { what } => write!(f, "ERR {what} must be DAY, WEEK or MONTH"),
             ArgError::LeaseId => {
                 write!(f, "ERR lease-id must be 1 to {MAX_LEASE_ID_LEN} bytes")
+            }
+            ArgError::Together { a, b } => {
+                write!(f, "ERR {a} and {b} cannot be given together")
             }
             ArgError::UnknownSubcommand { command } => {
                 write!(f, "ERR unknown subcommand for '{command}'")

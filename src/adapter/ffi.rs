@@ -46,8 +46,8 @@ macro_rules! api {
 }
 pub(crate) use api;
 
-/// Run `body`, turning a panic into `fallback` (and a log line) instead of
-/// unwinding into Redis.
+/// Run `body`, turning a panic into `fallback` instead of unwinding into
+/// Redis (a command then replies its internal error).
 pub fn guard<T>(fallback: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(v) => v,

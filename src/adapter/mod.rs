@@ -5,6 +5,7 @@ pub mod args;
 pub mod commands;
 pub mod errors;
 pub mod ffi;
+pub mod reply;
 pub mod rtype;
 pub mod stats;
 pub mod store;

@@ -19,8 +19,10 @@ use crate::core::record::Record;
 /// The type name Redis shows in `TYPE` (exactly 9 characters).
 pub const TYPE_NAME: &CStr = c"rl-record";
 
-/// The RDB encoding version of the type.
-pub const ENCODING_VERSION: c_int = 1;
+/// The version of the type's RDB encoding (what Redis stores beside each
+/// value: one string, a payload of [`codec`], which has versions of its
+/// own).
+pub const RDB_TYPE_VERSION: c_int = 1;
 
 static TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
@@ -56,7 +58,7 @@ pub fn register(ctx: Ctx) -> bool {
         api!(RedisModule_CreateDataType)(
             ctx.ptr(),
             TYPE_NAME.as_ptr(),
-            ENCODING_VERSION,
+            RDB_TYPE_VERSION,
             &mut methods,
         )
     };
@@ -79,7 +81,7 @@ pub unsafe fn from_raw<'a>(value: *mut c_void) -> Option<&'a mut Record> {
 
 extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard(ptr::null_mut(), || {
-        if encver != ENCODING_VERSION {
+        if encver != RDB_TYPE_VERSION {
             return ptr::null_mut();
         }
         let mut len = 0usize;
@@ -92,7 +94,8 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             None
         } else {
             let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-            codec::decode(bytes).ok()
+            let now = unsafe { api!(RedisModule_Milliseconds)() };
+            codec::decode_loaded(bytes, now).ok()
         };
         unsafe { api!(RedisModule_Free)(buf.cast::<c_void>()) };
         decoded.map_or(ptr::null_mut(), into_raw)

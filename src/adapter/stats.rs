@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis_module::raw;
 
 use super::ffi::api;
-use crate::core::reply::Status;
+use crate::core::decision::Status;
 
 /// One counter.
 pub struct Counter(AtomicU64);

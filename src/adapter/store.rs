@@ -1,11 +1,12 @@
-//! Key access and the one commit path. Every write of the module goes
-//! through [`commit_in_place`] (or [`apply_replicated`] on a replica): it
-//! prunes the record where it lives, sets the key's absolute expiry,
-//! signals the modification and replicates the *effect* as one command
-//! for all the keys of a call (`RL.APPLY key payload <at-ms | PERSIST>
-//! [key payload <at-ms | PERSIST>]...`; `DEL key` for a key deleted),
-//! never the time-dependent command, so replicas and AOF replays reach the
-//! same bytes.
+//! Key access and the one call path. A command opens its keys once and
+//! reads the clock once in a [`Call`]; every write of the module then goes
+//! through [`Call::commit`] (or [`apply_replicated`] on a replica): it
+//! prunes each written record where it lives, sets the key's absolute
+//! expiry, signals the modification, replicates the *effect* as one
+//! command for all the keys of the call (`RL.APPLY key payload <at-ms |
+//! PERSIST> [key payload <at-ms | PERSIST>]...`; `DEL key` for a key
+//! deleted), never the time-dependent command, so replicas and AOF replays
+//! reach the same bytes, and announces a trip or a release.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -15,11 +16,14 @@ use arrayvec::ArrayVec;
 
 use redis_module::raw;
 
-use super::ffi::{api, Arg, Ctx, RStr};
+use super::errors;
+use super::ffi::{api, notify, now_ms, reply_error, Arg, Ctx, RStr};
 use super::rtype::{from_raw, into_raw, rl_type};
+use super::stats;
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
 use crate::core::record::{Record, Retention};
+use crate::core::take::KeySet;
 use crate::core::time::Millis;
 
 /// A key holds a value of another type.
@@ -87,12 +91,6 @@ impl RlKey {
         Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
     }
 
-    /// A copy of the record to change and [`commit`] (empty when the key
-    /// holds nothing).
-    pub fn working_copy(&self) -> Record {
-        self.record().ok().flatten().cloned().unwrap_or_default()
-    }
-
     /// The record, writable in place (`None` when the key holds nothing).
     pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
         self.value()
@@ -103,8 +101,8 @@ impl RlKey {
         self.created
     }
 
-    /// The record to change in place and then [`commit_in_place`]: the
-    /// key's own, or a new empty one put in the key (opened for writing).
+    /// The record to change in place and then commit: the key's own, or
+    /// a new empty one put in the key (opened for writing).
     pub fn edit(&mut self) -> Result<&mut Record, WrongType> {
         if self.value()?.is_none() {
             self.store(Record::default());
@@ -133,7 +131,7 @@ impl RlKey {
 
     /// Put `record` in the key, in place when it already holds one (which
     /// keeps its TTL until the caller sets a new one); a value of another
-    /// type is replaced. Nothing is replicated: [`commit_in_place`] the key
+    /// type is replaced. Nothing is replicated: [`Call::commit`] the key
     /// before the command ends.
     pub fn store(&mut self, record: Record) {
         match self.value() {
@@ -192,6 +190,13 @@ impl RlKey {
         }
     }
 
+    /// Whether the key has a TTL.
+    pub fn has_ttl(&self) -> bool {
+        !self.raw.is_null()
+            && unsafe { api!(RedisModule_GetExpire)(self.raw) }
+                != raw::REDISMODULE_NO_EXPIRE as raw::mstime_t
+    }
+
     fn persist(&self) {
         unsafe {
             api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t)
@@ -215,64 +220,161 @@ impl Drop for RlKey {
     }
 }
 
-/// Store `record` as the state of `key` at `now` (see
-/// [`commit_in_place`]).
-pub fn commit(ctx: Ctx, key: &mut RlKey, record: Record, now: Millis) {
-    key.store(record);
-    commit_in_place(ctx, key, now);
+/// What a committed call announces to keyspace-notification subscribers
+/// (and counts in `INFO`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The first key's box tripped at this level (`rl.boxed`).
+    Boxed { level: u8 },
+    /// The first key's box was lifted (`rl.released`).
+    Released,
 }
 
-/// Commit the record the key holds (changed through [`RlKey::edit`]) as
-/// its state at `now` (see [`commit_keys`]).
-pub fn commit_in_place(ctx: Ctx, key: &mut RlKey, now: Millis) {
-    commit_keys(ctx, std::iter::once(key), now);
+/// One command's keys, each opened once, and its clock, read once: the
+/// core reads and changes the records where they live, then
+/// [`Call::commit`] writes back what changed.
+pub struct Call {
+    ctx: Ctx,
+    keys: ArrayVec<RlKey, MAX_BUCKETS>,
+    now: Millis,
+    /// Keys given a new record by [`Call::replace`]: always committed.
+    replaced: KeySet,
 }
 
-/// Commit the records `keys` hold (changed through [`RlKey::edit`]) as
-/// their states at `now`: drop what no longer matters in each, delete a
-/// key when nothing does, otherwise set the TTL of its longest-lived part;
-/// then replicate exactly that, every kept key in one `RL.APPLY` (a key
-/// deleted replicates as `DEL`).
-pub fn commit_keys<'k>(ctx: Ctx, keys: impl IntoIterator<Item = &'k mut RlKey>, now: Millis) {
-    with_buffer(|payloads| {
-        let mut applied = AppliedKeys::new();
-        for key in keys {
-            let Ok(Some(record)) = key.value() else {
-                continue;
-            };
-            let retention = record.prune(now);
-            let at = match retention {
-                Retention::Delete => {
-                    // The type's `free` gets the pruned record, so the
-                    // leases just swept are not counted a second time.
-                    key.delete();
-                    if !key.created {
-                        replicate_del(ctx, key.name);
-                        key.signal_modified(ctx);
-                    }
-                    continue;
-                }
-                Retention::Until(at) => Some(at),
-                Retention::Forever => None,
-            };
-            if applied.is_full() {
-                replicate_applied(ctx, &applied, payloads);
-                applied.clear();
-                payloads.clear();
+impl Call {
+    /// Open the keys at `positions` of `args`. A key holding another type
+    /// is refused with `WRONGTYPE` (already replied), unless
+    /// `foreign_ok`: then the caller reads it with [`RlKey::string_value`]
+    /// and must [`Call::replace`] it before any other use.
+    pub fn open(
+        ctx: Ctx,
+        args: &[Arg],
+        positions: &[usize],
+        access: Access,
+        foreign_ok: bool,
+    ) -> Result<Call, c_int> {
+        let mut keys = ArrayVec::new();
+        for &pos in positions.iter().take(MAX_BUCKETS) {
+            let name = *args
+                .get(pos)
+                .ok_or_else(|| reply_error(ctx, errors::INTERNAL))?;
+            let key = RlKey::open(ctx, name, access);
+            if !foreign_ok && key.record().is_err() {
+                return Err(reply_error(ctx, errors::WRONGTYPE));
             }
-            let start = payloads.len();
-            codec::encode_append(record, payloads);
-            applied.push((key.name, start..payloads.len(), at));
-            match at {
-                Some(at) => {
-                    key.expire_at(at);
-                }
-                None => key.persist(),
-            }
-            key.signal_modified(ctx);
+            keys.push(key);
         }
-        replicate_applied(ctx, &applied, payloads);
-    });
+        if keys.is_empty() {
+            return Err(reply_error(ctx, errors::INTERNAL));
+        }
+        Ok(Call {
+            ctx,
+            keys,
+            now: now_ms(ctx),
+            replaced: KeySet::default(),
+        })
+    }
+
+    /// The server time of the call (ms), the same for every step of it.
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// The context of the call.
+    pub fn ctx(&self) -> Ctx {
+        self.ctx
+    }
+
+    /// The `i`-th key (0 = the first).
+    pub fn key(&self, i: usize) -> Option<&RlKey> {
+        self.keys.get(i)
+    }
+
+    /// The keys, to read and change their records in place.
+    pub fn keys_mut(&mut self) -> &mut [RlKey] {
+        &mut self.keys
+    }
+
+    /// The record of the `i`-th key, if it holds one.
+    pub fn record(&self, i: usize) -> Option<&Record> {
+        self.keys.get(i)?.record().ok().flatten()
+    }
+
+    /// The record of the `i`-th key to change in place (created empty when
+    /// the key holds none): [`Call::commit`] it then.
+    pub fn edit(&mut self, i: usize) -> Option<&mut Record> {
+        self.keys.get_mut(i)?.edit().ok()
+    }
+
+    /// Put `record` in the `i`-th key, whatever it held (a redis-cell
+    /// value converted); the next [`Call::commit`] writes it, whatever else
+    /// it writes.
+    pub fn replace(&mut self, i: usize, record: Record) {
+        if let Some(key) = self.keys.get_mut(i) {
+            key.store(record);
+            self.replaced.insert(i);
+        }
+    }
+
+    /// Commit the records of the `written` keys as their states at the
+    /// call's time: drop what no longer matters in each, delete a key when
+    /// nothing does, otherwise set the TTL of its longest-lived part; then
+    /// replicate exactly that, every kept key in one `RL.APPLY` (a key
+    /// deleted replicates as `DEL`), and announce `event` on the first key.
+    pub fn commit(&mut self, written: KeySet, event: Option<Event>) {
+        let (ctx, now) = (self.ctx, self.now);
+        let written = written.union(std::mem::take(&mut self.replaced));
+        with_buffer(|payloads| {
+            let mut applied = AppliedKeys::new();
+            for (_, key) in self
+                .keys
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| written.contains(*i))
+            {
+                let Ok(Some(record)) = key.value() else {
+                    continue;
+                };
+                let at = match record.prune(now) {
+                    Retention::Delete => {
+                        // The type's `free` gets the pruned record, so the
+                        // leases just swept are not counted a second time.
+                        key.delete();
+                        if !key.created {
+                            replicate_del(ctx, key.name);
+                            key.signal_modified(ctx);
+                        }
+                        continue;
+                    }
+                    Retention::Until(at) => Some(at),
+                    Retention::Forever => None,
+                };
+                let start = payloads.len();
+                codec::encode_append(record, payloads);
+                // A call has at most MAX_BUCKETS keys, so this always fits.
+                let _ = applied.try_push((key.name, start..payloads.len(), at));
+                match at {
+                    Some(at) => {
+                        key.expire_at(at);
+                    }
+                    None => key.persist(),
+                }
+                key.signal_modified(ctx);
+            }
+            replicate_applied(ctx, &applied, payloads);
+        });
+        let Some(first) = self.keys.first() else {
+            return;
+        };
+        match event {
+            Some(Event::Boxed { level }) => {
+                notify(ctx, c"rl.boxed", first.name);
+                stats::trip(level);
+            }
+            Some(Event::Released) => notify(ctx, c"rl.released", first.name),
+            None => {}
+        }
+    }
 }
 
 /// The keys of one `RL.APPLY`: name, payload (a range of the shared
@@ -328,6 +430,36 @@ fn with_buffer<T>(body: impl FnOnce(&mut Vec<u8>) -> T) -> T {
 /// `applied` keys (nothing when there are none); `expiry` is the absolute
 /// ms time or `PERSIST`.
 fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
+    if let [(name, range, at)] = applied.as_slice() {
+        // One key (the common call): the server builds the arguments from a
+        // format, with no string of ours to create and free.
+        let payload = payloads.get(range.clone()).unwrap_or_default();
+        let (ptr, len) = (payload.as_ptr().cast::<c_char>(), payload.len());
+        let replicate = api!(RedisModule_Replicate);
+        unsafe {
+            match at {
+                Some(at) => replicate(
+                    ctx.ptr(),
+                    c"RL.APPLY".as_ptr(),
+                    c"sbl".as_ptr(),
+                    name.0,
+                    ptr,
+                    len,
+                    *at as c_longlong,
+                ),
+                None => replicate(
+                    ctx.ptr(),
+                    c"RL.APPLY".as_ptr(),
+                    c"sbc".as_ptr(),
+                    name.0,
+                    ptr,
+                    len,
+                    c"PERSIST".as_ptr(),
+                ),
+            };
+        }
+        return;
+    }
     if applied.is_empty() {
         return;
     }

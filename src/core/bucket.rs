@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
 use super::limits::MAX_DURATION_MS;
+use super::part::{within_reach, Part};
 use super::time::{ceil_div, clamp_i64, Millis};
 
 /// The stored state of one bucket.
@@ -89,6 +90,21 @@ impl Bucket {
     }
 }
 
+/// A bucket matters until it is full again.
+impl Part for Bucket {
+    fn is_valid(&self) -> bool {
+        Bucket::is_valid(self)
+    }
+
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        (self.full_at_ms() > now).then(|| self.full_at_ms())
+    }
+
+    fn is_plausible(&self, now: Millis) -> bool {
+        within_reach(self.full_at_ms(), now)
+    }
+}
+
 /// The debt of `bucket` at `now`, in ticks of `rate` (0 for a missing or
 /// full bucket). When the stored scale differs from `rate` (the caller
 /// changed the parameters), the points already spent are kept and the
@@ -111,9 +127,7 @@ pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
         // points are the same number of ticks.
         return stored;
     }
-    let cap = rate
-        .tolerance()
-        .saturating_add(i128::from(MAX_DURATION_MS).saturating_mul(rate.ticks_per_ms()));
+    let cap = max_debt(rate);
     mul_div_ceil(
         stored,
         i128::from(rate.period_ms),
@@ -157,12 +171,21 @@ pub fn wait_ms(debt: i128, cost: u64, rate: &Rate) -> i64 {
 
 /// Whole points left in a bucket with this `debt`.
 pub fn remaining(debt: i128, rate: &Rate) -> i64 {
+    balance(debt, rate).max(0)
+}
+
+/// Whole points left in a bucket with this `debt`, negative (rounded
+/// towards more debt) beyond empty.
+pub fn balance(debt: i128, rate: &Rate) -> i64 {
     let room = rate.tolerance().saturating_sub(debt);
-    if room <= 0 {
-        0
-    } else {
-        clamp_i64(room / i128::from(rate.period_ms.max(1)))
-    }
+    clamp_i64(room.div_euclid(i128::from(rate.period_ms.max(1))))
+}
+
+/// The largest debt a bucket holds: empty plus [`MAX_DURATION_MS`] of
+/// refill (a `DEBT` charge beyond it is capped there).
+pub fn max_debt(rate: &Rate) -> i128 {
+    rate.tolerance()
+        .saturating_add(i128::from(MAX_DURATION_MS).saturating_mul(rate.ticks_per_ms()))
 }
 
 /// Milliseconds until a bucket with this `debt` is full.
@@ -213,8 +236,15 @@ impl Limiter for Rate {
         wait_ms(*debt, cost, self)
     }
 
-    fn remaining(&self, debt: &i128) -> i64 {
-        remaining(*debt, self)
+    fn balance(&self, debt: &i128) -> i64 {
+        balance(*debt, self)
+    }
+
+    fn refund(&self, state: &mut Bucket, debt: &i128, points: u64, now: Millis) -> i128 {
+        let left = debt.saturating_sub(self.cost_ticks(points)).max(0);
+        let (bucket, left) = charge(left, 0, self, now);
+        *state = bucket;
+        left
     }
 
     /// Read from the stored state rather than from the debt at this call's
@@ -224,18 +254,22 @@ impl Limiter for Rate {
         state.map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
     }
 
-    fn charge(
-        &self,
-        _state: Option<&Bucket>,
-        debt: &i128,
-        cost: u64,
-        now: Millis,
-    ) -> (Bucket, i128) {
-        charge(*debt, cost, self, now)
+    /// A charge beyond empty (`DELAY`, `DEBT`) is capped at [`max_debt`].
+    fn charge(&self, state: &mut Option<Bucket>, debt: &i128, cost: u64, now: Millis) -> i128 {
+        let capped = debt
+            .min(&max_debt(self))
+            .saturating_add(self.cost_ticks(cost));
+        let (bucket, debt) = charge(capped.min(max_debt(self)), 0, self, now);
+        *state = Some(bucket);
+        debt
     }
 
-    fn rewrite(&self, state: &Bucket, debt: &i128, now: Millis) -> Option<Bucket> {
-        needs_rewrite(state, self).then(|| charge(*debt, 0, self, now).0)
+    fn rewrite(&self, state: &mut Bucket, debt: &i128, now: Millis) -> bool {
+        let stale = needs_rewrite(state, self);
+        if stale {
+            *state = charge(*debt, 0, self, now).0;
+        }
+        stale
     }
 }
 
@@ -260,16 +294,7 @@ pub fn charge(debt: i128, cost: u64, rate: &Rate, now: i64) -> (Bucket, i128) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const NOW: i64 = 1_700_000_000_000;
-
-    fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
-        Rate {
-            capacity,
-            tokens,
-            period_ms,
-        }
-    }
+    use crate::core::testkit::{rate_of as rate, T0 as NOW};
 
     #[test]
     fn a_new_bucket_is_full() {

@@ -1,5 +1,5 @@
 //! What every kind of limiter (a token bucket, a sliding window...)
-//! provides to the shared decision in [`crate::core::decide`]: how one
+//! provides to the shared decision, [`crate::core::take::decide`]: how one
 //! key's stored state answers a request of `cost` points at `now`.
 
 use super::time::Millis;
@@ -34,23 +34,41 @@ pub trait Limiter {
     ) -> i64;
 
     /// Whole points still admissible now.
-    fn remaining(&self, seen: &Self::Seen) -> i64;
+    fn remaining(&self, seen: &Self::Seen) -> i64 {
+        self.balance(seen).max(0)
+    }
+
+    /// Whole points left now, negative in debt (after a `DEBT` charge
+    /// beyond the limit).
+    fn balance(&self, seen: &Self::Seen) -> i64;
 
     /// Milliseconds until `state` (as stored after the call) holds nothing
     /// that limits: the bucket is full, the window is empty.
     fn reset_ms(&self, state: Option<&Self::State>, now: Millis) -> i64;
 
-    /// The state after `cost` points are taken at `now`, and how it reads.
+    /// Take `cost` points at `now` from `state` (read as `seen`), in
+    /// place (`None`: the key holds none yet), and say how it reads after.
     fn charge(
         &self,
-        state: Option<&Self::State>,
+        state: &mut Option<Self::State>,
         seen: &Self::Seen,
         cost: u64,
         now: Millis,
-    ) -> (Self::State, Self::Seen);
+    ) -> Self::Seen;
 
-    /// The state to store after a throttled call, when the stored one no
-    /// longer says what [`Limiter::see`] read from it (its parameters
-    /// changed, or it was clamped); `None` when it needs no rewrite.
-    fn rewrite(&self, state: &Self::State, seen: &Self::Seen, now: Millis) -> Option<Self::State>;
+    /// Give `points` back to `state` (read as `seen`) at `now`, never
+    /// beyond empty (a full bucket, a window counting nothing), and say how
+    /// it reads after.
+    fn refund(
+        &self,
+        state: &mut Self::State,
+        seen: &Self::Seen,
+        points: u64,
+        now: Millis,
+    ) -> Self::Seen;
+
+    /// Rewrite a throttled call's stored `state` when it no longer says
+    /// what [`Limiter::see`] read from it (its parameters changed, or it
+    /// was clamped); false when it needs no rewrite (and is unchanged).
+    fn rewrite(&self, state: &mut Self::State, seen: &Self::Seen, now: Millis) -> bool;
 }

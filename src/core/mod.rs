@@ -4,23 +4,29 @@
 //! with explicit times.
 
 pub mod bucket;
+pub mod cell;
 pub mod codec;
+pub mod decision;
 pub mod lease;
 pub mod limiter;
 pub mod limits;
+pub mod part;
 pub mod penalty;
 pub mod quota;
 pub mod record;
-pub mod reply;
 pub mod take;
 pub mod time;
 pub mod window;
 
 #[cfg(test)]
-mod lease_proptests;
+mod bucket_proptests;
 #[cfg(test)]
-mod proptests;
+mod codec_proptests;
+#[cfg(test)]
+mod penalty_proptests;
 #[cfg(test)]
 mod shaping_proptests;
 #[cfg(test)]
-mod window_proptests;
+mod take_proptests;
+#[cfg(test)]
+mod testkit;

@@ -5,16 +5,23 @@
 //! piece of state is *live* while `now` is before its deadline; an expired
 //! piece counts as zero without being rewritten.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, SeqAccess, Visitor};
+use serde::ser::SerializeTuple;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::limits::{DEFAULT_OFFENSES_TTL_MS, MAX_BOX_LEVEL};
+use super::limits::{DEFAULT_OFFENSES_TTL_MS, MAX_BOX_LEVEL, MAX_THRESHOLD};
+use super::part::{within_reach, Part, MAX_COUNT};
 use super::time::{after, Millis};
 
 /// `box_until` of a manual box: it lasts until `RL.BOX RELEASE`.
 pub const MANUAL: Millis = i64::MAX;
 
 /// The penalty state of a key.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Encoded as an array of its fields in order; `retry_at` only when set
+/// (a payload of version 5 or later), so a state without it has the bytes
+/// older builds wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Penalty {
     /// Strikes counted in the open strike window.
     pub strikes: u64,
@@ -28,6 +35,55 @@ pub struct Penalty {
     pub box_level: u8,
     /// End of the box (exclusive), or [`MANUAL`].
     pub box_until: Millis,
+    /// The instant the latest refusal announced (`now + retry_after_ms`):
+    /// a refusal before it is an early retry, a strike. 0 when none is
+    /// pending.
+    pub retry_at: Millis,
+}
+
+/// The payload version that added [`Penalty::retry_at`].
+pub const RETRY_AT_SINCE: u8 = 5;
+
+impl Serialize for Penalty {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let n = if self.retry_at == 0 { 6 } else { 7 };
+        let mut t = serializer.serialize_tuple(n)?;
+        t.serialize_element(&self.strikes)?;
+        t.serialize_element(&self.strikes_until)?;
+        t.serialize_element(&self.offenses)?;
+        t.serialize_element(&self.offenses_until)?;
+        t.serialize_element(&self.box_level)?;
+        t.serialize_element(&self.box_until)?;
+        if self.retry_at != 0 {
+            t.serialize_element(&self.retry_at)?;
+        }
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Penalty {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Penalty, D::Error> {
+        struct PenaltyVisitor;
+        impl<'de> Visitor<'de> for PenaltyVisitor {
+            type Value = Penalty;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a penalty: 6 or 7 fields")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Penalty, A::Error> {
+                let missing = || de::Error::custom("a penalty has at least 6 fields");
+                Ok(Penalty {
+                    strikes: seq.next_element()?.ok_or_else(missing)?,
+                    strikes_until: seq.next_element()?.ok_or_else(missing)?,
+                    offenses: seq.next_element()?.ok_or_else(missing)?,
+                    offenses_until: seq.next_element()?.ok_or_else(missing)?,
+                    box_level: seq.next_element()?.ok_or_else(missing)?,
+                    box_until: seq.next_element()?.ok_or_else(missing)?,
+                    retry_at: seq.next_element()?.unwrap_or(0),
+                })
+            }
+        }
+        deserializer.deserialize_seq(PenaltyVisitor)
+    }
 }
 
 /// What a call with `STRIKES` configures.
@@ -112,8 +168,33 @@ impl Penalty {
         policy.threshold.saturating_sub(self.live_strikes(now))
     }
 
-    /// Count one strike (a throttled request) at `now`; trip the box when
-    /// the count reaches the threshold.
+    /// A refusal at `now` that announces `retry_after_ms`: a strike when it
+    /// comes before the instant the previous refusal announced (an early
+    /// retry), otherwise none; either way the new instant is recorded.
+    /// `None` when no strike was counted.
+    pub fn refuse(
+        &mut self,
+        policy: &PenaltyPolicy,
+        retry_after_ms: u64,
+        now: Millis,
+    ) -> Option<Strike> {
+        let early = now < self.retry_at;
+        self.retry_at = after(now, retry_after_ms).min(MANUAL - 1);
+        early.then(|| self.strike(policy, now))
+    }
+
+    /// An admitted call at `now`: a retry announced earlier no longer
+    /// holds (the next refusal is not early). Whether anything changed.
+    pub fn admit(&mut self, now: Millis) -> bool {
+        let pending = now < self.retry_at;
+        if self.retry_at != 0 {
+            self.retry_at = 0;
+        }
+        pending
+    }
+
+    /// Count one strike at `now`; trip the box when the count reaches the
+    /// threshold.
     pub fn strike(&mut self, policy: &PenaltyPolicy, now: Millis) -> Strike {
         if now >= self.strikes_until {
             self.strikes = 0;
@@ -164,6 +245,9 @@ impl Penalty {
         if self.live_offenses(now) > 0 {
             until = until.max(Some(self.offenses_until));
         }
+        if now < self.retry_at {
+            until = until.max(Some(self.retry_at));
+        }
         until
     }
 
@@ -182,6 +266,9 @@ impl Penalty {
             self.offenses = 0;
             self.offenses_until = 0;
         }
+        if now >= self.retry_at {
+            self.retry_at = 0;
+        }
         *self != Penalty::default()
     }
 
@@ -195,6 +282,7 @@ impl Penalty {
     fn put_in_box(&mut self, level: u8, duration_ms: u64, now: Millis) -> ActiveBox {
         self.strikes = 0;
         self.strikes_until = 0;
+        self.retry_at = 0;
         self.box_level = level;
         self.box_until = if duration_ms == 0 {
             MANUAL
@@ -205,6 +293,41 @@ impl Penalty {
             level,
             until: (duration_ms != 0).then_some(self.box_until),
         }
+    }
+}
+
+/// A penalty matters while its box, strikes, offenses or announced retry
+/// are live.
+impl Part for Penalty {
+    fn is_valid(&self) -> bool {
+        Penalty::is_valid(self)
+    }
+
+    /// A manual box is the only deadline without end; counters stay below
+    /// what calls can reach (strikes below the largest threshold).
+    fn is_plausible(&self, now: Millis) -> bool {
+        let timed = |t: Millis| t != MANUAL && within_reach(t, now);
+        let box_ok = self.box_level == 0 && self.box_until == 0
+            || self.box_level > 0 && (self.box_until == MANUAL || timed(self.box_until));
+        box_ok
+            && timed(self.strikes_until)
+            && timed(self.offenses_until)
+            && timed(self.retry_at)
+            && self.strikes <= MAX_THRESHOLD
+            && self.offenses <= MAX_COUNT
+    }
+
+    fn since_version(&self) -> u8 {
+        if self.retry_at == 0 {
+            1
+        } else {
+            RETRY_AT_SINCE
+        }
+    }
+
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        let until = self.retain_until(now);
+        self.prune(now).then_some(until).flatten()
     }
 }
 

@@ -8,7 +8,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::limiter::Limiter;
-use super::time::Millis;
+use super::part::{within_reach, Part, MAX_COUNT};
+use super::penalty::MANUAL;
+use super::time::{clamp_i64, Millis};
 
 const DAY_MS: i64 = 86_400_000;
 
@@ -60,6 +62,21 @@ impl QuotaState {
     /// The end of the period while anything is counted at `now`.
     pub fn counts_until(&self, now: Millis) -> Option<Millis> {
         (now < self.end && self.count > 0).then_some(self.end)
+    }
+}
+
+/// A quota count matters until its period ends.
+impl Part for QuotaState {
+    fn is_valid(&self) -> bool {
+        QuotaState::is_valid(self)
+    }
+
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        self.counts_until(now).map(|end| end.min(MANUAL - 1))
+    }
+
+    fn is_plausible(&self, now: Millis) -> bool {
+        within_reach(self.end, now) && self.count <= MAX_COUNT
     }
 }
 
@@ -157,8 +174,26 @@ impl Limiter for Quota {
         }
     }
 
-    fn remaining(&self, seen: &QuotaSeen) -> i64 {
-        i64::try_from(self.limit.saturating_sub(seen.count)).unwrap_or(i64::MAX)
+    fn balance(&self, seen: &QuotaSeen) -> i64 {
+        clamp_i64(i128::from(self.limit) - i128::from(seen.count))
+    }
+
+    fn refund(
+        &self,
+        state: &mut QuotaState,
+        seen: &QuotaSeen,
+        points: u64,
+        _now: Millis,
+    ) -> QuotaSeen {
+        let after = QuotaSeen {
+            count: seen.count.saturating_sub(points),
+            end: seen.end,
+        };
+        *state = QuotaState {
+            end: after.end,
+            count: after.count,
+        };
+        after
     }
 
     /// Milliseconds until the period ends (when the count resets).
@@ -168,26 +203,24 @@ impl Limiter for Quota {
 
     fn charge(
         &self,
-        _state: Option<&QuotaState>,
+        state: &mut Option<QuotaState>,
         seen: &QuotaSeen,
         cost: u64,
         _now: Millis,
-    ) -> (QuotaState, QuotaSeen) {
+    ) -> QuotaSeen {
         let after = QuotaSeen {
             count: seen.count.saturating_add(cost),
             end: seen.end,
         };
-        (
-            QuotaState {
-                end: after.end,
-                count: after.count,
-            },
-            after,
-        )
+        *state = Some(QuotaState {
+            end: after.end,
+            count: after.count,
+        });
+        after
     }
 
-    fn rewrite(&self, _state: &QuotaState, _seen: &QuotaSeen, _now: Millis) -> Option<QuotaState> {
-        None
+    fn rewrite(&self, _state: &mut QuotaState, _seen: &QuotaSeen, _now: Millis) -> bool {
+        false
     }
 }
 
@@ -304,9 +337,8 @@ mod tests {
         for left in [2, 1, 0] {
             let seen = q.see(state.as_ref(), now);
             assert!(q.fits(&seen, 1));
-            let (s, after) = q.charge(state.as_ref(), &seen, 1, now);
+            let after = q.charge(&mut state, &seen, 1, now);
             assert_eq!(q.remaining(&after), left);
-            state = Some(s);
         }
         let seen = q.see(state.as_ref(), now);
         assert!(!q.fits(&seen, 1));
@@ -325,7 +357,9 @@ mod tests {
             period: Period::Day,
         };
         let day2 = at(2026, 6, 2, 1, 0, 0);
-        let (s, _) = q.charge(None, &q.see(None, day2), 1, day2);
+        let mut charged = None;
+        q.charge(&mut charged, &q.see(None, day2), 1, day2);
+        let s = charged.expect("charged");
         let back = day2 - 2 * 3_600_000;
         let seen = q.see(Some(&s), back);
         assert_eq!(seen.count, 1, "the step into yesterday releases nothing");

@@ -1,251 +1,34 @@
-//! What one RL key holds: each part is present only while it matters.
+//! What one RL key holds: the registry of its parts. Each part is present
+//! only while it matters; the list below is the one place that names them,
+//! in encoding order with the payload version that added each.
+//!
+//! Adding a part: a file with its state implementing [`Part`] (and serde),
+//! then one line in `parts!` below (the next payload version, see
+//! [`super::codec`]); a limiter's state is reached by type, with
+//! [`Holds`].
 
-use serde::ser::SerializeStruct;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::de::{self, SeqAccess, Visitor};
+use serde::ser::SerializeTuple;
+use serde::{Deserializer, Serializer};
 
-use super::bucket::{Bucket, Rate};
+use super::bucket::Bucket;
 use super::lease::Leases;
-use super::limiter::Limiter;
+use super::part::Part;
 use super::penalty::{Penalty, MANUAL};
-use super::quota::{Quota, QuotaState};
+use super::quota::QuotaState;
 use super::time::Millis;
-use super::window::{Window, WindowState};
+use super::window::WindowState;
 
-/// The value of one key of the module type. Small for the common keys:
-/// the bucket lives inline, the penalty state and the parts of the other
-/// commands each behind one pointer that is null while they hold nothing
-/// (a bucket-only key is one 48-byte allocation).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    /// The `RL.TAKE` bucket.
-    pub bucket: Option<Bucket>,
-    /// Strikes, offenses and box.
-    pub penalty: Option<Box<Penalty>>,
-    /// The window, quota and leases; `None` when all three are (never an
-    /// allocation holding nothing).
-    others: Option<Box<Others>>,
-}
-
-/// The parts of a [`Record`] that only some keys hold.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Others {
-    /// The `RL.WINDOW` window. Since encoding version 3.
-    window: Option<WindowState>,
-    /// The `RL.QUOTA` count. Since encoding version 4.
-    quota: Option<QuotaState>,
-    /// The `RL.LEASE` leases (never an empty set: `None` then). Since
-    /// encoding version 2.
-    leases: Option<Box<Leases>>,
-}
-
-impl Others {
-    fn is_empty(&self) -> bool {
-        self.window.is_none() && self.quota.is_none() && self.leases.is_none()
-    }
-}
-
-/// The fields of a [`Record`] as they are encoded, in order: each version
-/// of the codec appends fields, and a payload of an older version decodes
-/// with the missing ones empty.
-#[derive(Deserialize)]
-struct EncodedRecord {
-    bucket: Option<Bucket>,
-    penalty: Option<Box<Penalty>>,
-    #[serde(default)]
-    leases: Option<Box<Leases>>,
-    #[serde(default)]
-    window: Option<WindowState>,
-    #[serde(default)]
-    quota: Option<QuotaState>,
-}
-
-impl Serialize for Record {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut fields = serializer.serialize_struct("Record", 5)?;
-        fields.serialize_field("bucket", &self.bucket)?;
-        fields.serialize_field("penalty", &self.penalty)?;
-        fields.serialize_field("leases", &self.leases())?;
-        fields.serialize_field("window", &self.window())?;
-        fields.serialize_field("quota", &self.quota())?;
-        fields.end()
-    }
-}
-
-impl<'de> Deserialize<'de> for Record {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let e = EncodedRecord::deserialize(deserializer)?;
-        let mut record = Record {
-            bucket: e.bucket,
-            penalty: e.penalty,
-            others: None,
-        };
-        record.set_window(e.window);
-        record.set_quota(e.quota);
-        record.set_leases(e.leases);
-        Ok(record)
-    }
-}
-
-impl Record {
-    /// A record holding only `bucket`.
-    pub fn with_bucket(bucket: Bucket) -> Record {
-        Record {
-            bucket: Some(bucket),
-            ..Record::default()
-        }
-    }
-
-    /// The `RL.WINDOW` window.
-    pub fn window(&self) -> Option<&WindowState> {
-        self.others.as_ref()?.window.as_ref()
-    }
-
-    /// The `RL.QUOTA` count.
-    pub fn quota(&self) -> Option<&QuotaState> {
-        self.others.as_ref()?.quota.as_ref()
-    }
-
-    /// The `RL.LEASE` leases (never an empty set).
-    pub fn leases(&self) -> Option<&Leases> {
-        self.others.as_ref()?.leases.as_deref()
-    }
-
-    /// Replace the window.
-    pub fn set_window(&mut self, window: Option<WindowState>) {
-        match (self.others.as_deref_mut(), window) {
-            (
-                Some(Others {
-                    window: Some(slot), ..
-                }),
-                Some(w),
-            ) => *slot = w,
-            (_, w) => self.edit_others(|o| o.window = w),
-        }
-    }
-
-    /// Replace the quota count.
-    pub fn set_quota(&mut self, quota: Option<QuotaState>) {
-        self.edit_others(|o| o.quota = quota);
-    }
-
-    /// Replace the leases (an empty set is stored as none).
-    pub fn set_leases(&mut self, leases: Option<Box<Leases>>) {
-        let leases = leases.filter(|l| !l.is_empty());
-        self.edit_others(|o| o.leases = leases);
-    }
-
-    /// The leases to change in place, an empty set first when there are
-    /// none: put it back with [`Record::set_leases`] or [`Record::prune`]
-    /// if it may have stayed empty.
-    pub fn leases_or_insert(&mut self) -> &mut Leases {
-        let others = self.others.get_or_insert_with(Box::default);
-        others.leases.get_or_insert_with(Box::default)
-    }
-
-    /// Take the window out, leaving a placeholder in its place (the
-    /// allocation kept for it to come back to with [`Record::set_window`]).
-    fn take_window(&mut self) -> Option<WindowState> {
-        self.others
-            .as_deref_mut()?
-            .window
-            .as_mut()
-            .map(std::mem::take)
-    }
-
-    /// Change the other parts, then drop their allocation if it holds
-    /// nothing.
-    fn edit_others(&mut self, change: impl FnOnce(&mut Others)) {
-        match self.others.as_deref_mut() {
-            Some(others) => change(others),
-            None => {
-                let mut others = Others::default();
-                change(&mut others);
-                if others.is_empty() {
-                    return;
-                }
-                self.others = Some(Box::new(others));
-            }
-        }
-        if self.others.as_deref().is_some_and(Others::is_empty) {
-            self.others = None;
-        }
-    }
-
-    /// Bytes this record holds on the heap beyond the record itself.
-    /// `allocated` gives the allocator's size of the allocation at an
-    /// address (its size class, not the size asked for); the nested
-    /// collections (a lease set's tree nodes, a window log) are counted by
-    /// what they hold.
-    pub fn heap_bytes(&self, allocated: impl Fn(*const u8) -> usize) -> usize {
-        fn address<T>(value: &T) -> *const u8 {
-            std::ptr::from_ref(value).cast()
-        }
-        let penalty = self.penalty.as_deref().map_or(0, |p| allocated(address(p)));
-        let others = self.others.as_deref().map_or(0, |o| {
-            allocated(address(o))
-                + o.window.as_ref().map_or(0, WindowState::heap_bytes)
-                + o.leases
-                    .as_deref()
-                    .map_or(0, |l| allocated(address(l)) + l.heap_bytes())
-        });
-        penalty + others
-    }
-}
-
-/// A limiter kind whose state lives in a [`Record`] (each kind in its own
-/// part, so one key may serve several commands).
-pub trait InRecord: Limiter {
-    /// This kind's part of `record`.
-    fn read(record: &Record) -> Option<&Self::State>;
-    /// Take this kind's part out of `record`, to [`InRecord::write`] it
-    /// back (changed or not) before the record is used again: it may leave
-    /// a placeholder (an allocation kept for the state to come back to).
-    fn take(record: &mut Record) -> Option<Self::State>;
-    /// Replace this kind's part of `record`.
-    fn write(record: &mut Record, state: Option<Self::State>);
-}
-
-impl InRecord for Window {
-    fn read(record: &Record) -> Option<&WindowState> {
-        record.window()
-    }
-
-    fn take(record: &mut Record) -> Option<WindowState> {
-        record.take_window()
-    }
-
-    fn write(record: &mut Record, state: Option<WindowState>) {
-        record.set_window(state);
-    }
-}
-
-impl InRecord for Quota {
-    fn read(record: &Record) -> Option<&QuotaState> {
-        record.quota()
-    }
-
-    fn take(record: &mut Record) -> Option<QuotaState> {
-        // Copied, not taken: taking could empty the other parts.
-        record.quota().copied()
-    }
-
-    fn write(record: &mut Record, state: Option<QuotaState>) {
-        record.set_quota(state);
-    }
-}
-
-impl InRecord for Rate {
-    fn read(record: &Record) -> Option<&Bucket> {
-        record.bucket.as_ref()
-    }
-
-    fn take(record: &mut Record) -> Option<Bucket> {
-        record.bucket.take()
-    }
-
-    fn write(record: &mut Record, state: Option<Bucket>) {
-        record.bucket = state;
-    }
+/// Access to one kind of part of a [`Record`], by its type.
+pub trait Holds<T> {
+    /// The part, if the record holds it.
+    fn get(&self) -> Option<&T>;
+    /// The part's slot where it lives, to change in place; `None` when
+    /// there is no room for it without an allocation (then change a copy
+    /// and [`Holds::set`] it).
+    fn slot(&mut self) -> Option<&mut Option<T>>;
+    /// Replace the part (`None` removes it).
+    fn set(&mut self, part: Option<T>);
 }
 
 /// How long a key must be kept.
@@ -259,15 +42,244 @@ pub enum Retention {
     Forever,
 }
 
+/// Declares [`Record`] from its parts: `inline` parts are fields of the
+/// record itself (the common ones: a bucket-only key is one allocation);
+/// `other` parts share one allocation, absent while none of them is there.
+/// Encoding order is the order of the lines, inline parts first; `= N` is
+/// the payload version that added the part.
+macro_rules! parts {
+    (
+        inline { $($iname:ident: $ity:ty = $iver:literal,)* }
+        other { $($oname:ident: $oty:ty = $over:literal,)* }
+    ) => {
+        /// The value of one key of the module type.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Record {
+            $(
+                #[doc = concat!("The `", stringify!($iname), "` part.")]
+                pub $iname: Option<$ity>,
+            )*
+            /// The other parts; `None` when all of them are (never an
+            /// allocation holding nothing).
+            others: Option<Box<Others>>,
+        }
+
+        /// The parts of a [`Record`] that only some keys hold.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        struct Others {
+            $($oname: Option<$oty>,)*
+        }
+
+        impl Others {
+            fn is_empty(&self) -> bool {
+                true $(&& self.$oname.is_none())*
+            }
+        }
+
+        $(
+            impl Holds<$ity> for Record {
+                fn get(&self) -> Option<&$ity> {
+                    self.$iname.as_ref()
+                }
+                fn slot(&mut self) -> Option<&mut Option<$ity>> {
+                    Some(&mut self.$iname)
+                }
+                fn set(&mut self, part: Option<$ity>) {
+                    self.$iname = part;
+                }
+            }
+        )*
+
+        $(
+            impl Holds<$oty> for Record {
+                fn get(&self) -> Option<&$oty> {
+                    self.others.as_ref()?.$oname.as_ref()
+                }
+                fn slot(&mut self) -> Option<&mut Option<$oty>> {
+                    self.others.as_deref_mut().map(|o| &mut o.$oname)
+                }
+                fn set(&mut self, part: Option<$oty>) {
+                    match (self.others.as_deref_mut(), part) {
+                        (Some(others), part) => others.$oname = part,
+                        (None, None) => {}
+                        (None, part) => {
+                            self.others = Some(Box::new(Others {
+                                $oname: part,
+                                ..Others::default()
+                            }))
+                        }
+                    }
+                    self.drop_empty_others();
+                }
+            }
+        )*
+
+        impl Record {
+            /// How many parts a payload of `version` holds.
+            pub(crate) fn parts_in(version: u8) -> usize {
+                0 $(+ usize::from($iver <= version))* $(+ usize::from($over <= version))*
+            }
+
+            /// Whether every part satisfies its invariants.
+            pub fn is_valid(&self) -> bool {
+                true
+                    $(&& self.$iname.as_ref().is_none_or(Part::is_valid))*
+                    && self.others.as_deref().is_none_or(|o| {
+                        !o.is_empty() $(&& o.$oname.as_ref().is_none_or(Part::is_valid))*
+                    })
+            }
+
+            /// Whether every part is one a legal call could have written by
+            /// `now` ([`Part::is_plausible`]).
+            pub fn is_plausible(&self, now: Millis) -> bool {
+                true
+                    $(&& self.$iname.as_ref().is_none_or(|p| p.is_plausible(now)))*
+                    && self.others.as_deref().is_none_or(|o| {
+                        true $(&& o.$oname.as_ref().is_none_or(|p| p.is_plausible(now)))*
+                    })
+            }
+
+            /// Whether a payload of `version` can hold every part as it is.
+            pub(crate) fn fits_version(&self, version: u8) -> bool {
+                true
+                    $(&& self.$iname.as_ref().is_none_or(|p| p.since_version() <= version))*
+                    && self.others.as_deref().is_none_or(|o| {
+                        true $(&& o.$oname.as_ref().is_none_or(|p| p.since_version() <= version))*
+                    })
+            }
+
+            /// Drop the parts that no longer matter at `now`, and say how
+            /// long the rest must be kept.
+            pub fn prune(&mut self, now: Millis) -> Retention {
+                let mut until: Option<Millis> = None;
+                $(until = until.max(retain(&mut self.$iname, now));)*
+                if let Some(o) = self.others.as_deref_mut() {
+                    $(until = until.max(retain(&mut o.$oname, now));)*
+                }
+                self.drop_empty_others();
+                match until {
+                    None => Retention::Delete,
+                    Some(MANUAL) => Retention::Forever,
+                    Some(t) => Retention::Until(t),
+                }
+            }
+
+            /// Bytes this record holds on the heap beyond the record itself.
+            /// `allocated` gives the allocator's size of the allocation at an
+            /// address (its size class, not the size asked for).
+            pub fn heap_bytes(&self, allocated: impl Fn(*const u8) -> usize) -> usize {
+                let mut bytes = 0;
+                $(bytes += self.$iname.as_ref().map_or(0, |p| Part::heap_bytes(p, &allocated));)*
+                if let Some(o) = self.others.as_deref() {
+                    bytes += allocated(std::ptr::from_ref(o).cast());
+                    $(bytes += o.$oname.as_ref().map_or(0, |p| Part::heap_bytes(p, &allocated));)*
+                }
+                bytes
+            }
+
+            /// Write the parts a payload of `version` holds, as one
+            /// MessagePack array in encoding order.
+            pub(crate) fn serialize_version<S: Serializer>(
+                &self,
+                version: u8,
+                serializer: S,
+            ) -> Result<S::Ok, S::Error> {
+                let mut fields = serializer.serialize_tuple(Record::parts_in(version))?;
+                $(if $iver <= version {
+                    fields.serialize_element(&self.$iname)?;
+                })*
+                $(if $over <= version {
+                    fields.serialize_element(&Holds::<$oty>::get(self))?;
+                })*
+                fields.end()
+            }
+
+            /// Read the parts of a payload (a shorter array, from an older
+            /// version, leaves the later parts empty).
+            pub(crate) fn deserialize_parts<'de, D: Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<Record, D::Error> {
+                struct PartsVisitor;
+                impl<'de> Visitor<'de> for PartsVisitor {
+                    type Value = Record;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("an array of record parts")
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Record, A::Error> {
+                        let mut record = Record::default();
+                        $(record.$iname = seq.next_element::<Option<$ity>>()?.flatten();)*
+                        $(Holds::<$oty>::set(
+                            &mut record,
+                            seq.next_element::<Option<$oty>>()?.flatten(),
+                        );)*
+                        if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                            return Err(de::Error::custom("more parts than this build knows"));
+                        }
+                        Ok(record)
+                    }
+                }
+                deserializer.deserialize_seq(PartsVisitor)
+            }
+        }
+    };
+}
+
+parts! {
+    inline {
+        bucket: Bucket = 1,
+        penalty: Box<Penalty> = 1,
+    }
+    other {
+        leases: Box<Leases> = 2,
+        window: WindowState = 3,
+        quota: QuotaState = 4,
+    }
+}
+
+/// [`Part::retain`] on an optional part, removing it when nothing is left.
+fn retain<T: Part>(part: &mut Option<T>, now: Millis) -> Option<Millis> {
+    let until = part.as_mut()?.retain(now);
+    if until.is_none() {
+        *part = None;
+    }
+    until
+}
+
 impl Record {
-    /// Whether every part satisfies its invariants.
-    pub fn is_valid(&self) -> bool {
-        self.bucket.as_ref().is_none_or(Bucket::is_valid)
-            && self.penalty.as_deref().is_none_or(Penalty::is_valid)
-            && self.others.as_deref().is_none_or(|o| !o.is_empty())
-            && self.leases().is_none_or(|l| l.is_valid() && !l.is_empty())
-            && self.window().is_none_or(WindowState::is_valid)
-            && self.quota().is_none_or(QuotaState::is_valid)
+    /// A record holding only `bucket`.
+    pub fn with_bucket(bucket: Bucket) -> Record {
+        Record {
+            bucket: Some(bucket),
+            ..Record::default()
+        }
+    }
+
+    /// The part of type `T`, if the record holds it.
+    pub fn part<T>(&self) -> Option<&T>
+    where
+        Record: Holds<T>,
+    {
+        Holds::<T>::get(self)
+    }
+
+    /// Replace the part of type `T` (`None` removes it).
+    pub fn set_part<T>(&mut self, part: Option<T>)
+    where
+        Record: Holds<T>,
+    {
+        Holds::<T>::set(self, part);
+    }
+
+    /// The `RL.LEASE` leases (never an empty set).
+    pub fn leases(&self) -> Option<&Leases> {
+        self.part::<Box<Leases>>().map(|l| &**l)
+    }
+
+    /// The leases to change in place, an empty set first when there are
+    /// none: [`Record::prune`] removes the set if it stays empty.
+    pub fn leases_or_insert(&mut self) -> &mut Leases {
+        let others = self.others.get_or_insert_with(Box::default);
+        others.leases.get_or_insert_with(Box::default)
     }
 
     /// The penalty state, or an empty one.
@@ -283,53 +295,9 @@ impl Record {
         }
     }
 
-    /// Drop the parts that no longer matter at `now`, and say how long the
-    /// rest must be kept.
-    pub fn prune(&mut self, now: Millis) -> Retention {
-        let mut until: Option<Millis> = None;
-        if let Some(b) = &self.bucket {
-            if b.full_at_ms() > now {
-                until = Some(b.full_at_ms());
-            } else {
-                self.bucket = None;
-            }
-        }
-        if let Some(p) = self.penalty.as_deref_mut() {
-            let keep = p.retain_until(now);
-            if p.prune(now) {
-                until = until.max(keep);
-            } else {
-                self.penalty = None;
-            }
-        }
-        if let Some(others) = self.others.as_deref_mut() {
-            if let Some(window) = &others.window {
-                match window.counts_until(now) {
-                    Some(last) => until = until.max(Some(last.min(MANUAL - 1))),
-                    None => others.window = None,
-                }
-            }
-            if let Some(quota) = &others.quota {
-                match quota.counts_until(now) {
-                    Some(end) => until = until.max(Some(end.min(MANUAL - 1))),
-                    None => others.quota = None,
-                }
-            }
-            if let Some(leases) = others.leases.as_deref_mut() {
-                leases.sweep(now);
-                match leases.last_deadline(now) {
-                    Some(deadline) => until = until.max(Some(deadline)),
-                    None => others.leases = None,
-                }
-            }
-            if others.is_empty() {
-                self.others = None;
-            }
-        }
-        match until {
-            None => Retention::Delete,
-            Some(MANUAL) => Retention::Forever,
-            Some(t) => Retention::Until(t),
+    fn drop_empty_others(&mut self) {
+        if self.others.as_deref().is_some_and(Others::is_empty) {
+            self.others = None;
         }
     }
 }
@@ -369,7 +337,7 @@ mod tests {
         let mut leased = Record::default();
         let mut leases = Leases::new();
         leases.acquire(b"job", 1, 30_000, NOW);
-        leased.set_leases(Some(Box::new(leases)));
+        leased.set_part(Some(Box::new(leases)));
         assert_eq!(leased.prune(NOW), Retention::Until(NOW + 30_000));
         assert_eq!(leased.prune(NOW + 30_000), Retention::Delete);
         assert_eq!(leased, Record::default());
@@ -395,7 +363,7 @@ mod tests {
             NOW,
         );
         assert_eq!(r.heap_bytes(class), 64);
-        r.set_quota(Some(QuotaState {
+        r.set_part(Some(QuotaState {
             end: NOW + 1,
             count: 1,
         }));
@@ -403,10 +371,10 @@ mod tests {
         let mut leases = Leases::new();
         leases.acquire(b"job", 1, 30_000, NOW);
         let lease_heap = leases.heap_bytes();
-        r.set_leases(Some(Box::new(leases)));
+        r.set_part::<Box<Leases>>(Some(Box::new(leases)));
         assert_eq!(r.heap_bytes(class), 192 + lease_heap);
-        r.set_quota(None);
-        r.set_leases(None);
+        r.set_part::<QuotaState>(None);
+        r.set_part::<Box<Leases>>(None);
         assert_eq!(r.heap_bytes(class), 64, "no empty allocation is kept");
     }
 }

@@ -4,20 +4,10 @@
 
 use proptest::prelude::*;
 
-use super::bucket::{self, Bucket, Rate};
-use super::penalty::Penalty;
-use super::reply::Status;
-use super::take::{take, TakeRequest};
-use super::time::Millis;
-
-const T0: Millis = 1_700_000_000_000;
-
-fn i(v: u64) -> i128 {
-    i128::from(v)
-}
+use super::testkit::*;
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(config(256))]
 
     /// Every admitted call proceeds at `now` (status 1) or `now + wait`
     /// (status 2). Between any two proceed instants `a <= b`, the points
@@ -45,7 +35,7 @@ proptest! {
         for (step, cost) in calls {
             now += step as i64;
             req.cost = cost.min(capacity);
-            let (reply, _) = take(&mut buckets, &mut penalty, &req, now, 0);
+            let reply = Wire::from(take(&mut buckets, &mut penalty, &req, now, 0).0);
             match reply.status {
                 Status::Allowed => proceeds.push((now, req.cost)),
                 Status::Delayed => {

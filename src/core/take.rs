@@ -2,13 +2,15 @@
 //! all-or-nothing, behind the penalty box of the first key. `RL.TAKE` is
 //! this decision on token buckets.
 
+use std::borrow::BorrowMut;
+
 use arrayvec::ArrayVec;
 
 use super::bucket::{Bucket, Rate};
+use super::decision::{boxed, jittered, Decision, Span, Status};
 use super::limiter::Limiter;
 use super::limits::MAX_BUCKETS;
 use super::penalty::{ActiveBox, Penalty, PenaltyPolicy, Strike};
-use super::reply::{boxed_reply, jittered, Reply, Status};
 use super::time::Millis;
 
 /// One call of a limiter command, parsed: one limiter per key (first key
@@ -28,6 +30,24 @@ pub struct Request<L> {
     /// within this wait is admitted later instead of throttled, its points
     /// reserved now (the keys go into debt beyond their limit).
     pub delay_ms: Option<u64>,
+    /// How `cost` is settled: charged if it fits (the default), charged
+    /// whatever (`DEBT`), or given back (`REFUND`).
+    pub settle: Settle,
+}
+
+/// How a call settles its `cost`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Settle {
+    /// Taken from every key if it fits in every key, else nothing.
+    #[default]
+    Charge,
+    /// `COST cost DEBT`: a price known after the fact, taken from every key
+    /// whether or not it fits (a key may go into debt): never throttled,
+    /// never a strike.
+    Debt,
+    /// `REFUND points`: `cost` points given back to every key that holds a
+    /// state, never beyond empty.
+    Refund,
 }
 
 /// The limiters of one call, first key first.
@@ -46,64 +66,115 @@ impl<L: Clone> Request<L> {
             penalty: None,
             jitter_percent: 0,
             delay_ms: None,
+            settle: Settle::Charge,
         }
     }
 }
 
-/// What a call changed, for the adapter to store and replicate.
+/// A set of the keys of one call, by index (0 = the first key).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeySet(u32);
+
+impl KeySet {
+    /// Keys `0..n`.
+    pub fn first(n: usize) -> KeySet {
+        KeySet(if n >= 32 { u32::MAX } else { (1u32 << n) - 1 })
+    }
+
+    /// Add key `i`.
+    pub fn insert(&mut self, i: usize) {
+        if i < 32 {
+            self.0 |= 1 << i;
+        }
+    }
+
+    /// Whether key `i` is in the set.
+    pub fn contains(self, i: usize) -> bool {
+        i < 32 && self.0 & (1 << i) != 0
+    }
+
+    /// The keys in either set.
+    pub fn union(self, other: KeySet) -> KeySet {
+        KeySet(self.0 | other.0)
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// What a call changed, for the adapter to store, replicate and announce.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Effects {
-    /// Bit `i` is set when key `i`'s limiter state changed: every key when
-    /// the call was allowed with a cost > 0; on a throttled call, only a
-    /// state that needed a [`Limiter::rewrite`] (a bucket rewritten with
-    /// the same points spent at its new rate, say).
-    pub states_changed: u32,
+    /// The keys whose limiter state changed: every key when the call was
+    /// allowed with a cost > 0; on a throttled call, only a state that
+    /// needed a [`Limiter::rewrite`] (a bucket rewritten with the same
+    /// points spent at its new rate, say).
+    pub states: KeySet,
     /// The first key's penalty state changed (a strike or a trip).
-    pub penalty_changed: bool,
+    pub penalty: bool,
     /// The box this call tripped.
     pub tripped: Option<ActiveBox>,
 }
 
+impl Effects {
+    /// The keys to write: those whose state changed, and the first key
+    /// when its penalty did.
+    pub fn written(&self) -> KeySet {
+        let mut keys = self.states;
+        if self.penalty {
+            keys.insert(0);
+        }
+        keys
+    }
+}
+
 /// `RL.TAKE`: [`decide`] on buckets.
 pub fn take(
-    buckets: &mut [Option<Bucket>],
+    buckets: &mut [impl BorrowMut<Option<Bucket>>],
     penalty: &mut Penalty,
     req: &TakeRequest,
     now: Millis,
     random: u64,
-) -> (Reply, Effects) {
+) -> (Decision, Effects) {
     decide(buckets, penalty, req, now, random)
 }
 
 /// Decide a call at `now` and apply it to `states` (one per limiter,
-/// `None` for a key that holds none yet) and to the first key's `penalty`:
-/// the call is allowed only if every key admits `cost`, and then `cost` is
-/// taken from every key; otherwise nothing is taken, and with `STRIKES` a
-/// strike is counted. An active box on the first key answers at once.
-/// Nothing is changed unless [`Effects`] says so. `random` is a uniformly
-/// random number, used only for `JITTER`.
+/// `None` for a key that holds none yet; owned or borrowed where they are
+/// stored) and to the first key's `penalty`: the call is allowed only if
+/// every key admits `cost`, and then `cost` is taken from every key;
+/// otherwise nothing is taken, and with `STRIKES` a strike is counted. An
+/// active box on the first key answers at once. Nothing is changed unless
+/// [`Effects`] says so. `random` is a uniformly random number, used only
+/// for `JITTER`.
 pub fn decide<L: Limiter>(
-    states: &mut [Option<L::State>],
+    states: &mut [impl BorrowMut<Option<L::State>>],
     penalty: &mut Penalty,
     req: &Request<L>,
     now: Millis,
     random: u64,
-) -> (Reply, Effects) {
+) -> (Decision, Effects) {
     let first_limit = req.limits.first().map_or(0, |l| l.limit());
     if let Some(active) = penalty.active_box(now) {
-        return (boxed_reply(first_limit, &active, now), Effects::default());
+        return (boxed(first_limit, &active, now), Effects::default());
     }
     let n = req.limits.len().min(states.len()).min(MAX_BUCKETS);
     let limits = &req.limits[..n];
+    let states = &mut states[..n];
     let mut seen = [L::Seen::default(); MAX_BUCKETS];
     for ((slot, state), limit) in seen.iter_mut().zip(states.iter()).zip(limits) {
-        *slot = limit.see(state.as_ref(), now);
+        *slot = limit.see(state.borrow().as_ref(), now);
     }
     let strikes_left = |p: &Penalty| {
         req.penalty
             .as_ref()
-            .map_or(-1, |pol| to_i64(p.strikes_remaining(pol, now)))
+            .map(|pol| p.strikes_remaining(pol, now))
     };
+    if req.settle != Settle::Charge {
+        return settle(states, &mut seen, penalty, req, now, strikes_left(penalty));
+    }
 
     // Throttled: the key that needs the longest wait binds.
     let mut binding = None;
@@ -112,59 +183,60 @@ pub fn decide<L: Limiter>(
         let wait = if limit.fits(seen, req.cost) {
             0
         } else {
-            limit.wait_ms(state.as_ref(), seen, req.cost, now).max(1)
+            limit
+                .wait_ms(state.borrow().as_ref(), seen, req.cost, now)
+                .max(1)
         };
         if wait > longest {
             longest = wait;
             binding = Some(i);
         }
     }
+    let longest = u64::try_from(longest).unwrap_or(0);
     if let Some(i) = binding {
-        if req.cost > 0 && req.delay_ms.is_some_and(|max| longest <= to_i64(max)) {
-            return reserve(
-                states,
-                &mut seen,
-                req,
-                i,
-                longest,
-                now,
-                strikes_left(penalty),
-            );
+        if req.cost > 0 && req.delay_ms.is_some_and(|max| longest <= max) {
+            charge_all(states, &mut seen, limits, req.cost, now);
+            let admitted = penalty.admit(now);
+            let decision = Decision {
+                status: Status::Delayed,
+                retry_after: Span::Ms(longest),
+                ..about(i, states, &seen, limits, now, strikes_left(penalty))
+            };
+            let effects = Effects {
+                states: KeySet::first(n),
+                penalty: admitted,
+                ..Effects::default()
+            };
+            return (decision, effects);
         }
         let mut effects = Effects::default();
         if req.cost > 0 {
-            effects.states_changed = rewrite(&mut states[..n], &seen, limits, now);
+            effects.states = rewrite(states, &seen, limits, now);
         }
+        let retry_after = jittered(longest, req.jitter_percent, random);
         if let (Some(policy), true) = (req.penalty.as_ref(), req.cost > 0) {
-            effects.penalty_changed = true;
-            if let Strike::Tripped(active) = penalty.strike(policy, now) {
+            // The refusal records the retry it announces; only an early
+            // retry (before the previous refusal's) is a strike.
+            effects.penalty = true;
+            if let Some(Strike::Tripped(active)) = penalty.refuse(policy, retry_after, now) {
                 effects.tripped = Some(active);
-                return (boxed_reply(first_limit, &active, now), effects);
+                return (boxed(first_limit, &active, now), effects);
             }
         }
-        let limit = &limits[i];
-        let reply = Reply {
+        let decision = Decision {
             status: Status::Throttled,
-            limit: to_i64(limit.limit()),
-            remaining: limit.remaining(&seen[i]),
-            reset_ms: limit.reset_ms(states[i].as_ref(), now),
-            retry_after_ms: jittered(longest, req.jitter_percent, random),
-            box_level: 0,
-            strikes_remaining: strikes_left(penalty),
-            binding: i as i64,
+            retry_after: Span::Ms(retry_after),
+            ..about(i, states, &seen, limits, now, strikes_left(penalty))
         };
-        return (reply, effects);
+        return (decision, effects);
     }
 
     // Allowed: charge every key; the one with the fewest points left binds.
     let mut effects = Effects::default();
     if req.cost > 0 {
-        for ((state, seen), limit) in states.iter_mut().zip(&mut seen[..n]).zip(limits) {
-            let (charged, after) = limit.charge(state.as_ref(), seen, req.cost, now);
-            *state = Some(charged);
-            *seen = after;
-        }
-        effects.states_changed = (1u32 << n) - 1;
+        charge_all(states, &mut seen, limits, req.cost, now);
+        effects.states = KeySet::first(n);
+        effects.penalty = penalty.admit(now);
     }
     let mut binding = 0;
     let mut fewest = i64::MAX;
@@ -175,100 +247,132 @@ pub fn decide<L: Limiter>(
             binding = i;
         }
     }
-    let reply = Reply {
+    let decision = Decision {
         status: Status::Allowed,
-        limit: to_i64(limits.get(binding).map_or(0, |l| l.limit())),
-        remaining: fewest.max(0),
-        reset_ms: limits.get(binding).map_or(0, |l| {
-            l.reset_ms(states.get(binding).and_then(Option::as_ref), now)
-        }),
-        retry_after_ms: 0,
-        box_level: 0,
-        strikes_remaining: strikes_left(penalty),
-        binding: binding as i64,
+        ..about(binding, states, &seen, limits, now, strikes_left(penalty))
     };
-    (reply, effects)
+    (decision, effects)
 }
 
-/// `DELAY`: take `cost` from every key although key `binding` only admits
-/// it in `wait` ms: the caller proceeds then, and later calls see the
-/// debt. No strike is counted; `JITTER` does not apply.
-fn reserve<L: Limiter>(
-    states: &mut [Option<L::State>],
+/// `DEBT` and `REFUND`: applied to every key (a refund only where a state
+/// is stored), always allowed; the key with the fewest points left binds,
+/// its balance negative when in debt.
+fn settle<L: Limiter>(
+    states: &mut [impl BorrowMut<Option<L::State>>],
     seen: &mut [L::Seen],
+    penalty: &mut Penalty,
     req: &Request<L>,
-    binding: usize,
-    wait: i64,
     now: Millis,
-    strikes_remaining: i64,
-) -> (Reply, Effects) {
-    let n = req.limits.len().min(states.len()).min(seen.len());
-    for ((state, seen), limit) in states.iter_mut().zip(seen.iter_mut()).zip(&req.limits[..n]) {
-        let (charged, after) = limit.charge(state.as_ref(), seen, req.cost, now);
-        *state = Some(charged);
-        *seen = after;
+    strikes_remaining: Option<u64>,
+) -> (Decision, Effects) {
+    let n = states.len().min(seen.len()).min(req.limits.len());
+    let limits = &req.limits[..n];
+    let mut effects = Effects::default();
+    if req.cost > 0 {
+        for (i, ((state, seen), limit)) in states
+            .iter_mut()
+            .zip(seen.iter_mut())
+            .zip(limits)
+            .enumerate()
+        {
+            let slot = state.borrow_mut();
+            match (req.settle, slot.as_mut()) {
+                (Settle::Refund, Some(stored)) => {
+                    *seen = limit.refund(stored, seen, req.cost, now);
+                    effects.states.insert(i);
+                }
+                (Settle::Refund, None) => {}
+                _ => {
+                    *seen = limit.charge(slot, seen, req.cost, now);
+                    effects.states.insert(i);
+                }
+            }
+        }
+        effects.penalty = penalty.admit(now);
     }
-    let limit = &req.limits[binding];
-    let reply = Reply {
-        status: Status::Delayed,
-        limit: to_i64(limit.limit()),
-        remaining: limit.remaining(&seen[binding]),
-        reset_ms: limit.reset_ms(states[binding].as_ref(), now),
-        retry_after_ms: wait,
-        box_level: 0,
-        strikes_remaining,
-        binding: binding as i64,
+    let binding = (0..n)
+        .min_by_key(|&i| limits[i].balance(&seen[i]))
+        .unwrap_or(0);
+    let decision = Decision {
+        remaining: limits.get(binding).map_or(0, |l| l.balance(&seen[binding])),
+        ..about(binding, states, seen, limits, now, strikes_remaining)
     };
-    let effects = Effects {
-        states_changed: (1u32 << n) - 1,
-        ..Effects::default()
-    };
-    (reply, effects)
+    (decision, effects)
 }
 
-/// Apply [`Limiter::rewrite`] to every stored state; returns the bit set
-/// of rewritten ones.
-fn rewrite<L: Limiter>(
-    states: &mut [Option<L::State>],
+/// A decision about key `i` (allowed, retry now); the caller sets what
+/// differs.
+fn about<L: Limiter>(
+    i: usize,
+    states: &[impl BorrowMut<Option<L::State>>],
     seen: &[L::Seen],
     limits: &[L],
     now: Millis,
-) -> u32 {
-    let mut changed = 0;
+    strikes_remaining: Option<u64>,
+) -> Decision {
+    let (Some(limit), Some(seen), Some(state)) = (limits.get(i), seen.get(i), states.get(i)) else {
+        return Decision {
+            status: Status::Allowed,
+            limit: 0,
+            remaining: 0,
+            reset: Span::Ms(0),
+            retry_after: Span::Ms(0),
+            box_level: 0,
+            strikes_remaining,
+            binding: 0,
+        };
+    };
+    Decision {
+        status: Status::Allowed,
+        limit: limit.limit(),
+        remaining: limit.remaining(seen),
+        reset: Span::ms(limit.reset_ms(state.borrow().as_ref(), now)),
+        retry_after: Span::Ms(0),
+        box_level: 0,
+        strikes_remaining,
+        binding: i,
+    }
+}
+
+/// Take `cost` from every key, in place (`DELAY` may take it although it
+/// does not fit yet: later calls see the debt).
+fn charge_all<L: Limiter>(
+    states: &mut [impl BorrowMut<Option<L::State>>],
+    seen: &mut [L::Seen],
+    limits: &[L],
+    cost: u64,
+    now: Millis,
+) {
+    for ((state, seen), limit) in states.iter_mut().zip(seen.iter_mut()).zip(limits) {
+        *seen = limit.charge(state.borrow_mut(), seen, cost, now);
+    }
+}
+
+/// Apply [`Limiter::rewrite`] to every stored state; returns the keys
+/// rewritten.
+fn rewrite<L: Limiter>(
+    states: &mut [impl BorrowMut<Option<L::State>>],
+    seen: &[L::Seen],
+    limits: &[L],
+    now: Millis,
+) -> KeySet {
+    let mut changed = KeySet::default();
     for (i, ((slot, seen), limit)) in states.iter_mut().zip(seen).zip(limits).enumerate() {
-        if let Some(new) = slot
-            .as_ref()
-            .and_then(|state| limit.rewrite(state, seen, now))
-        {
-            *slot = Some(new);
-            changed |= 1 << i;
+        if let Some(state) = slot.borrow_mut().as_mut() {
+            if limit.rewrite(state, seen, now) {
+                changed.insert(i);
+            }
         }
     }
     changed
 }
 
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::bucket;
     use crate::core::penalty::MANUAL;
-
-    const NOW: Millis = 1_700_000_000_000;
-
-    fn rate(capacity: u64, tokens: u64, period_ms: u64) -> Rate {
-        Rate {
-            capacity,
-            tokens,
-            period_ms,
-        }
-    }
-
-    fn req(rates: &[Rate], cost: u64) -> TakeRequest {
-        TakeRequest::new(rates, cost)
-    }
+    use crate::core::testkit::{rate_of as rate, req, ToWire, T0 as NOW};
 
     fn strikes(threshold: u64) -> Option<PenaltyPolicy> {
         Some(PenaltyPolicy {
@@ -297,7 +401,7 @@ mod tests {
         let mut penalty = Penalty::default();
         for (at, cost, expected) in rows {
             let (reply, _) = take(&mut buckets, &mut penalty, &req(&[r], *cost), NOW + at, 0);
-            assert_eq!(reply.to_array(), *expected, "at +{at} ms, cost {cost}");
+            assert_eq!(reply.wire(), *expected, "at +{at} ms, cost {cost}");
         }
     }
 
@@ -309,11 +413,11 @@ mod tests {
         let mut penalty = Penalty::default();
         let r = req(&[key, tenant], 6);
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
-        assert_eq!(reply.to_array(), [1, 10, 4, 36000, 0, 0, -1, 1]);
-        assert_eq!(fx.states_changed, 0b11);
+        assert_eq!(reply.wire(), [1, 10, 4, 36000, 0, 0, -1, 1]);
+        assert_eq!(fx.states, KeySet::first(2));
         let before = buckets;
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
-        assert_eq!(reply.to_array(), [0, 10, 4, 36000, 12000, 0, -1, 1]);
+        assert_eq!(reply.wire(), [0, 10, 4, 36000, 12000, 0, -1, 1]);
         assert_eq!(fx, Effects::default());
         assert_eq!(
             buckets, before,
@@ -328,17 +432,109 @@ mod tests {
         let mut r = req(&[rate(1, 1, 60_000)], 1);
         r.penalty = strikes(2);
         let (reply, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
-        assert_eq!(reply.to_array(), [1, 1, 0, 60000, 0, 0, 2, 0]);
+        assert_eq!(reply.wire(), [1, 1, 0, 60000, 0, 0, 2, 0]);
+        // The first refusal announces a retry at NOW + 60000: no strike.
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 1, 0);
-        assert_eq!(reply.to_array(), [0, 1, 0, 59999, 59999, 0, 1, 0]);
-        assert!(fx.penalty_changed && fx.tripped.is_none());
+        assert_eq!(reply.wire(), [0, 1, 0, 59999, 59999, 0, 2, 0]);
+        assert!(fx.penalty && fx.tripped.is_none());
+        assert_eq!(penalty.retry_at, NOW + 60_000);
+        // Retrying before it is a strike, each time.
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 2, 0);
-        assert_eq!(reply.to_array(), [-1, 1, 0, 300000, 300000, 1, 0, 0]);
+        assert_eq!(reply.wire(), [0, 1, 0, 59998, 59998, 0, 1, 0]);
+        assert!(fx.penalty && fx.tripped.is_none());
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 2, 0);
+        assert_eq!(reply.wire(), [-1, 1, 0, 300000, 300000, 1, 0, 0]);
         assert_eq!(fx.tripped.map(|b| b.level), Some(1));
         // Boxed: nothing is read or charged, even when the bucket is full.
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW + 120_000, 0);
-        assert_eq!(reply.to_array(), [-1, 1, 0, 180002, 180002, 1, 0, 0]);
+        assert_eq!(reply.wire(), [-1, 1, 0, 180002, 180002, 1, 0, 0]);
         assert_eq!(fx, Effects::default());
+    }
+
+    #[test]
+    fn debt_charges_past_empty_and_refund_gives_back_up_to_full() {
+        let mut buckets = [None, None];
+        let mut penalty = Penalty::default();
+        let rates = [rate(10, 1, 1000), rate(100, 10, 1000)];
+        let mut r = req(&rates, 25);
+        r.settle = Settle::Debt;
+        // 25 points on a bucket of 10: allowed, 15 in debt.
+        let (d, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(d.wire(), [1, 10, -15, 25_000, 0, 0, -1, 0]);
+        assert_eq!(fx.states, KeySet::first(2));
+        // Throttled until the debt is repaid at the refill rate.
+        let one = req(&rates, 1);
+        let (d, _) = take(&mut buckets, &mut penalty, &one, NOW, 0);
+        assert_eq!(
+            (d.status, d.retry_after),
+            (Status::Throttled, Span::Ms(16_000))
+        );
+        let (d, _) = take(&mut buckets, &mut penalty, &one, NOW + 16_000, 0);
+        assert_eq!(d.status, Status::Allowed);
+        // A refund gives back, never beyond full.
+        let mut back = req(&rates, 1000);
+        back.settle = Settle::Refund;
+        let (d, fx) = take(&mut buckets, &mut penalty, &back, NOW + 16_000, 0);
+        assert_eq!(d.wire(), [1, 10, 10, 0, 0, 0, -1, 0]);
+        assert_eq!(fx.states, KeySet::first(2));
+        // A refund to keys that hold nothing changes nothing.
+        let mut empty = [None];
+        let (d, fx) = take(&mut empty, &mut penalty, &req(&rates[..1], 5), NOW, 0);
+        assert_eq!(d.status, Status::Allowed);
+        let mut nothing = [None];
+        let (_, fx2) = take(
+            &mut nothing,
+            &mut penalty,
+            &{
+                let mut b = req(&rates[..1], 5);
+                b.settle = Settle::Refund;
+                b
+            },
+            NOW,
+            0,
+        );
+        assert!(fx.states.contains(0) && fx2.states.is_empty() && nothing[0].is_none());
+    }
+
+    #[test]
+    fn debt_and_refund_never_strike_and_a_box_still_answers() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        penalty.trip(1, 60_000, NOW);
+        let mut r = req(&[rate(1, 1, 1000)], 5);
+        r.penalty = strikes(1);
+        r.settle = Settle::Debt;
+        let (d, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!((d.status, fx), (Status::Boxed, Effects::default()));
+        penalty.release(true, NOW);
+        let (d, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!((d.status, d.strikes_remaining), (Status::Allowed, Some(1)));
+        let (d, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!((d.status, d.remaining), (Status::Allowed, -9));
+    }
+
+    #[test]
+    fn a_client_that_waits_as_told_is_never_struck() {
+        let mut buckets = [None];
+        let mut penalty = Penalty::default();
+        let mut r = req(&[rate(2, 1, 1000)], 1);
+        r.penalty = strikes(1);
+        let mut now = NOW;
+        for _ in 0..50 {
+            let (reply, _) = take(&mut buckets, &mut penalty, &r, now, 0);
+            assert_ne!(reply.status, Status::Boxed);
+            assert_eq!(reply.strikes_remaining, Some(1));
+            now += i64::try_from(reply.retry_after.as_ms().unwrap_or(0)).unwrap_or(0);
+        }
+        // One early retry with a threshold of 1 trips the box.
+        let (refused, _) = take(&mut buckets, &mut penalty, &r, now, 0);
+        let (refused, _) = match refused.status {
+            Status::Allowed => take(&mut buckets, &mut penalty, &r, now, 0),
+            _ => (refused, Effects::default()),
+        };
+        assert_eq!(refused.status, Status::Throttled);
+        let (early, _) = take(&mut buckets, &mut penalty, &r, now, 0);
+        assert_eq!(early.status, Status::Boxed);
     }
 
     #[test]
@@ -353,7 +549,7 @@ mod tests {
             NOW,
             0,
         );
-        assert_eq!(reply.to_array(), [-1, 5, 0, -1, -1, 3, 0, 0]);
+        assert_eq!(reply.wire(), [-1, 5, 0, -1, -1, 3, 0, 0]);
     }
 
     #[test]
@@ -366,7 +562,7 @@ mod tests {
         r.cost = 0;
         let before = (buckets, penalty);
         let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
-        assert_eq!(reply.to_array(), [1, 2, 0, 2000, 0, 0, 1, 0]);
+        assert_eq!(reply.wire(), [1, 2, 0, 2000, 0, 0, 1, 0]);
         assert_eq!(fx, Effects::default());
         assert_eq!((buckets, penalty), before);
     }
@@ -380,14 +576,9 @@ mod tests {
         r.jitter_percent = 50;
         let (low, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
         let (high, _) = take(&mut buckets, &mut penalty, &r, NOW, u64::MAX);
-        assert_eq!(low.retry_after_ms, 10_000);
-        assert_eq!(high.retry_after_ms, 15_000);
+        assert_eq!(low.retry_after, Span::Ms(10_000));
+        assert_eq!(high.retry_after, Span::Ms(15_000));
     }
-}
-
-#[cfg(test)]
-mod clock_step_tests {
-    use super::*;
 
     #[test]
     fn a_backward_step_grants_nothing_until_the_clock_passes_again() {
@@ -404,7 +595,7 @@ mod clock_step_tests {
         req.cost = 1;
         let back = now - 3_600_000;
         let (reply, fx) = take(&mut buckets, &mut penalty, &req, back, 0);
-        assert_eq!(reply.to_array(), [0, 5, 0, 3_610_000, 3_602_000, 0, -1, 0]);
+        assert_eq!(reply.wire(), [0, 5, 0, 3_610_000, 3_602_000, 0, -1, 0]);
         assert_eq!(fx, Effects::default(), "a throttled call writes nothing");
         req.cost = 5;
         let (reply, _) = take(&mut buckets, &mut penalty, &req, back + 10_000, 0);
@@ -412,12 +603,6 @@ mod clock_step_tests {
         let (reply, _) = take(&mut buckets, &mut penalty, &req, now + 10_000, 0);
         assert_eq!(reply.status, Status::Allowed);
     }
-}
-
-#[cfg(test)]
-mod delay_tests {
-    use super::*;
-    use crate::core::bucket;
 
     #[test]
     fn delay_reserves_within_max_wait_and_throttles_beyond() {
@@ -432,20 +617,20 @@ mod delay_tests {
         let mut req = TakeRequest::new(&[rate], 1);
         req.delay_ms = Some(1000);
         let (first, _) = take(&mut buckets, &mut penalty, &req, now, 0);
-        assert_eq!(first.to_array(), [1, 1, 0, 100, 0, 0, -1, 0]);
+        assert_eq!(first.wire(), [1, 1, 0, 100, 0, 0, -1, 0]);
         for k in 1..=10 {
             let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
             assert_eq!(
-                reply.to_array(),
+                reply.wire(),
                 [2, 1, 0, 100 * (k + 1), 100 * k, 0, -1, 0],
                 "call {k}"
             );
-            assert_eq!(fx.states_changed, 1);
+            assert_eq!(fx.states, KeySet::first(1));
         }
         let before = buckets;
         let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
         assert_eq!(
-            reply.to_array(),
+            reply.wire(),
             [0, 1, 0, 1100, 1100, 0, -1, 0],
             "beyond max_wait"
         );
@@ -457,7 +642,10 @@ mod delay_tests {
         // Without DELAY the reservations are debt: nothing fits for 1.1 s.
         req.delay_ms = None;
         let (reply, _) = take(&mut buckets, &mut penalty, &req, now + 1099, 0);
-        assert_eq!((reply.status, reply.retry_after_ms), (Status::Throttled, 1));
+        assert_eq!(
+            (reply.status, reply.retry_after),
+            (Status::Throttled, Span::Ms(1))
+        );
         let debt = bucket::debt(buckets[0].as_ref(), &rate, now);
         assert_eq!(
             debt, 1100,

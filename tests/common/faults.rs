@@ -94,10 +94,11 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(status.success(), "kill -{sig} {pid} failed");
 }
 
-/// Whether `server`'s log shows a crash report or an assertion.
+/// Whether `server`'s log shows a crash report or an assertion (Redis
+/// writes `=== REDIS BUG REPORT START`, Valkey `=== VALKEY BUG REPORT START`).
 pub fn log_shows_crash(server: &Server) -> bool {
     let log = server.log();
-    log.contains("REDIS BUG REPORT")
+    log.contains(" BUG REPORT START")
         || log.contains("crashed by signal")
         || log.contains("ASSERTION FAILED")
         || log.contains("Guru Meditation")

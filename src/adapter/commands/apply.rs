@@ -14,7 +14,7 @@ use redis_module::raw;
 
 use crate::adapter::args::{is, parse_integer, Cursor};
 use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{context_flags, reply_error, reply_simple, Arg, Ctx};
+use crate::adapter::ffi::{context_flags, now_ms, reply_error, reply_simple, Arg, Ctx};
 use crate::adapter::store::{apply_replicated, Access, ReplicatedExpiry, RlKey};
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
@@ -77,7 +77,7 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     };
     let mut records: ArrayVec<Record, MAX_BUCKETS> = ArrayVec::new();
     for &(_, payload, _) in &applied {
-        match codec::decode(args[payload].as_ref()) {
+        match codec::decode_loaded(args[payload].as_ref(), now_ms(ctx)) {
             Ok(record) => records.push(record),
             Err(_) => return reply_error(ctx, errors::BAD_PAYLOAD),
         }

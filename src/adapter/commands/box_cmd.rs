@@ -1,68 +1,73 @@
 //! `RL.BOX STATUS key` · `RL.BOX TRIP key level duration` ·
 //! `RL.BOX RELEASE key [FORGET]`: read, trip and lift a key's penalty box.
-//! Registered as subcommands so that `STATUS` is read-only (it works on a
-//! replica) while `TRIP` and `RELEASE` write.
+//! Registered as subcommands, each with its own entry and parser, so that
+//! `STATUS` is read-only (it works on a replica) while `TRIP` and
+//! `RELEASE` write.
 
 use std::os::raw::c_int;
 
 use crate::adapter::args::{is, Cursor};
-use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{notify, now_ms, reply_error, reply_int, reply_ints, Arg, Ctx};
+use crate::adapter::errors::ArgError;
+use crate::adapter::ffi::{reply_error, reply_int, reply_ints, Arg, Ctx};
 use crate::adapter::stats;
-use crate::adapter::store::{commit, Access, RlKey};
+use crate::adapter::store::{Access, Call, Event};
 use crate::core::limits::MAX_BOX_LEVEL;
 use crate::core::penalty::Penalty;
+use crate::core::record::Record;
+use crate::core::take::KeySet;
 use crate::core::time::Millis;
 
 const NAME: &str = "rl.box";
 
-/// A parsed `RL.BOX` call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BoxCommand {
-    /// `STATUS key`.
-    Status { key: usize },
-    /// `TRIP key level duration` (duration in ms, 0 = manual).
-    Trip {
-        key: usize,
-        level: u8,
-        duration_ms: u64,
-    },
-    /// `RELEASE key [FORGET]`.
-    Release { key: usize, forget: bool },
+/// The subcommand's arguments: a cursor after `RL.BOX <subcommand>`.
+fn cursor<A: AsRef<[u8]>>(args: &[A]) -> Cursor<'_, A> {
+    Cursor::after_subcommand(NAME, args)
 }
 
-/// Parse any `RL.BOX` subcommand.
-pub fn parse<A: AsRef<[u8]>>(args: &[A]) -> Result<BoxCommand, ArgError> {
-    let mut c = Cursor::new(NAME, args);
-    let sub = c.word().ok_or(ArgError::Missing {
-        command: NAME,
-        what: "subcommand",
-    })?;
-    let command = if is(sub, "STATUS") {
-        BoxCommand::Status { key: c.key("key")? }
-    } else if is(sub, "TRIP") {
-        let key = c.key("key")?;
-        let level = c.integer("level", 1, u64::from(MAX_BOX_LEVEL))?;
-        let duration_ms = c.duration_ms("duration", true)?;
-        BoxCommand::Trip {
-            key,
-            level: u8::try_from(level).unwrap_or(MAX_BOX_LEVEL),
-            duration_ms,
-        }
-    } else if is(sub, "RELEASE") {
-        let key = c.key("key")?;
-        let forget = match c.word() {
-            None => false,
-            Some(word) if is(word, "FORGET") => true,
-            Some(word) => return Err(ArgError::unknown_option(NAME, word)),
-        };
-        BoxCommand::Release { key, forget }
-    } else {
-        return Err(ArgError::UnknownSubcommand { command: NAME });
+/// `TRIP key level duration` (duration in ms, 0 = manual).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trip {
+    /// Box level, 1 to 3.
+    pub level: u8,
+    /// How long, in ms; 0 for a manual box.
+    pub duration_ms: u64,
+}
+
+/// Parse `STATUS key` (the key is argument 2).
+pub fn parse_status<A: AsRef<[u8]>>(args: &[A]) -> Result<(), ArgError> {
+    let mut c = cursor(args);
+    c.key("key")?;
+    c.finish()
+}
+
+/// Parse `TRIP key level duration`.
+pub fn parse_trip<A: AsRef<[u8]>>(args: &[A]) -> Result<Trip, ArgError> {
+    let mut c = cursor(args);
+    c.key("key")?;
+    let level = c.integer("level", 1, u64::from(MAX_BOX_LEVEL))?;
+    let duration_ms = c.duration_ms("duration", true)?;
+    c.finish()?;
+    Ok(Trip {
+        level: u8::try_from(level).unwrap_or(MAX_BOX_LEVEL),
+        duration_ms,
+    })
+}
+
+/// Parse `RELEASE key [FORGET]`: whether to forget.
+pub fn parse_release<A: AsRef<[u8]>>(args: &[A]) -> Result<bool, ArgError> {
+    let mut c = cursor(args);
+    c.key("key")?;
+    let forget = match c.word() {
+        None => false,
+        Some(word) if is(word, "FORGET") => true,
+        Some(word) => return Err(ArgError::unknown_option(NAME, word)),
     };
     c.finish()?;
-    Ok(command)
+    Ok(forget)
 }
+
+/// The key is argument 2 of every subcommand.
+const KEY: usize = 2;
 
 /// `[level, ttl_ms, offenses, strikes]` of a penalty state at `now`.
 fn status_reply(ctx: Ctx, penalty: &Penalty, now: Millis) -> c_int {
@@ -74,85 +79,65 @@ fn status_reply(ctx: Ctx, penalty: &Penalty, now: Millis) -> c_int {
     reply_ints(ctx, &[level, ttl, offenses, strikes])
 }
 
-/// Parse, then open the key: the shared start of every subcommand.
-fn open(ctx: Ctx, args: &[Arg], access: Access) -> Result<(BoxCommand, RlKey), c_int> {
-    let command = parse(args).map_err(|e| reply_error(ctx, &e.to_string()))?;
-    let (BoxCommand::Status { key }
-    | BoxCommand::Trip { key, .. }
-    | BoxCommand::Release { key, .. }) = command;
-    let key = RlKey::open(ctx, args[key], access);
-    if key.record().is_err() {
-        return Err(reply_error(ctx, errors::WRONGTYPE));
-    }
-    Ok((command, key))
-}
-
 /// Run `RL.BOX STATUS`: never creates the key.
 pub fn status(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (_, key) = match open(ctx, args, Access::Read) {
-        Ok(opened) => opened,
+    if let Err(e) = parse_status(args) {
+        return reply_error(ctx, &e.to_string());
+    }
+    let call = match Call::open(ctx, args, &[KEY], Access::Read, false) {
+        Ok(call) => call,
         Err(replied) => return replied,
     };
-    let penalty = key
-        .record()
-        .ok()
-        .flatten()
-        .map(|r| r.penalty_or_default())
+    let penalty = call
+        .record(0)
+        .map(Record::penalty_or_default)
         .unwrap_or_default();
-    status_reply(ctx, &penalty, now_ms(ctx))
+    status_reply(ctx, &penalty, call.now())
 }
 
 /// Run `RL.BOX TRIP`.
 pub fn trip(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key) = match open(ctx, args, Access::Write) {
-        Ok(opened) => opened,
+    let trip = match parse_trip(args) {
+        Ok(trip) => trip,
+        Err(e) => return reply_error(ctx, &e.to_string()),
+    };
+    let mut call = match Call::open(ctx, args, &[KEY], Access::Write, false) {
+        Ok(call) => call,
         Err(replied) => return replied,
     };
-    let BoxCommand::Trip {
-        level, duration_ms, ..
-    } = command
-    else {
-        return reply_error(
-            ctx,
-            &ArgError::UnknownSubcommand { command: NAME }.to_string(),
-        );
+    let now = call.now();
+    let Some(record) = call.edit(0) else {
+        return reply_error(ctx, crate::adapter::errors::INTERNAL);
     };
-    let now = now_ms(ctx);
-    let mut record = key.working_copy();
     let mut penalty = record.penalty_or_default();
-    penalty.trip(level, duration_ms, now);
+    penalty.trip(trip.level, trip.duration_ms, now);
     record.set_penalty(penalty, now);
-    commit(ctx, &mut key, record, now);
-    notify(ctx, c"rl.boxed", key.name);
-    stats::trip(level);
+    call.commit(KeySet::first(1), Some(Event::Boxed { level: trip.level }));
     stats::MANUAL_TRIPS.incr();
     status_reply(ctx, &penalty, now)
 }
 
 /// Run `RL.BOX RELEASE`: replies 1 when a box was lifted.
 pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key) = match open(ctx, args, Access::Write) {
-        Ok(opened) => opened,
+    let forget = match parse_release(args) {
+        Ok(forget) => forget,
+        Err(e) => return reply_error(ctx, &e.to_string()),
+    };
+    let mut call = match Call::open(ctx, args, &[KEY], Access::Write, false) {
+        Ok(call) => call,
         Err(replied) => return replied,
     };
-    let BoxCommand::Release { forget, .. } = command else {
-        return reply_error(
-            ctx,
-            &ArgError::UnknownSubcommand { command: NAME }.to_string(),
-        );
-    };
-    let Some(record) = key.record().ok().flatten() else {
+    let now = call.now();
+    let Some(before) = call.record(0).map(Record::penalty_or_default) else {
         return reply_int(ctx, 0);
     };
-    let now = now_ms(ctx);
-    let before = record.penalty_or_default();
     let mut penalty = before;
     let lifted = penalty.release(forget, now);
     if penalty != before {
-        let mut record = record.clone();
-        record.set_penalty(penalty, now);
-        commit(ctx, &mut key, record, now);
-        notify(ctx, c"rl.released", key.name);
+        if let Some(record) = call.edit(0) {
+            record.set_penalty(penalty, now);
+        }
+        call.commit(KeySet::first(1), Some(Event::Released));
     }
     if lifted {
         stats::RELEASES.incr();
@@ -164,61 +149,48 @@ pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
 mod tests {
     use super::*;
 
-    fn parse_str(line: &str) -> Result<BoxCommand, ArgError> {
-        let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args)
+    fn args(line: &str) -> Vec<&str> {
+        line.split_whitespace().collect()
     }
 
     #[test]
     fn subcommands() {
+        assert_eq!(parse_status(&args("RL.BOX status k")), Ok(()));
         assert_eq!(
-            parse_str("RL.BOX status k"),
-            Ok(BoxCommand::Status { key: 2 })
-        );
-        assert_eq!(
-            parse_str("RL.BOX TRIP k 3 0"),
-            Ok(BoxCommand::Trip {
-                key: 2,
+            parse_trip(&args("RL.BOX TRIP k 3 0")),
+            Ok(Trip {
                 level: 3,
                 duration_ms: 0
             })
         );
         assert_eq!(
-            parse_str("RL.BOX TRIP k 1 0.5"),
-            Ok(BoxCommand::Trip {
-                key: 2,
+            parse_trip(&args("RL.BOX TRIP k 1 0.5")),
+            Ok(Trip {
                 level: 1,
                 duration_ms: 500
             })
         );
-        assert_eq!(
-            parse_str("RL.BOX RELEASE k forget"),
-            Ok(BoxCommand::Release {
-                key: 2,
-                forget: true
-            })
-        );
-        assert_eq!(
-            parse_str("RL.BOX RELEASE k"),
-            Ok(BoxCommand::Release {
-                key: 2,
-                forget: false
-            })
-        );
+        assert_eq!(parse_release(&args("RL.BOX RELEASE k forget")), Ok(true));
+        assert_eq!(parse_release(&args("RL.BOX RELEASE k")), Ok(false));
     }
 
     #[test]
     fn bad_input() {
-        for (line, expected) in [
-            ("RL.BOX TRIP k 4 10", "level must be"),
-            ("RL.BOX TRIP k 0 10", "level must be"),
-            ("RL.BOX TRIP k 1 -1", "duration must be"),
-            ("RL.BOX TRIP k 1", "missing duration"),
-            ("RL.BOX STATUS k extra", "unexpected extra argument"),
-            ("RL.BOX RELEASE k FORGOT", "unknown option"),
-            ("RL.BOX PEEK k", "unknown subcommand"),
-        ] {
-            let err = parse_str(line).expect_err(line).to_string();
+        type Parse = fn(&str) -> Result<(), ArgError>;
+        let trip: Parse = |line| parse_trip(&args(line)).map(|_| ());
+        let status: Parse = |line| parse_status(&args(line));
+        let release: Parse = |line| parse_release(&args(line)).map(|_| ());
+        let cases: [(Parse, &str, &str); 7] = [
+            (trip, "RL.BOX TRIP k 4 10", "level must be"),
+            (trip, "RL.BOX TRIP k 0 10", "level must be"),
+            (trip, "RL.BOX TRIP k 1 -1", "duration must be"),
+            (trip, "RL.BOX TRIP k 1", "missing duration"),
+            (status, "RL.BOX STATUS k extra", "unexpected extra argument"),
+            (release, "RL.BOX RELEASE k FORGOT", "unknown option"),
+            (status, "RL.BOX STATUS", "missing key"),
+        ];
+        for (parse, line, expected) in cases {
+            let err = parse(line).expect_err(line).to_string();
             assert!(
                 err.starts_with("ERR ") && err.contains(expected),
                 "{line}: {err}"

@@ -1,7 +1,7 @@
 //! `RL.LEASE ACQUIRE key max ttl [ID lease-id]` · `RL.LEASE RELEASE key
 //! lease-id` · `RL.LEASE RENEW key lease-id ttl` · `RL.LEASE LIST key`:
 //! concurrency leases that a crashed worker cannot leak. Registered as
-//! subcommands: `LIST` is read-only; `RELEASE` and `RENEW` are not
+//! subcommands, each with its own entry and parser: `LIST` is read-only; `RELEASE` and `RENEW` are not
 //! `deny-oom`, so a worker can always give its slot back.
 
 use std::hash::BuildHasher;
@@ -9,90 +9,70 @@ use std::os::raw::c_int;
 
 use crate::adapter::args::{is, Cursor};
 use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{
-    now_ms, reply_array, reply_bulk, reply_error, reply_int, reply_null, Arg, Ctx,
-};
+use crate::adapter::ffi::{reply_array, reply_bulk, reply_error, reply_int, reply_null, Arg, Ctx};
 use crate::adapter::stats;
-use crate::adapter::store::{commit_in_place, Access, RlKey};
+use crate::adapter::store::{Access, Call};
 use crate::core::lease::{format_id, Acquire, GeneratedId, Leases};
 use crate::core::limits::{MAX_LEASES, MAX_LEASE_ID_LEN};
 use crate::core::record::Record;
+use crate::core::take::KeySet;
 use crate::core::time::Millis;
 
 const NAME: &str = "rl.lease";
 
-/// A parsed `RL.LEASE` call; `key` and `id` are argument positions.
+/// The key is argument 2 of every subcommand.
+const KEY: usize = 2;
+
+/// `ACQUIRE key max ttl [ID lease-id]`; `id` is an argument position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseCommand {
-    /// `ACQUIRE key max ttl [ID lease-id]`.
-    Acquire {
-        key: usize,
-        max: u64,
-        ttl_ms: u64,
-        id: Option<usize>,
-    },
-    /// `RELEASE key lease-id`.
-    Release { key: usize, id: usize },
-    /// `RENEW key lease-id ttl`.
-    Renew { key: usize, id: usize, ttl_ms: u64 },
-    /// `LIST key`.
-    List { key: usize },
+pub struct AcquireArgs {
+    /// Most leases at once.
+    pub max: u64,
+    /// The lease's time to live, in ms.
+    pub ttl_ms: u64,
+    /// The caller's own lease id, if given.
+    pub id: Option<usize>,
 }
 
-impl LeaseCommand {
-    fn key(&self) -> usize {
-        match *self {
-            LeaseCommand::Acquire { key, .. }
-            | LeaseCommand::Release { key, .. }
-            | LeaseCommand::Renew { key, .. }
-            | LeaseCommand::List { key } => key,
-        }
-    }
-}
-
-/// Parse any `RL.LEASE` subcommand.
-pub fn parse<A: AsRef<[u8]>>(args: &[A]) -> Result<LeaseCommand, ArgError> {
-    let mut c = Cursor::new(NAME, args);
-    let sub = c.word().ok_or(ArgError::Missing {
-        command: NAME,
-        what: "subcommand",
-    })?;
-    let command = if is(sub, "ACQUIRE") {
-        let key = c.key("key")?;
-        let max = c.integer("max", 1, MAX_LEASES)?;
-        let ttl_ms = c.duration_ms("ttl", false)?;
-        let id = match c.word() {
-            None => None,
-            Some(word) if is(word, "ID") => Some(lease_id(&mut c)?),
-            Some(word) => return Err(ArgError::unknown_option(NAME, word)),
-        };
-        LeaseCommand::Acquire {
-            key,
-            max,
-            ttl_ms,
-            id,
-        }
-    } else if is(sub, "RELEASE") {
-        let key = c.key("key")?;
-        LeaseCommand::Release {
-            key,
-            id: lease_id(&mut c)?,
-        }
-    } else if is(sub, "RENEW") {
-        let key = c.key("key")?;
-        let id = lease_id(&mut c)?;
-        LeaseCommand::Renew {
-            key,
-            id,
-            ttl_ms: c.duration_ms("ttl", false)?,
-        }
-    } else if is(sub, "LIST") {
-        LeaseCommand::List { key: c.key("key")? }
-    } else {
-        return Err(ArgError::UnknownSubcommand { command: NAME });
+/// Parse `ACQUIRE key max ttl [ID lease-id]`.
+pub fn parse_acquire<A: AsRef<[u8]>>(args: &[A]) -> Result<AcquireArgs, ArgError> {
+    let mut c = Cursor::after_subcommand(NAME, args);
+    c.key("key")?;
+    let max = c.integer("max", 1, MAX_LEASES)?;
+    let ttl_ms = c.duration_ms("ttl", false)?;
+    let id = match c.word() {
+        None => None,
+        Some(word) if is(word, "ID") => Some(lease_id(&mut c)?),
+        Some(word) => return Err(ArgError::unknown_option(NAME, word)),
     };
     c.finish()?;
-    Ok(command)
+    Ok(AcquireArgs { max, ttl_ms, id })
+}
+
+/// Parse `RELEASE key lease-id`: the id's position.
+pub fn parse_release<A: AsRef<[u8]>>(args: &[A]) -> Result<usize, ArgError> {
+    let mut c = Cursor::after_subcommand(NAME, args);
+    c.key("key")?;
+    let id = lease_id(&mut c)?;
+    c.finish()?;
+    Ok(id)
+}
+
+/// Parse `RENEW key lease-id ttl`: the id's position and the ttl in ms.
+pub fn parse_renew<A: AsRef<[u8]>>(args: &[A]) -> Result<(usize, u64), ArgError> {
+    let mut c = Cursor::after_subcommand(NAME, args);
+    c.key("key")?;
+    let id = lease_id(&mut c)?;
+    let ttl_ms = c.duration_ms("ttl", false)?;
+    c.finish()?;
+    Ok((id, ttl_ms))
+}
+
+/// Parse `LIST key`.
+pub fn parse_list<A: AsRef<[u8]>>(args: &[A]) -> Result<(), ArgError> {
+    let mut c = Cursor::after_subcommand(NAME, args);
+    c.key("key")?;
+    c.finish()
 }
 
 /// A lease id argument: 1 to [`MAX_LEASE_ID_LEN`] bytes.
@@ -105,18 +85,17 @@ fn lease_id<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>) -> Result<usize, ArgError> {
     Ok(pos)
 }
 
-/// Parse the call and open its key; on error the reply is already sent.
-fn open(ctx: Ctx, args: &[Arg], access: Access) -> Result<(LeaseCommand, RlKey), c_int> {
-    let command = parse(args).map_err(|e| reply_error(ctx, &e.to_string()))?;
-    let name = args
-        .get(command.key())
-        .copied()
-        .ok_or_else(|| reply_error(ctx, errors::INTERNAL))?;
-    let key = RlKey::open(ctx, name, access);
-    if key.record().is_err() {
-        return Err(reply_error(ctx, errors::WRONGTYPE));
-    }
-    Ok((command, key))
+/// Parse the call with `parse` and open its key; on error the reply is
+/// already sent.
+fn open<T>(
+    ctx: Ctx,
+    args: &[Arg],
+    access: Access,
+    parse: impl FnOnce(&[Arg]) -> Result<T, ArgError>,
+) -> Result<(T, Call), c_int> {
+    let parsed = parse(args).map_err(|e| reply_error(ctx, &e.to_string()))?;
+    let call = Call::open(ctx, args, &[KEY], access, false)?;
+    Ok((parsed, call))
 }
 
 /// Run `change` on the key's leases where they live (a new empty set when
@@ -126,28 +105,28 @@ fn open(ctx: Ctx, args: &[Arg], access: Access) -> Result<(LeaseCommand, RlKey),
 /// expired in `INFO`), otherwise nothing is written and nothing is left
 /// behind. The core's lease operations change nothing when they fail.
 fn with_leases<T>(
-    ctx: Ctx,
-    key: &mut RlKey,
-    now: Millis,
+    call: &mut Call,
     create: bool,
     change: impl FnOnce(&mut Leases) -> (T, bool),
 ) -> Option<T> {
-    let has_leases = matches!(key.record(), Ok(Some(r)) if r.leases().is_some());
+    let now = call.now();
+    let has_leases = call.record(0).is_some_and(|r| r.leases().is_some());
     if !has_leases && !create {
         return None;
     }
-    let record = key.edit().ok()?;
+    let is_new = call.record(0).is_none();
+    let record = call.edit(0)?;
     let leases = record.leases_or_insert();
     let expired = leases.expired(now);
     let (out, changed) = change(leases);
     if changed {
         stats::LEASES_EXPIRED.add(expired);
-        commit_in_place(ctx, key, now);
+        call.commit(KeySet::first(1), None);
     } else if !has_leases {
         // Leave no empty set behind (and no key this call created).
-        record.set_leases(None);
-        if key.is_new() {
-            commit_in_place(ctx, key, now);
+        record.set_part::<Box<Leases>>(None);
+        if is_new {
+            call.commit(KeySet::first(1), None);
         }
     }
     Some(out)
@@ -180,18 +159,13 @@ fn arg_bytes(args: &[Arg], pos: usize) -> &[u8] {
 
 /// Run `RL.LEASE ACQUIRE`.
 pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key) = match open(ctx, args, Access::Write) {
-        Ok(opened) => opened,
-        Err(replied) => return replied,
-    };
-    let LeaseCommand::Acquire {
-        max, ttl_ms, id, ..
-    } = command
-    else {
-        return reply_error(ctx, errors::INTERNAL);
-    };
-    let now = now_ms(ctx);
-    let outcome = with_leases(ctx, &mut key, now, true, |leases| {
+    let (AcquireArgs { max, ttl_ms, id }, mut call) =
+        match open(ctx, args, Access::Write, parse_acquire) {
+            Ok(opened) => opened,
+            Err(replied) => return replied,
+        };
+    let now = call.now();
+    let outcome = with_leases(&mut call, true, |leases| {
         let generated = id.is_none().then(|| new_id(leases, now));
         let id = generated
             .as_ref()
@@ -236,15 +210,12 @@ pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
 
 /// Run `RL.LEASE RELEASE`: 1 when a live lease was removed.
 pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key) = match open(ctx, args, Access::Write) {
+    let (id, mut call) = match open(ctx, args, Access::Write, parse_release) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
-    let LeaseCommand::Release { id, .. } = command else {
-        return reply_error(ctx, errors::INTERNAL);
-    };
-    let now = now_ms(ctx);
-    let released = with_leases(ctx, &mut key, now, false, |leases| {
+    let now = call.now();
+    let released = with_leases(&mut call, false, |leases| {
         let released = leases.release(arg_bytes(args, id), now);
         (released, released)
     })
@@ -258,15 +229,12 @@ pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
 /// Run `RL.LEASE RENEW`: 1 when the lease was live and now expires `ttl`
 /// from now.
 pub fn renew(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (command, mut key) = match open(ctx, args, Access::Write) {
+    let ((id, ttl_ms), mut call) = match open(ctx, args, Access::Write, parse_renew) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
-    let LeaseCommand::Renew { id, ttl_ms, .. } = command else {
-        return reply_error(ctx, errors::INTERNAL);
-    };
-    let now = now_ms(ctx);
-    let renewed = with_leases(ctx, &mut key, now, false, |leases| {
+    let now = call.now();
+    let renewed = with_leases(&mut call, false, |leases| {
         let renewed = leases.renew(arg_bytes(args, id), ttl_ms, now);
         (renewed, renewed)
     })
@@ -276,12 +244,12 @@ pub fn renew(ctx: Ctx, args: &[Arg]) -> c_int {
 
 /// Run `RL.LEASE LIST`: `[lease-id, ms_left]` pairs of the live leases.
 pub fn list(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (_, key) = match open(ctx, args, Access::Read) {
+    let ((), call) = match open(ctx, args, Access::Read, parse_list) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
-    let now = now_ms(ctx);
-    let leases = key.record().ok().flatten().and_then(Record::leases);
+    let now = call.now();
+    let leases = call.record(0).and_then(Record::leases);
     let live: Vec<(&[u8], i64)> = leases.into_iter().flat_map(|l| l.list(now)).collect();
     reply_array(ctx, live.len());
     for (id, ms_left) in live {
@@ -296,65 +264,58 @@ pub fn list(ctx: Ctx, args: &[Arg]) -> c_int {
 mod tests {
     use super::*;
 
-    fn parse_str(line: &str) -> Result<LeaseCommand, ArgError> {
-        let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args)
+    fn args(line: &str) -> Vec<&str> {
+        line.split_whitespace().collect()
     }
 
     #[test]
     fn subcommands() {
         assert_eq!(
-            parse_str("RL.LEASE acquire k 2 30"),
-            Ok(LeaseCommand::Acquire {
-                key: 2,
+            parse_acquire(&args("RL.LEASE acquire k 2 30")),
+            Ok(AcquireArgs {
                 max: 2,
                 ttl_ms: 30_000,
                 id: None
             })
         );
         assert_eq!(
-            parse_str("RL.LEASE ACQUIRE k 1 0.5 id job-7"),
-            Ok(LeaseCommand::Acquire {
-                key: 2,
+            parse_acquire(&args("RL.LEASE ACQUIRE k 1 0.5 id job-7")),
+            Ok(AcquireArgs {
                 max: 1,
                 ttl_ms: 500,
                 id: Some(6)
             })
         );
-        assert_eq!(
-            parse_str("RL.LEASE RELEASE k x"),
-            Ok(LeaseCommand::Release { key: 2, id: 3 })
-        );
-        assert_eq!(
-            parse_str("RL.LEASE RENEW k x 60"),
-            Ok(LeaseCommand::Renew {
-                key: 2,
-                id: 3,
-                ttl_ms: 60_000
-            })
-        );
-        assert_eq!(
-            parse_str("RL.LEASE LIST k"),
-            Ok(LeaseCommand::List { key: 2 })
-        );
+        assert_eq!(parse_release(&args("RL.LEASE RELEASE k x")), Ok(3));
+        assert_eq!(parse_renew(&args("RL.LEASE RENEW k x 60")), Ok((3, 60_000)));
+        assert_eq!(parse_list(&args("RL.LEASE LIST k")), Ok(()));
     }
 
     #[test]
     fn bad_input() {
         let long_id = format!("RL.LEASE RELEASE k {}", "x".repeat(MAX_LEASE_ID_LEN + 1));
-        for (line, expected) in [
-            ("RL.LEASE ACQUIRE k 0 10", "max must be"),
-            ("RL.LEASE ACQUIRE k 10001 10", "max must be"),
-            ("RL.LEASE ACQUIRE k 1 0", "ttl must be"),
-            ("RL.LEASE ACQUIRE k 1", "missing ttl"),
-            ("RL.LEASE ACQUIRE k 1 10 ID", "missing lease-id"),
-            ("RL.LEASE ACQUIRE k 1 10 NAME x", "unknown option 'NAME'"),
-            ("RL.LEASE RENEW k x", "missing ttl"),
-            ("RL.LEASE LIST k extra", "unexpected extra argument"),
-            ("RL.LEASE STEAL k", "unknown subcommand"),
-            (long_id.as_str(), "lease-id must be"),
-        ] {
-            let err = parse_str(line).expect_err(line).to_string();
+        type Parse = fn(&str) -> Result<(), ArgError>;
+        let acquire: Parse = |line| parse_acquire(&args(line)).map(|_| ());
+        let release: Parse = |line| parse_release(&args(line)).map(|_| ());
+        let renew: Parse = |line| parse_renew(&args(line)).map(|_| ());
+        let list: Parse = |line| parse_list(&args(line));
+        let cases: [(Parse, &str, &str); 9] = [
+            (acquire, "RL.LEASE ACQUIRE k 0 10", "max must be"),
+            (acquire, "RL.LEASE ACQUIRE k 10001 10", "max must be"),
+            (acquire, "RL.LEASE ACQUIRE k 1 0", "ttl must be"),
+            (acquire, "RL.LEASE ACQUIRE k 1", "missing ttl"),
+            (acquire, "RL.LEASE ACQUIRE k 1 10 ID", "missing lease-id"),
+            (
+                acquire,
+                "RL.LEASE ACQUIRE k 1 10 NAME x",
+                "unknown option 'NAME'",
+            ),
+            (renew, "RL.LEASE RENEW k x", "missing ttl"),
+            (list, "RL.LEASE LIST k extra", "unexpected extra argument"),
+            (release, long_id.as_str(), "lease-id must be"),
+        ];
+        for (parse, line, expected) in cases {
+            let err = parse(line).expect_err(line).to_string();
             assert!(
                 err.starts_with("ERR ") && err.contains(expected),
                 "{line}: {err}"

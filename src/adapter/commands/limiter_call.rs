@@ -1,7 +1,9 @@
-//! What the limiter commands (`RL.TAKE`, `RL.WINDOW`) share: one parser
-//! for `key <limiter arguments> [ALSO key <limiter arguments>]... [COST]
-//! [STRIKES] [BOX] [OFFENSES] [JITTER]` plus each command's own words, and
-//! one runner that reads every key, lets [`decide`] rule, and commits.
+//! What the limiter commands (`RL.TAKE`, `RL.WINDOW`, `RL.QUOTA`) share:
+//! one parser for `key <limiter arguments> [ALSO key <limiter
+//! arguments>]... [COST cost [DEBT] | REFUND points] [STRIKES] [BOX]
+//! [OFFENSES] [JITTER]` plus each command's own words, and
+//! one runner that opens every key in a [`Call`], lets [`decide`] rule on
+//! the states where they are stored, and commits.
 
 use std::hash::BuildHasher;
 use std::os::raw::c_int;
@@ -9,20 +11,19 @@ use std::os::raw::c_int;
 use arrayvec::ArrayVec;
 
 use crate::adapter::args::{is, set_once, Cursor};
-use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{
-    declare_key, is_keys_request, notify, now_ms, reply_error, reply_ints, Arg, Ctx,
-};
-use crate::adapter::stats::{self, Outcomes};
-use crate::adapter::store::{commit_keys, Access, RlKey};
+use crate::adapter::errors::ArgError;
+use crate::adapter::ffi::{declare_key, is_keys_request, reply_error, Arg, Ctx};
+use crate::adapter::reply::reply_decision;
+use crate::adapter::stats::Outcomes;
+use crate::adapter::store::{Access, Call, Event};
+use crate::core::decision::Decision;
 use crate::core::limiter::Limiter;
 use crate::core::limits::{
     DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_POINTS, MAX_THRESHOLD,
 };
 use crate::core::penalty::PenaltyPolicy;
-use crate::core::record::InRecord;
-use crate::core::reply::Reply;
-use crate::core::take::{decide, Limits, Request};
+use crate::core::record::{Holds, Record};
+use crate::core::take::{decide, Limits, Request, Settle};
 
 /// The positions of a call's keys in its arguments, first key first (a
 /// fixed array: parsing allocates nothing).
@@ -60,9 +61,19 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
     let mut boxes = None;
     let mut offenses = None;
     let mut jitter = None;
+    let mut debt = None;
+    let mut refund = None;
     while let Some(word) = c.word() {
         if is(word, "COST") {
             set_once(&mut cost, "COST", c.integer("COST", 0, MAX_POINTS)?)?;
+        } else if is(word, "DEBT") {
+            set_once(&mut debt, "DEBT", ())?;
+        } else if is(word, "REFUND") {
+            set_once(
+                &mut refund,
+                "REFUND",
+                c.integer("REFUND points", 1, MAX_POINTS)?,
+            )?;
         } else if is(word, "ALSO") {
             if limits.len() >= MAX_BUCKETS {
                 return Err(ArgError::TooManyBuckets);
@@ -91,9 +102,29 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         }
     }
     c.finish()?;
-    let cost = cost.unwrap_or(1);
-    if let Some(index) = limits.iter().position(|l| cost > l.limit()) {
-        return Err(ArgError::CostAboveCapacity { index });
+    let (cost, settle) = match (cost, debt, refund) {
+        (Some(_), _, Some(_)) => {
+            return Err(ArgError::Together {
+                a: "REFUND",
+                b: "COST",
+            })
+        }
+        (_, Some(()), Some(_)) => {
+            return Err(ArgError::Together {
+                a: "REFUND",
+                b: "DEBT",
+            })
+        }
+        (_, None, Some(points)) => (points, Settle::Refund),
+        (cost, Some(()), None) => (cost.unwrap_or(1), Settle::Debt),
+        (cost, None, None) => (cost.unwrap_or(1), Settle::Charge),
+    };
+    // A price known after the fact, or points given back, may be larger
+    // than a key's limit.
+    if settle == Settle::Charge {
+        if let Some(index) = limits.iter().position(|l| cost > l.limit()) {
+            return Err(ArgError::CostAboveCapacity { index });
+        }
     }
     for (i, &a) in keys.iter().enumerate() {
         if keys[..i].iter().any(|&b| c.bytes_at(a) == c.bytes_at(b)) {
@@ -117,6 +148,7 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         penalty,
         jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
         delay_ms: None,
+        settle,
     })
 }
 
@@ -132,85 +164,53 @@ pub enum Effect {
 
 /// The entry of a limiter command once parsed: answer a getkeys request
 /// with the keys the parser found (even in an invalid call), reply a parse
-/// error, or run the call.
-pub fn run_parsed<L: InRecord>(
+/// error, or run the call: open its keys, decide, commit, reply and count
+/// the outcome in `outcomes`.
+pub fn run_parsed<L>(
     ctx: Ctx,
     args: &[Arg],
     key_positions: &[usize],
     parsed: Result<(Request<L>, Effect), ArgError>,
     outcomes: &Outcomes,
-) -> c_int {
+) -> c_int
+where
+    L: Limiter,
+    Record: Holds<L::State>,
+{
     if is_keys_request(ctx) {
         key_positions.iter().for_each(|&pos| declare_key(ctx, pos));
         return 0;
     }
-    match parsed {
-        Ok((req, effect)) => run_call(ctx, args, key_positions, &req, effect, outcomes),
-        Err(e) => reply_error(ctx, &e.to_string()),
-    }
-}
-
-/// Run a parsed limiter call on the keys at `key_positions`, reply with
-/// the 8 integers and count the outcome in `outcomes`.
-pub fn run_call<L: InRecord>(
-    ctx: Ctx,
-    args: &[Arg],
-    key_positions: &[usize],
-    req: &Request<L>,
-    effect: Effect,
-    outcomes: &Outcomes,
-) -> c_int {
-    match decide_call(ctx, args, key_positions, req, effect) {
-        Ok(reply) => {
-            outcomes.record(reply.status);
-            reply_ints(ctx, &reply.to_array())
-        }
-        Err(replied) => replied,
-    }
-}
-
-/// Read every key's state and the first key's penalty state, [`decide`],
-/// and (unless a dry run or a probe) commit what changed and announce a
-/// trip. A call that may write takes each state out of its record and
-/// puts it back changed or not, so nothing is copied or allocated; the
-/// others read copies. On an error the error reply is sent and returned
-/// as `Err`.
-pub fn decide_call<L: InRecord>(
-    ctx: Ctx,
-    args: &[Arg],
-    key_positions: &[usize],
-    req: &Request<L>,
-    effect: Effect,
-) -> Result<Reply, c_int> {
+    let (req, effect) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => return reply_error(ctx, &e.to_string()),
+    };
     let writes = req.cost > 0 && effect == Effect::Commit;
     let access = if writes { Access::Write } else { Access::Read };
-    let mut keys: ArrayVec<RlKey, MAX_BUCKETS> = key_positions
-        .iter()
-        .take(MAX_BUCKETS)
-        .filter_map(|&pos| args.get(pos))
-        .map(|&name| RlKey::open(ctx, name, access))
-        .collect();
-    if keys.iter().any(|key| key.record().is_err()) {
-        return Err(reply_error(ctx, errors::WRONGTYPE));
-    }
-    let Some(first) = keys.first() else {
-        return Err(reply_error(ctx, errors::INTERNAL));
+    let mut call = match Call::open(ctx, args, key_positions, access, false) {
+        Ok(call) => call,
+        Err(replied) => return replied,
     };
-    let mut penalty = first
-        .record()
-        .ok()
-        .flatten()
-        .map(|r| r.penalty_or_default())
+    let decision = decide_call(&mut call, &req, effect);
+    outcomes.record(decision.status);
+    reply_decision(ctx, &decision)
+}
+
+/// Decide a call on its open keys, each key's state read and changed
+/// where its record keeps it (a key or part not stored yet starts empty
+/// beside it), and commit what changed (unless a dry run or a probe),
+/// announcing a trip. A dry run decides on copies.
+pub fn decide_call<L>(call: &mut Call, req: &Request<L>, effect: Effect) -> Decision
+where
+    L: Limiter,
+    Record: Holds<L::State>,
+{
+    let writes = req.cost > 0 && effect == Effect::Commit;
+    let now = call.now();
+    let mut penalty = call
+        .record(0)
+        .map(Record::penalty_or_default)
         .unwrap_or_default();
-    let mut states: ArrayVec<Option<L::State>, MAX_BUCKETS> = keys
-        .iter_mut()
-        .map(|key| match key.record_mut() {
-            Ok(Some(record)) if writes => L::take(record),
-            Ok(Some(record)) => L::read(record).cloned(),
-            _ => None,
-        })
-        .collect();
-    let now = now_ms(ctx);
     // Random bits only when JITTER asks for them (std seeds its hasher keys
     // from the OS; hashing the time gives a fresh draw per call).
     let random = if req.jitter_percent > 0 {
@@ -218,39 +218,45 @@ pub fn decide_call<L: InRecord>(
     } else {
         0
     };
-    let (reply, effects) = decide(&mut states, &mut penalty, req, now, random);
-    if !writes {
-        return Ok(reply);
-    }
-    let mut written = 0u32;
-    for (i, (key, state)) in keys.iter_mut().zip(states).enumerate() {
-        let penalty_changed = i == 0 && effects.penalty_changed;
-        let state_changed = effects.states_changed & (1 << i) != 0;
-        if !state_changed && !penalty_changed {
-            // Put the state taken out back, unchanged.
-            if let Ok(Some(record)) = key.record_mut() {
-                L::write(record, state);
-            }
-            continue;
+    let mut fresh: [Option<L::State>; MAX_BUCKETS] = std::array::from_fn(|_| None);
+    let (decision, effects) = if writes || req.cost == 0 {
+        // A probe changes nothing: it reads in place too.
+        let mut slots: ArrayVec<&mut Option<L::State>, MAX_BUCKETS> = call
+            .keys_mut()
+            .iter_mut()
+            .zip(fresh.iter_mut())
+            .map(|(key, local)| match key.record_mut() {
+                Ok(Some(record)) => Holds::<L::State>::slot(record).unwrap_or(local),
+                _ => local,
+            })
+            .collect();
+        decide(&mut slots, &mut penalty, req, now, random)
+    } else {
+        for (i, local) in fresh.iter_mut().enumerate() {
+            *local = call.record(i).and_then(|r| r.part::<L::State>()).cloned();
         }
-        let Ok(record) = key.edit() else {
-            continue;
-        };
-        L::write(record, state);
-        if penalty_changed {
+        let n = req.limits.len().min(MAX_BUCKETS);
+        decide(&mut fresh[..n], &mut penalty, req, now, random)
+    };
+    if !writes {
+        return decision;
+    }
+    let written = effects.written();
+    for (i, local) in fresh.iter_mut().enumerate() {
+        if let (true, Some(state)) = (effects.states.contains(i), local.take()) {
+            if let Some(record) = call.edit(i) {
+                record.set_part(Some(state));
+            }
+        }
+    }
+    if effects.penalty {
+        if let Some(record) = call.edit(0) {
             record.set_penalty(penalty, now);
         }
-        written |= 1 << i;
     }
-    let changed_keys = keys
-        .iter_mut()
-        .enumerate()
-        .filter(|(i, _)| written & (1 << i) != 0)
-        .map(|(_, key)| key);
-    commit_keys(ctx, changed_keys, now);
-    if let Some(active) = effects.tripped {
-        notify(ctx, c"rl.boxed", keys[0].name);
-        stats::trip(active.level);
-    }
-    Ok(reply)
+    let event = effects.tripped.map(|active| Event::Boxed {
+        level: active.level,
+    });
+    call.commit(written, event);
+    decision
 }

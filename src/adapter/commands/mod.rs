@@ -1,11 +1,13 @@
 //! The commands, one file each, and their registration with Redis.
 //!
-//! Commands are registered with `RedisModule_CreateCommand` and
-//! `RedisModule_CreateSubcommand` (both in Redis 7.0), not with the
-//! `#[command]` macro, whose key-spec API needs Redis 7.2. `RL.TAKE` has
-//! keys at positions that depend on its options, so it uses the getkeys
-//! API: Redis asks the same parser which arguments are keys.
+//! Commands are registered from one table, [`COMMANDS`], with
+//! `RedisModule_CreateCommand` and `RedisModule_CreateSubcommand` (both in
+//! Redis 7.0), not with the `#[command]` macro, whose API needs Redis 7.2.
+//! Each subcommand has its own entry: Redis routes the call by its word.
+//! `RL.TAKE` has keys at positions that depend on its options, so it uses
+//! the getkeys API: Redis asks the same parser which arguments are keys.
 
+mod acl;
 pub mod apply;
 pub mod box_cmd;
 pub mod lease;
@@ -56,122 +58,240 @@ entry!(lease_release_entry, lease::release);
 entry!(lease_renew_entry, lease::renew);
 entry!(lease_list_entry, lease::list);
 
-/// Register a command whose keys are the arguments `first`, `first +
-/// step`, ... up to `last` (negative: counted from the end).
-fn create(
-    ctx: Ctx,
-    name: &CStr,
-    func: raw::RedisModuleCmdFunc,
-    flags: &CStr,
-    [first, last, step]: [c_int; 3],
-) -> bool {
-    let status = unsafe {
-        api!(RedisModule_CreateCommand)(
-            ctx.ptr(),
-            name.as_ptr(),
-            func,
-            flags.as_ptr(),
-            first,
-            last,
-            step,
-        )
-    };
-    status == raw::REDISMODULE_OK as c_int
+/// How one command or subcommand is registered.
+struct Spec {
+    /// `rl.take`, or a subcommand's name under `parent`.
+    name: &'static CStr,
+    /// The container command of a subcommand.
+    parent: Option<&'static CStr>,
+    /// The entry point; `None` for a container.
+    entry: raw::RedisModuleCmdFunc,
+    /// Redis's command flags.
+    flags: &'static CStr,
+    /// First key, last key (negative: from the end), step.
+    keys: [c_int; 3],
+    /// ACL categories, where the server lets modules declare them.
+    acl: &'static str,
+    /// The key spec says the key is only read (where the server takes key
+    /// specs from modules), so a user with `%R~` may run it.
+    read_only_key: bool,
 }
 
-fn create_sub(
-    ctx: Ctx,
-    parent: &CStr,
-    name: &CStr,
-    func: raw::RedisModuleCmdFunc,
-    flags: &CStr,
-) -> bool {
-    let parent = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), parent.as_ptr()) };
-    if parent.is_null() {
-        return false;
+/// A command (or subcommand) with its flags, keys and ACL categories.
+const fn spec(
+    name: &'static CStr,
+    entry: raw::RedisModuleCmdFunc,
+    flags: &'static CStr,
+    keys: [c_int; 3],
+    acl: &'static str,
+) -> Spec {
+    Spec {
+        name,
+        parent: None,
+        entry,
+        flags,
+        keys,
+        acl,
+        read_only_key: false,
     }
-    let status = unsafe {
-        api!(RedisModule_CreateSubcommand)(parent, name.as_ptr(), func, flags.as_ptr(), 2, 2, 1)
-    };
-    status == raw::REDISMODULE_OK as c_int
 }
 
-/// Register every command; false if Redis refused one.
-pub fn register(ctx: Ctx) -> bool {
-    create(
-        ctx,
+/// A subcommand of `parent`, its key at argument 2.
+const fn sub(
+    parent: &'static CStr,
+    name: &'static CStr,
+    entry: raw::RedisModuleCmdFunc,
+    flags: &'static CStr,
+    acl: &'static str,
+    read_only_key: bool,
+) -> Spec {
+    Spec {
+        name,
+        parent: Some(parent),
+        entry,
+        flags,
+        keys: [2, 2, 1],
+        acl,
+        read_only_key,
+    }
+}
+
+/// Every command of the module. `fast` only where a call's work is bounded
+/// by a constant (at most 16 keys of constant size): an exact log or a
+/// lease set is not. Writers are `@write`, readers `@read`; `RL.APPLY`,
+/// which only a replication link or an AOF may send, is also
+/// `@dangerous`. The module's own category `@ratelimit` is added to each
+/// where the server has it.
+const COMMANDS: &[Spec] = &[
+    spec(
         c"rl.take",
         Some(take_entry),
-        c"write deny-oom getkeys-api",
+        c"write deny-oom fast getkeys-api",
         [1, 1, 1],
-    ) && create(
-        ctx,
+        "write fast",
+    ),
+    spec(
         c"rl.window",
         Some(window_entry),
         c"write deny-oom getkeys-api",
         [1, 1, 1],
-    ) && create(
-        ctx,
+        "write",
+    ),
+    spec(
         c"rl.quota",
         Some(quota_entry),
-        c"write deny-oom getkeys-api",
+        c"write deny-oom fast getkeys-api",
         [1, 1, 1],
-    ) && create(
-        ctx,
+        "write fast",
+    ),
+    spec(
         c"cl.throttle",
         Some(throttle_entry),
-        c"write deny-oom",
+        c"write deny-oom fast",
         [1, 1, 1],
-    ) && create(
-        ctx,
+        "write fast",
+    ),
+    // key payload expiry [key payload expiry]...
+    spec(
         c"rl.apply",
         Some(apply_entry),
         c"write",
-        // key payload expiry [key payload expiry]...
         [1, -1, 3],
-    ) && create(ctx, c"rl.box", None, c"", [0, 0, 0])
-        && create_sub(
-            ctx,
-            c"rl.box",
-            c"status",
-            Some(box_status_entry),
-            c"readonly fast",
-        )
-        && create_sub(ctx, c"rl.box", c"trip", Some(box_trip_entry), c"write fast")
-        && create_sub(
-            ctx,
-            c"rl.box",
-            c"release",
-            Some(box_release_entry),
-            c"write fast",
-        )
-        && create(ctx, c"rl.lease", None, c"", [0, 0, 0])
-        && create_sub(
-            ctx,
-            c"rl.lease",
-            c"acquire",
-            Some(lease_acquire_entry),
-            c"write deny-oom fast",
-        )
-        && create_sub(
-            ctx,
-            c"rl.lease",
-            c"release",
-            Some(lease_release_entry),
-            c"write fast",
-        )
-        && create_sub(
-            ctx,
-            c"rl.lease",
-            c"renew",
-            Some(lease_renew_entry),
-            c"write fast",
-        )
-        && create_sub(
-            ctx,
-            c"rl.lease",
-            c"list",
-            Some(lease_list_entry),
-            c"readonly",
-        )
+        "write dangerous",
+    ),
+    spec(c"rl.box", None, c"", [0, 0, 0], ""),
+    sub(
+        c"rl.box",
+        c"status",
+        Some(box_status_entry),
+        c"readonly fast",
+        "read fast",
+        true,
+    ),
+    sub(
+        c"rl.box",
+        c"trip",
+        Some(box_trip_entry),
+        c"write deny-oom fast",
+        "write fast",
+        false,
+    ),
+    sub(
+        c"rl.box",
+        c"release",
+        Some(box_release_entry),
+        c"write fast",
+        "write fast",
+        false,
+    ),
+    spec(c"rl.lease", None, c"", [0, 0, 0], ""),
+    sub(
+        c"rl.lease",
+        c"acquire",
+        Some(lease_acquire_entry),
+        c"write deny-oom",
+        "write",
+        false,
+    ),
+    sub(
+        c"rl.lease",
+        c"release",
+        Some(lease_release_entry),
+        c"write",
+        "write",
+        false,
+    ),
+    sub(
+        c"rl.lease",
+        c"renew",
+        Some(lease_renew_entry),
+        c"write",
+        "write",
+        false,
+    ),
+    sub(
+        c"rl.lease",
+        c"list",
+        Some(lease_list_entry),
+        c"readonly",
+        "read",
+        true,
+    ),
+];
+
+/// The module's ACL category, where the server lets modules add one.
+const CATEGORY: &CStr = c"ratelimit";
+
+/// Register every command; false if Redis refused one. ACL categories and
+/// key specs are declared where the running server has the API for them
+/// (checked here, at load), and skipped on older servers.
+pub fn register(ctx: Ctx) -> bool {
+    let own_category = acl::add_category(ctx, CATEGORY);
+    COMMANDS.iter().all(|spec| {
+        let Some(command) = create(ctx, spec) else {
+            return false;
+        };
+        if !spec.acl.is_empty() {
+            let mut categories = spec.acl.to_string();
+            if own_category {
+                categories.push(' ');
+                categories.push_str(&CATEGORY.to_string_lossy());
+            }
+            acl::set_categories(command, &categories);
+        }
+        if spec.read_only_key {
+            acl::set_read_only_key(command, spec.keys[0]);
+        }
+        true
+    })
+}
+
+/// Create the command or subcommand of `spec`; its handle, `None` if Redis
+/// refused it.
+fn create(ctx: Ctx, spec: &Spec) -> Option<*mut raw::RedisModuleCommand> {
+    let [first, last, step] = spec.keys;
+    let status = match spec.parent {
+        None => unsafe {
+            api!(RedisModule_CreateCommand)(
+                ctx.ptr(),
+                spec.name.as_ptr(),
+                spec.entry,
+                spec.flags.as_ptr(),
+                first,
+                last,
+                step,
+            )
+        },
+        Some(parent) => {
+            let parent = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), parent.as_ptr()) };
+            if parent.is_null() {
+                return None;
+            }
+            unsafe {
+                api!(RedisModule_CreateSubcommand)(
+                    parent,
+                    spec.name.as_ptr(),
+                    spec.entry,
+                    spec.flags.as_ptr(),
+                    first,
+                    last,
+                    step,
+                )
+            }
+        }
+    };
+    if status != raw::REDISMODULE_OK as c_int {
+        return None;
+    }
+    let full = match spec.parent {
+        None => spec.name.to_string_lossy().into_owned(),
+        Some(parent) => format!(
+            "{}|{}",
+            parent.to_string_lossy(),
+            spec.name.to_string_lossy()
+        ),
+    };
+    let full = std::ffi::CString::new(full).ok()?;
+    let command = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), full.as_ptr()) };
+    (!command.is_null()).then_some(command)
 }

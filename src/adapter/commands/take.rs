@@ -15,7 +15,7 @@ use crate::adapter::ffi::{Arg, Ctx};
 use crate::adapter::stats;
 use crate::core::bucket::Rate;
 use crate::core::limits::{MAX_DURATION_MS, MAX_POINTS};
-use crate::core::take::TakeRequest;
+use crate::core::take::{Settle, TakeRequest};
 
 const NAME: &str = "rl.take";
 
@@ -30,6 +30,17 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut KeyPositions) -> Result<Take
         set_once(&mut delay, "DELAY", c.duration_ms("DELAY max_wait", false)?)?;
         Ok(true)
     })?;
+    if delay.is_some() && req.settle != Settle::Charge {
+        let settle = if req.settle == Settle::Debt {
+            "DEBT"
+        } else {
+            "REFUND"
+        };
+        return Err(ArgError::Together {
+            a: "DELAY",
+            b: settle,
+        });
+    }
     req.delay_ms = delay;
     if let Some(index) = req
         .limits
@@ -142,6 +153,15 @@ mod tests {
             ("RL.TAKE k 10 10 60 ALSO k 1 1 1", "repeats a key"),
             ("RL.TAKE k 10 10 60 COST", "missing COST"),
             ("RL.TAKE k 99999999999999999999 10 60", "capacity must be"),
+            ("RL.TAKE k 10 10 60 COST 1 REFUND 1", "REFUND and COST"),
+            ("RL.TAKE k 10 10 60 DEBT REFUND 1", "REFUND and DEBT"),
+            ("RL.TAKE k 10 10 60 REFUND 0", "REFUND points must be"),
+            ("RL.TAKE k 10 10 60 REFUND", "missing REFUND points"),
+            (
+                "RL.TAKE k 10 10 60 DEBT DEBT",
+                "DEBT is given more than once",
+            ),
+            ("RL.TAKE k 10 10 60 DEBT DELAY 1", "DELAY and DEBT"),
         ];
         for (line, expected) in cases {
             let err = parse_str(line).expect_err(line).to_string();

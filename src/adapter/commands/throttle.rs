@@ -1,9 +1,11 @@
 //! `CL.THROTTLE key max_burst count period [quantity]`: redis-cell's
 //! command and reply on rl's own bucket (the same GCRA, parser, decision
-//! and commit path as `RL.TAKE`), replicated as effects. A key holding a
+//! and call path as `RL.TAKE`), replicated as effects. A key holding a
 //! redis-cell value (a string: the theoretical arrival time in
-//! nanoseconds) is converted in place, not reset, and replicated with the
-//! call's own effect.
+//! nanoseconds, with a TTL) is converted in place by a call that charges,
+//! and replicated with the call's own effect; a call that charges nothing
+//! answers from it as it is. Any other string is refused with
+//! `WRONGTYPE` and left untouched.
 //!
 //! Reply: `[limited, limit, remaining, retry_after_s, reset_after_s]`,
 //! `limit = max_burst + 1`, `retry_after_s = -1` when allowed, whole
@@ -14,14 +16,17 @@ use std::os::raw::c_int;
 use super::limiter_call::{decide_call, Effect};
 use crate::adapter::args::Cursor;
 use crate::adapter::errors::{self, ArgError};
-use crate::adapter::ffi::{now_ms, reply_error, reply_ints, Arg, Ctx};
+use crate::adapter::ffi::{reply_error, Arg, Ctx};
+use crate::adapter::reply::reply_cell;
 use crate::adapter::stats;
-use crate::adapter::store::{commit_in_place, Access, RlKey};
-use crate::core::bucket::{from_tat_ns, Rate};
+use crate::adapter::store::{Access, Call};
+use crate::core::bucket::Rate;
+use crate::core::cell::{answer, can_fit, redis_cell_bucket};
+use crate::core::decision::Status;
 use crate::core::limits::{MAX_DURATION_MS, MAX_POINTS};
+use crate::core::penalty::Penalty;
 use crate::core::record::Record;
-use crate::core::reply::{Reply, Status};
-use crate::core::take::TakeRequest;
+use crate::core::take::{decide, TakeRequest};
 
 const NAME: &str = "cl.throttle";
 
@@ -59,87 +64,49 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A]) -> Result<Throttle, ArgError> {
     Ok(Throttle { rate, quantity })
 }
 
-/// Whole seconds, rounded up.
-fn seconds(ms: i64) -> i64 {
-    if ms <= 0 {
-        0
-    } else {
-        (ms + 999) / 1000
-    }
-}
-
-/// Replace a redis-cell value in the key by the equivalent rl bucket, not
-/// yet committed (the call commits it, charged or not); true when there
-/// was one.
-fn convert_redis_cell(ctx: Ctx, name: Arg, rate: &Rate) -> Result<bool, c_int> {
-    let mut key = RlKey::open(ctx, name, Access::Write);
-    let Some(bytes) = key.string_value() else {
-        return Ok(false);
-    };
-    let tat_ns = std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|s| s.trim().parse::<i64>().ok())
-        .ok_or_else(|| reply_error(ctx, errors::WRONGTYPE))?;
-    key.store(Record::with_bucket(from_tat_ns(tat_ns, rate)));
-    Ok(true)
-}
-
 /// Run `CL.THROTTLE`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let throttle = match parse(args) {
         Ok(t) => t,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let Some(&name) = args.get(1) else {
+    let rate = throttle.rate;
+    let charges = throttle.quantity > 0 && can_fit(&rate, throttle.quantity);
+    let access = if charges { Access::Write } else { Access::Read };
+    let mut call = match Call::open(ctx, args, &[1], access, true) {
+        Ok(call) => call,
+        Err(replied) => return replied,
+    };
+    let cost = if charges { throttle.quantity } else { 0 };
+    let req = TakeRequest::new(&[rate], cost);
+    let Some(key) = call.key(0) else {
         return reply_error(ctx, errors::INTERNAL);
     };
-    let converted = match convert_redis_cell(ctx, name, &throttle.rate) {
-        Ok(converted) => converted,
-        Err(replied) => return replied,
-    };
-    let rate = throttle.rate;
-    // redis-cell answers a quantity above the burst "limited, never": a
-    // probe reads the state, nothing is taken.
-    let too_big = throttle.quantity > rate.capacity;
-    let cost = if too_big { 0 } else { throttle.quantity };
-    let effect = if too_big {
-        Effect::DryRun
+    let decision = if key.record().is_ok() {
+        decide_call(&mut call, &req, Effect::Commit)
     } else {
-        Effect::Commit
+        let converted = key
+            .string_value()
+            .and_then(|bytes| redis_cell_bucket(bytes, key.has_ttl(), call.now(), &rate));
+        let Some(bucket) = converted else {
+            return reply_error(ctx, errors::WRONGTYPE);
+        };
+        if charges {
+            call.replace(0, Record::with_bucket(bucket));
+            decide_call(&mut call, &req, Effect::Commit)
+        } else {
+            // Nothing is charged: answer from the value as it is.
+            let mut state = [Some(bucket)];
+            decide(&mut state, &mut Penalty::default(), &req, call.now(), 0).0
+        }
     };
-    let req = TakeRequest::new(&[rate], cost);
-    let reply: Reply = match decide_call(ctx, args, &[1], &req, effect) {
-        Ok(reply) => reply,
-        Err(replied) => return replied,
-    };
-    // A charge committed the converted bucket with it; otherwise the
-    // conversion is committed on its own.
-    if converted && !(reply.status == Status::Allowed && cost > 0) {
-        commit_in_place(ctx, &mut RlKey::open(ctx, name, Access::Write), now_ms(ctx));
-    }
-    stats::THROTTLE.record(if too_big {
+    let reply = answer(&decision, &rate, throttle.quantity);
+    stats::THROTTLE.record(if can_fit(&rate, throttle.quantity) {
+        decision.status
+    } else {
         Status::Throttled
-    } else {
-        reply.status
     });
-    let limited = too_big || reply.status != Status::Allowed;
-    // -1 when allowed, when the quantity can never fit, and for a manual
-    // box set with `RL.BOX TRIP` (which has no end).
-    let retry_after = if too_big || !limited || reply.retry_after_ms < 0 {
-        -1
-    } else {
-        seconds(reply.retry_after_ms).max(1)
-    };
-    reply_ints(
-        ctx,
-        &[
-            i64::from(limited),
-            i64::try_from(rate.capacity).unwrap_or(i64::MAX),
-            reply.remaining,
-            retry_after,
-            seconds(reply.reset_ms),
-        ],
-    )
+    reply_cell(ctx, &reply)
 }
 
 #[cfg(test)]

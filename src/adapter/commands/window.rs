@@ -88,10 +88,29 @@ mod tests {
             (req.limits[1].limit, req.limits[1].window_ms),
             (20, 3_600_000)
         );
-        assert_ne!(req.limits[0].offset_ms, key_offset(b"b", 60_000) + 1);
         let req = parse_str("RL.WINDOW a 5 60").expect("valid");
         assert_eq!(req.limits[0].mode, Mode::Sliding);
         assert_eq!(req.limits[0].offset_ms, key_offset(b"a", 60_000));
+    }
+
+    #[test]
+    fn each_key_gets_its_own_offset() {
+        // Every ALSO key of one call gets the offset of its own name: over
+        // 16 keys of one tenant, nearly all offsets differ (a shared offset
+        // would synchronise their resets).
+        let mut line = String::from("RL.WINDOW rl:{t}:k0 5 60");
+        for i in 1..16 {
+            line.push_str(&format!(" ALSO rl:{{t}}:k{i} 5 60"));
+        }
+        let req = parse_str(&line).expect("valid");
+        let offsets: std::collections::BTreeSet<u64> =
+            req.limits.iter().map(|w| w.offset_ms).collect();
+        assert!(offsets.len() >= 15, "{offsets:?}");
+        for (i, w) in req.limits.iter().enumerate() {
+            let name = format!("rl:{{t}}:k{i}");
+            assert_eq!(w.offset_ms, key_offset(name.as_bytes(), 60_000));
+            assert!(w.offset_ms < 60_000);
+        }
     }
 
     #[test]

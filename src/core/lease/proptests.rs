@@ -12,21 +12,10 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 
-use super::lease::{format_id, Acquire, Leases, GENERATED_ID_LEN, MAX_DEADLINE};
-use super::limits::{MAX_LEASES, MAX_LEASE_ID_LEN};
-use super::time::Millis;
-
-/// An arbitrary but realistic start time.
-const T0: Millis = 1_700_000_000_000;
-
-/// A config with `cases` cases and no regression files.
-fn config(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
+use super::{format_id, Acquire, Leases, GENERATED_ID_LEN, MAX_DEADLINE};
+use crate::core::limits::{MAX_LEASES, MAX_LEASE_ID_LEN};
+use crate::core::testkit::{config, T0};
+use crate::core::time::Millis;
 
 // ---------------------------------------------------------------------------
 // The model.

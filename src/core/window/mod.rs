@@ -97,15 +97,17 @@
 //! 10_000, 1 to 3 bytes). The encoding is a function of the state, so equal
 //! states have equal bytes.
 
-use std::fmt;
+use serde::{Deserialize, Serialize};
 
-use serde::de::{self, SeqAccess, Visitor};
-use serde::ser::SerializeSeq;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+mod exact;
 
-use super::limiter::Limiter;
-use super::limits::{MAX_DURATION_MS, MAX_EXACT_LIMIT};
-use super::time::{ceil_div, clamp_i64, Millis};
+use exact::{add_entry, log_codec, ExactView};
+
+use crate::core::limiter::Limiter;
+use crate::core::limits::{MAX_DURATION_MS, MAX_EXACT_LIMIT};
+use crate::core::part::{within_reach, Part, MAX_COUNT};
+use crate::core::penalty::MANUAL;
+use crate::core::time::{ceil_div, clamp_i64, Millis};
 
 /// Which window: `RL.WINDOW` default, `EXACT` or `FIXED`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -419,115 +421,30 @@ impl WindowState {
     }
 }
 
-/// An exact log as read under a call's window: the entries that still count
-/// (their times shifted by `shift`), or one carried lump.
-struct ExactView<'a> {
-    log: &'a [Entry],
-    shift: i128,
-    lump: Option<Entry>,
-}
+/// A window matters while it counts anything.
+impl Part for WindowState {
+    fn is_valid(&self) -> bool {
+        WindowState::is_valid(self)
+    }
 
-impl<'a> ExactView<'a> {
-    const EMPTY: ExactView<'static> = ExactView {
-        log: &[],
-        shift: 0,
-        lump: None,
-    };
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        self.counts_until(now).map(|last| last.min(MANUAL - 1))
+    }
 
-    /// The entries of `log` that count at `now` when each counts for
-    /// `w` after `at + shift`. Entries are sorted, so those are a suffix.
-    fn native(log: &'a [Entry], w: i128, shift: i128, now: Millis) -> ExactView<'a> {
-        let now = i128::from(now);
-        let dead = log.partition_point(|e| i128::from(e.at) + shift + w <= now);
-        ExactView {
-            log: log.get(dead..).unwrap_or(&[]),
-            shift,
-            lump: None,
+    fn is_plausible(&self, now: Millis) -> bool {
+        match self {
+            WindowState::Sliding {
+                start, prev, curr, ..
+            } => within_reach(*start, now) && prev.max(curr) <= &MAX_COUNT,
+            WindowState::Fixed { end, count } => within_reach(*end, now) && *count <= MAX_COUNT,
+            WindowState::Exact { log, .. } => log
+                .last()
+                .is_none_or(|e| within_reach(e.at, now) && e.cost <= MAX_COUNT),
         }
     }
 
-    /// `(expiry, cost)` of every entry, in order: the entry counts while
-    /// `now < expiry`.
-    fn entries(&self, w: i128) -> impl Iterator<Item = (i128, u64)> + '_ {
-        let shift = self.shift;
-        self.log
-            .iter()
-            .map(move |e| (i128::from(e.at) + shift + w, e.cost))
-            .chain(self.lump.map(|e| (i128::from(e.at) + w, e.cost)))
-    }
-
-    /// The entries as stored under the call's window (times shifted).
-    fn to_log(&self) -> Vec<Entry> {
-        let mut log = Vec::with_capacity(self.log.len() + usize::from(self.lump.is_some()));
-        let shifted = self.log.iter().map(|e| Entry {
-            at: clamp_i64(i128::from(e.at) + self.shift),
-            cost: e.cost,
-        });
-        for entry in shifted.chain(self.lump) {
-            push_merged(&mut log, entry);
-        }
-        log
-    }
-
-    /// The points counted and the expiry of the last entry (when none
-    /// counts any more); `None` when nothing counts.
-    fn total(&self, w: i128) -> Option<(u64, i128)> {
-        let mut count = 0u64;
-        let mut last = None;
-        for (expiry, cost) in self.entries(w) {
-            count = count.saturating_add(cost);
-            last = Some(expiry);
-        }
-        last.filter(|_| count > 0).map(|last| (count, last))
-    }
-
-    fn seen(&self, w: i128, now: Millis) -> WindowSeen {
-        match self.total(w) {
-            Some((count, last)) => WindowSeen {
-                count,
-                empty_in: clamp_i64(last - i128::from(now)).max(0),
-                shape: Shape::Exact,
-            },
-            None => WindowSeen::default(),
-        }
-    }
-}
-
-/// Append `entry` to a sorted log, merging it into the last entry when it is
-/// not later (which counts its points at least as long).
-fn push_merged(log: &mut Vec<Entry>, entry: Entry) {
-    match log.last_mut() {
-        Some(last) if last.at >= entry.at => last.cost = last.cost.saturating_add(entry.cost),
-        _ => log.push(entry),
-    }
-}
-
-/// Add `cost` points admitted at `now` to a sorted log (merged with an entry
-/// of the same millisecond), then merge the oldest entries while the log is
-/// longer than [`MAX_EXACT_LIMIT`].
-fn add_entry(log: &mut Vec<Entry>, now: Millis, cost: u64) {
-    if cost == 0 {
-        return;
-    }
-    match log.binary_search_by_key(&now, |e| e.at) {
-        Ok(i) => {
-            if let Some(e) = log.get_mut(i) {
-                e.cost = e.cost.saturating_add(cost);
-            }
-        }
-        Err(i) => log.insert(i, Entry { at: now, cost }),
-    }
-    let cap = MAX_EXACT_LIMIT as usize;
-    if log.len() > cap {
-        let extra = log.len() - cap;
-        let merged = log
-            .iter()
-            .take(extra)
-            .fold(0u64, |sum, e| sum.saturating_add(e.cost));
-        if let Some(keep) = log.get_mut(extra) {
-            keep.cost = keep.cost.saturating_add(merged);
-        }
-        log.drain(..extra);
+    fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
+        WindowState::heap_bytes(self)
     }
 }
 
@@ -581,6 +498,11 @@ impl Window {
                 .is_none_or(|(_, e)| e == *end),
             _ => false,
         }
+    }
+
+    /// Whether `state` is an exact log of this window's own length.
+    fn is_native_exact(&self, state: Option<&WindowState>, now: Millis) -> bool {
+        self.mode == Mode::Exact && state.is_some_and(|s| self.is_native(s, now))
     }
 
     /// A `Sliding` reading of `state` at `now`; `None` when nothing counts.
@@ -810,8 +732,46 @@ impl Limiter for Window {
         }
     }
 
-    fn remaining(&self, seen: &WindowSeen) -> i64 {
-        clamp_i64(i128::from(self.limit) - i128::from(seen.count)).max(0)
+    fn balance(&self, seen: &WindowSeen) -> i64 {
+        clamp_i64(i128::from(self.limit) - i128::from(seen.count))
+    }
+
+    /// Points come off the latest counts first: the current sub-window
+    /// then the previous one; a log's newest entries.
+    fn refund(
+        &self,
+        state: &mut WindowState,
+        _seen: &WindowSeen,
+        points: u64,
+        now: Millis,
+    ) -> WindowSeen {
+        let mut next = self
+            .normalized(Some(state), now)
+            .unwrap_or_else(|| self.empty(now));
+        let mut left = points;
+        let mut take = |count: &mut u64| {
+            let taken = left.min(*count);
+            *count -= taken;
+            left -= taken;
+        };
+        match &mut next {
+            WindowState::Sliding { prev, curr, .. } => {
+                take(curr);
+                take(prev);
+            }
+            WindowState::Fixed { count, .. } => take(count),
+            WindowState::Exact { log, .. } => {
+                while let Some(last) = log.last_mut() {
+                    take(&mut last.cost);
+                    if last.cost > 0 {
+                        break;
+                    }
+                    log.pop();
+                }
+            }
+        }
+        *state = next;
+        self.see(Some(state), now)
     }
 
     /// Read under this call's parameters, like every other reply field (a
@@ -820,96 +780,59 @@ impl Limiter for Window {
         self.see(state, now).empty_in
     }
 
+    /// A state of this window's own form is charged where it is (an exact
+    /// log drops its dead entries and gains one: nothing is copied); a
+    /// foreign one is converted first.
     fn charge(
         &self,
-        state: Option<&WindowState>,
+        state: &mut Option<WindowState>,
         _seen: &WindowSeen,
         cost: u64,
         now: Millis,
-    ) -> (WindowState, WindowSeen) {
-        let mut next = self
-            .normalized(state, now)
-            .unwrap_or_else(|| self.empty(now));
-        match &mut next {
-            WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
-            WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
-            WindowState::Exact { log, .. } => add_entry(log, now, cost),
-        }
-        let seen = self.see(Some(&next), now);
-        (next, seen)
-    }
-
-    /// `Some` exactly when `state` is foreign (another mode, window length
-    /// or offset; see the module docs) and still counts something: the
-    /// converted state, which later calls then read as it is.
-    fn rewrite(&self, state: &WindowState, _seen: &WindowSeen, now: Millis) -> Option<WindowState> {
-        if self.is_native(state, now) {
-            return None;
-        }
-        self.normalized(Some(state), now)
-    }
-}
-
-/// The compact encoding of a log: a flat array of unsigned integers,
-/// `[at_0 as u64, cost_0, at_1 - at_0, cost_1, ...]` (differences taken
-/// with wrapping arithmetic, exact for a strictly increasing log).
-mod log_codec {
-    use super::*;
-
-    pub fn serialize<S: Serializer>(log: &[Entry], s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(log.len().saturating_mul(2)))?;
-        let mut prev = 0i64;
-        for (i, e) in log.iter().enumerate() {
-            let t = if i == 0 {
-                e.at
-            } else {
-                e.at.wrapping_sub(prev)
-            };
-            seq.serialize_element(&t.cast_unsigned())?;
-            seq.serialize_element(&e.cost)?;
-            prev = e.at;
-        }
-        seq.end()
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Entry>, D::Error> {
-        d.deserialize_seq(LogVisitor)
-    }
-
-    struct LogVisitor;
-
-    impl<'de> Visitor<'de> for LogVisitor {
-        type Value = Vec<Entry>;
-
-        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-            f.write_str("a flat array of (time, cost) pairs")
-        }
-
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Entry>, A::Error> {
-            let cap = MAX_EXACT_LIMIT as usize;
-            // A hostile length prefix must not reserve memory.
-            let mut log = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(2 * cap) / 2);
-            let mut prev = 0i64;
-            while let Some(t) = seq.next_element::<u64>()? {
-                let cost = seq
-                    .next_element::<u64>()?
-                    .ok_or_else(|| de::Error::custom("a log time without its cost"))?;
-                if log.len() >= cap {
-                    return Err(de::Error::custom("a log longer than MAX_EXACT_LIMIT"));
-                }
-                let at = if log.is_empty() {
-                    t.cast_signed()
-                } else {
-                    prev.wrapping_add(t.cast_signed())
-                };
-                log.push(Entry { at, cost });
-                prev = at;
+    ) -> WindowSeen {
+        let in_place = self.is_native_exact(state.as_ref(), now);
+        match state {
+            Some(WindowState::Exact { log, .. }) if in_place => {
+                let w = self.w();
+                let dead = log.partition_point(|e| i128::from(e.at) + w <= i128::from(now));
+                log.drain(..dead);
+                add_entry(log, now, cost);
             }
-            Ok(log)
+            _ => {
+                let mut next = self
+                    .normalized(state.as_ref(), now)
+                    .unwrap_or_else(|| self.empty(now));
+                match &mut next {
+                    WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
+                    WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
+                    WindowState::Exact { log, .. } => add_entry(log, now, cost),
+                }
+                *state = Some(next);
+            }
+        }
+        self.see(state.as_ref(), now)
+    }
+
+    /// Rewrites exactly when `state` is foreign (another mode, window
+    /// length or offset; see the module docs) and still counts something:
+    /// into the converted state, which later calls then read as it is.
+    fn rewrite(&self, state: &mut WindowState, _seen: &WindowSeen, now: Millis) -> bool {
+        if self.is_native(state, now) {
+            return false;
+        }
+        match self.normalized(Some(state), now) {
+            Some(converted) => {
+                *state = converted;
+                true
+            }
+            None => false,
         }
     }
 }
 
 #[cfg(test)]
-#[path = "window_tests.rs"]
+mod change_proptests;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;

@@ -5,6 +5,30 @@ use super::*;
 use crate::core::penalty::Penalty;
 use crate::core::take::{decide, Request};
 
+/// A charge as a new state from a stored one (the tests read better so).
+pub(super) fn charged(
+    w: &Window,
+    state: Option<&WindowState>,
+    seen: &WindowSeen,
+    cost: u64,
+    now: Millis,
+) -> (WindowState, WindowSeen) {
+    let mut s = state.cloned();
+    let seen = w.charge(&mut s, seen, cost, now);
+    (s.expect("a charge stores a state"), seen)
+}
+
+/// A rewrite as the new state, `None` when the state needs none.
+pub(super) fn rewritten(
+    w: &Window,
+    state: &WindowState,
+    seen: &WindowSeen,
+    now: Millis,
+) -> Option<WindowState> {
+    let mut s = state.clone();
+    w.rewrite(&mut s, seen, now).then_some(s)
+}
+
 /// A boundary of every window used below (offset 0): a multiple of
 /// 3_600_000.
 const T0: Millis = 1_699_999_200_000;
@@ -32,7 +56,7 @@ fn replay(w: Window, rows: &[(i64, u64, [i64; 8])]) -> Option<WindowState> {
             0,
         );
         assert_eq!(
-            reply.to_array(),
+            crate::core::testkit::ToWire::wire(&reply),
             *expected,
             "{w:?} at +{at} ms, cost {cost}"
         );
@@ -154,13 +178,14 @@ fn a_boundary_burst_is_not_doubled() {
     // 1 point every millisecond: in the first x ms after the boundary
     // (x + 1 instants) at most floor(100 * x / 1000) are admitted.
     let w = window(100, 1000, Mode::Sliding, 0);
-    let (mut state, _) = w.charge(None, &WindowSeen::default(), 100, T0 + 999);
+    let mut state = None;
+    w.charge(&mut state, &WindowSeen::default(), 100, T0 + 999);
     let mut admitted = 0u64;
     for x in 0..1000i64 {
         let now = T0 + 1000 + x;
-        let seen = w.see(Some(&state), now);
+        let seen = w.see(state.as_ref(), now);
         if w.fits(&seen, 1) {
-            state = w.charge(Some(&state), &seen, 1, now).0;
+            w.charge(&mut state, &seen, 1, now);
             admitted += 1;
         }
         assert!(admitted <= (100 * x as u64) / 1000, "x = {x}: {admitted}");
@@ -200,7 +225,7 @@ fn sliding_wait_is_exact_in_each_phase() {
 fn a_backward_clock_step_releases_nothing() {
     for mode in [Mode::Sliding, Mode::Exact, Mode::Fixed] {
         let w = window(5, 1000, mode, 0);
-        let (state, _) = w.charge(None, &WindowSeen::default(), 5, T0 + 500);
+        let (state, _) = charged(&w, None, &WindowSeen::default(), 5, T0 + 500);
         for back in [1, 500, 3_600_000] {
             let seen = w.see(Some(&state), T0 + 500 - back);
             assert_eq!(w.remaining(&seen), 0, "{mode:?} {back}");
@@ -208,13 +233,13 @@ fn a_backward_clock_step_releases_nothing() {
             // Still counted for at least as long as without the step.
             let wait = w.wait_ms(Some(&state), &seen, 1, T0 + 500 - back);
             assert!(wait >= back, "{mode:?} {back}: {wait}");
-            assert_eq!(w.rewrite(&state, &seen, T0 + 500 - back), None);
+            assert_eq!(rewritten(&w, &state, &seen, T0 + 500 - back), None);
         }
         // A charge before the stored window counts in it, not earlier.
         let w1 = window(6, 1000, mode, 0);
         let early = T0 - 3_600_000;
         let seen = w1.see(Some(&state), early);
-        let (charged, seen) = w1.charge(Some(&state), &seen, 1, early);
+        let (charged, seen) = charged(&w1, Some(&state), &seen, 1, early);
         assert_eq!(w1.remaining(&seen), 0, "{mode:?}");
         assert!(
             charged.counts_until(early) >= state.counts_until(T0 + 500),
@@ -226,7 +251,13 @@ fn a_backward_clock_step_releases_nothing() {
 #[test]
 fn a_new_limit_is_just_a_number() {
     for mode in [Mode::Sliding, Mode::Exact, Mode::Fixed] {
-        let (state, _) = window(10, 1000, mode, 0).charge(None, &WindowSeen::default(), 6, T0);
+        let (state, _) = charged(
+            &window(10, 1000, mode, 0),
+            None,
+            &WindowSeen::default(),
+            6,
+            T0,
+        );
         let up = window(20, 1000, mode, 0);
         let down = window(4, 1000, mode, 0);
         assert_eq!(up.remaining(&up.see(Some(&state), T0)), 14);
@@ -236,8 +267,8 @@ fn a_new_limit_is_just_a_number() {
             !down.fits(&seen, 0),
             "over the new limit: even a probe waits"
         );
-        assert_eq!(up.rewrite(&state, &seen, T0), None);
-        assert_eq!(down.rewrite(&state, &seen, T0), None);
+        assert_eq!(rewritten(&up, &state, &seen, T0), None);
+        assert_eq!(rewritten(&down, &state, &seen, T0), None);
     }
 }
 
@@ -329,14 +360,14 @@ fn parameter_changes_convert_conservatively() {
         ),
     ];
     for (from, to, expected) in rows {
-        let (stored, _) = from.charge(None, &WindowSeen::default(), 6, T0 + 100);
+        let (stored, _) = charged(&from, None, &WindowSeen::default(), 6, T0 + 100);
         let now = T0 + 200;
         let seen = to.see(Some(&stored), now);
-        let rewritten = to.rewrite(&stored, &seen, now);
-        assert_eq!(rewritten.as_ref(), Some(&expected), "{from:?} -> {to:?}");
+        let converted = rewritten(&to, &stored, &seen, now);
+        assert_eq!(converted.as_ref(), Some(&expected), "{from:?} -> {to:?}");
         // The rewritten state reads as the foreign one did, and is native.
-        assert_eq!(to.see(rewritten.as_ref(), now), seen, "{from:?} -> {to:?}");
-        assert_eq!(to.rewrite(&expected, &seen, now), None);
+        assert_eq!(to.see(converted.as_ref(), now), seen, "{from:?} -> {to:?}");
+        assert_eq!(rewritten(&to, &expected, &seen, now), None);
         // Never fewer points counted than either configuration counts.
         for t in (now..now + 6000).step_by(7) {
             let new = to.see(Some(&expected), t).count();
@@ -351,9 +382,9 @@ fn parameter_changes_convert_conservatively() {
 fn a_charge_after_a_change_adds_to_the_converted_state() {
     let from = window(10, 1000, Mode::Sliding, 0);
     let to = window(10, 300, Mode::Sliding, 0);
-    let (stored, _) = from.charge(None, &WindowSeen::default(), 6, T0 + 100);
+    let (stored, _) = charged(&from, None, &WindowSeen::default(), 6, T0 + 100);
     let seen = to.see(Some(&stored), T0 + 200);
-    let (charged, after) = to.charge(Some(&stored), &seen, 3, T0 + 200);
+    let (charged, after) = charged(&to, Some(&stored), &seen, 3, T0 + 200);
     assert_eq!(
         charged,
         WindowState::Sliding {
