@@ -103,7 +103,8 @@ fn throttled_requests_get_429_with_a_problem_body() {
         "50 points to refill: {reset:?}"
     );
     assert_eq!(b1["quota_tier"], "sandbox");
-    assert_eq!(b1["penalty_strikes_remaining"], 19);
+    // the first refusal is no strike (only a retry before Retry-After is)
+    assert_eq!(b1["penalty_strikes_remaining"], 20);
     assert_eq!(b1["instance"], "/v1/ledgers");
     assert_eq!(b1["recommended_backoff"], "exponential_with_full_jitter");
     let detail = b1["detail"].as_str().unwrap();
@@ -162,8 +163,11 @@ fn throttled_requests_get_429_with_a_problem_body() {
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
 }
 
-/// Sends throttled requests until the box trips, checking each strike
-/// (`first`: the first strike, already sent); returns the boxed response.
+/// Sends throttled requests until the box trips (contract 1.2: a strike
+/// is an early retry). The first refusal (`first`, already sent, or sent
+/// here) is no strike: `threshold` strikes remain; each retry before its
+/// Retry-After is one, and the `threshold`-th trips the box. Returns the
+/// boxed response.
 fn strike_until_boxed(
     a: &ureq::Agent,
     url: &str,
@@ -171,11 +175,11 @@ fn strike_until_boxed(
     threshold: i64,
     mut first: Option<Resp>,
 ) -> Resp {
-    for i in 1..threshold {
+    for i in 0..threshold {
         let r = first.take().unwrap_or_else(|| get(a, url, &[key]));
         let b = problem(&r, 429, "rate-limit-exceeded");
         assert_eq!(r.must("X-Penalty-Box-Status"), "Warning");
-        assert_eq!(b["penalty_strikes_remaining"], threshold - i, "strike {i}");
+        assert_eq!(b["penalty_strikes_remaining"], threshold - i, "refusal {i}");
     }
     get(a, url, &[key])
 }

@@ -313,8 +313,10 @@ fn a_cluster_failover_and_a_killed_primary_are_followed() {
     let a = agent();
     let k = "f1";
     assert_eq!(ask(&a, &gw, k, "t3"), 200);
-    // the box: one admitted, the refusal trips a one-hour box
+    // the box: one admitted, one refused, an early retry trips a one-hour box
     assert_eq!(ask_boxed(&a, &gw, "b1"), 200);
+    assert_eq!(ask_boxed(&a, &gw, "b1"), 429);
+    // the refusal is no strike; the retry before its Retry-After is, and boxes
     assert_eq!(ask_boxed(&a, &gw, "b1"), 429);
     let mut con = cluster.master_for_key(box_key("b1").as_bytes()).client();
     assert_eq!(common::ints(&mut con, &box_probe("b1"))[0], -1, "boxed");

@@ -138,6 +138,8 @@ fn sentinel_failovers_are_followed_and_nothing_is_over_admitted() {
     }
     assert_eq!(ask_boxed(&a, &gw, "b1"), 200);
     assert_eq!(ask_boxed(&a, &gw, "b1"), 429);
+    // the refusal is no strike; the retry before its Retry-After is, and boxes
+    assert_eq!(ask_boxed(&a, &gw, "b1"), 429);
     assert_eq!(common::ints(&mut first.client(), &box_probe("b1"))[0], -1);
 
     // SENTINEL FAILOVER: the replica is promoted, the old primary demoted.

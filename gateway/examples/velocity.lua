@@ -19,7 +19,9 @@ local function velocity(name, route, limit, window, block)
     return {
         name = name, match = { routes = { route } }, scope = { "user" },
         limiter = { kind = "window", mode = "exact", limit = limit, window = window,
-                    strikes = { threshold = 1, window = window }, box = { block, block, block } },
+                    -- exceeding is the offence: the first refusal blocks
+                    strikes = { threshold = 1, window = window, every_refusal = true },
+                    box = { block, block, block } },
         on_refusal = { block_type = "velocity", message = name:find("deposit", 1, true)
             and "Too many deposit attempts. Please wait before retrying."
             or "Too many withdrawal attempts. Please wait before retrying." },

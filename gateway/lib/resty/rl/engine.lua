@@ -470,6 +470,7 @@ function Engine:access(req)
     if not res then
         return self:redis_failed(req, state, err)
     end
+    res = limiters.strike_every_refusal(conf, sent, cmds, res)
     local bad
     for i, e in ipairs(sent) do
         local oerr
@@ -497,6 +498,9 @@ function Engine:access(req)
         if not res then
             return self:redis_failed(req, state, err)
         end
+        res = store.strike_first_refusals(conf, rc, res, function(i)
+            return record[i].params.strikes.threshold
+        end)
         for i, e in ipairs(record) do
             local o = limiters.KINDS.window.outcome(e, res[i])
             if o and o.state == "boxed" then

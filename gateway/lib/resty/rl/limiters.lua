@@ -242,6 +242,32 @@ _M.KINDS = {
     },
 }
 
+--- Rules with `strikes.every_refusal` (block on exceeding: the velocity
+--- design's "5 a minute, then blocked 5 minutes"): their first refusal is
+--- a strike too (the module strikes only a retry before Retry-After), so
+--- their refused commands are sent once more as their own early retry
+--- (resty.rl.store.strike_first_refusals). `cmds[i]` is the command of
+--- `sent[i]`, `res[i]` its reply; returns the replies.
+function _M.strike_every_refusal(conf, sent, cmds, res)
+    local sub_cmds, sub_res, at = {}, {}, {}
+    for i, e in ipairs(sent) do
+        local s = e.params.strikes
+        if s and s.every_refusal and not e.probe then
+            sub_cmds[#sub_cmds + 1], sub_res[#sub_res + 1], at[#at + 1] = cmds[i], res[i], i
+        end
+    end
+    if #at == 0 then
+        return res
+    end
+    sub_res = store.strike_first_refusals(conf, sub_cmds, sub_res, function(j)
+        return sent[at[j]].params.strikes.threshold
+    end)
+    for j, i in ipairs(at) do
+        res[i] = sub_res[j]
+    end
+    return res
+end
+
 --- A request refused (or a reply unusable) after every rule's command
 --- ran: gives back what the admitted rules of `sent` took, in a second
 --- pipelined round trip (only refused requests pay it): REFUND of their

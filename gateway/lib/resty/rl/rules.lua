@@ -150,7 +150,7 @@ end
 
 local function strikes_ok(s)
     return s == nil or s == false or type(s) == "table" and positive_int(s.threshold)
-        and seconds(s.window)
+        and seconds(s.window) and (s.every_refusal == nil or type(s.every_refusal) == "boolean")
 end
 
 local function box_ok(b)
@@ -217,7 +217,7 @@ _M.KINDS = {
 
 local function check_penalty(where, l, tiers)
     check_opt(where, "strikes", l.strikes, tiers, strikes_ok,
-        "{threshold = integer >= 1, window = seconds > 0} or none")
+        "{threshold = integer >= 1, window = seconds > 0, every_refusal = boolean} or none")
     if l.box ~= nil then
         check(l.strikes ~= nil, "%s: box needs strikes", where)
         check_opt(where, "box", l.box, tiers, box_ok, "3 durations in seconds >= 0 (0 = manual)")

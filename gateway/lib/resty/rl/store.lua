@@ -124,6 +124,10 @@ function _M.auth_windows(conf, pairs_, cost)
     if not res then
         return nil, err
     end
+    if cost > 0 then
+        -- a failure beyond the limit trips the box at once (STRIKES 1)
+        res = _M.strike_first_refusals(conf, cmds, res, function() return 1 end)
+    end
     local out = {}
     for i = 1, #pairs_ do
         local r = res[i]
@@ -134,6 +138,36 @@ function _M.auth_windows(conf, pairs_, cost)
         end
     end
     return out
+end
+
+--- An attempt beyond the failures allowed (a failed login, ...) is a
+--- strike. The module counts a strike only for a retry before the
+--- Retry-After of the previous refusal (contract 1.2), so the first
+--- refusal of a key is none: each command of `cmds` whose reply `res[i]`
+--- is such a refusal (status 0, `threshold(i)` strikes still left) is
+--- sent once more, as its own early retry, and its reply replaces the
+--- first. Later attempts are early retries by themselves (one strike
+--- each). Returns `res` (the first replies kept when the second round
+--- trip fails).
+function _M.strike_first_refusals(conf, cmds, res, threshold)
+    local again, at = {}, {}
+    for i, cmd in ipairs(cmds) do
+        local d = _M.decode(res[i])
+        if d and d.status == 0 and d.strikes_remaining == threshold(i) then
+            again[#again + 1] = cmd
+            at[#at + 1] = i
+        end
+    end
+    if #again == 0 then
+        return res
+    end
+    local res2 = run(conf, again)
+    for j, i in ipairs(at) do
+        if res2 and _M.decode(res2[j]) then
+            res[i] = res2[j]
+        end
+    end
+    return res
 end
 
 --- RL.LEASE ACQUIRE with `id` (the request id: new on every request) as
