@@ -111,14 +111,7 @@ local function current(rconf)
     return m
 end
 
--- A flat key/value array (RESP2 of a map) as a table.
-local function fields(arr)
-    local t = {}
-    for i = 1, #arr - 1, 2 do
-        t[arr[i]] = arr[i + 1]
-    end
-    return t
-end
+local fields = transport.flat_map
 
 --- The ranges {first, last, "host:port"} of a CLUSTER SHARDS reply (the
 --- primary of each shard, when it is online), or nil.

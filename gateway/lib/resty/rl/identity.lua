@@ -18,6 +18,7 @@
 local fallback = require "resty.rl.fallback"
 local cjson = require "cjson.safe"
 local store = require "resty.rl.store"
+local transport = require "resty.rl.redis"
 local policy = require "resty.rl.policy"
 
 local _M = {}
@@ -42,11 +43,7 @@ local function hash(reply)
     if type(reply) ~= "table" or #reply == 0 or reply[1] == false then
         return nil
     end
-    local out = {}
-    for i = 1, #reply - 1, 2 do
-        out[reply[i]] = reply[i + 1]
-    end
-    return out
+    return transport.flat_map(reply)
 end
 
 -- Reads (cached) store hashes named by `names` ({cache key = redis key}).

@@ -29,6 +29,15 @@ function _M.key_of(cmd)
     return cmd[2]
 end
 
+--- A flat key/value array (an HGETALL reply, a RESP2 map) as a table.
+function _M.flat_map(arr)
+    local t = {}
+    for i = 1, #arr - 1, 2 do
+        t[arr[i]] = arr[i + 1]
+    end
+    return t
+end
+
 --- A deadline `timeout_ms` from now (ms since the epoch). ngx.now() is
 --- the time the event loop last woke up: refreshed first, or the budget
 --- would start in the past.
