@@ -7,6 +7,7 @@
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
+#   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -40,7 +41,7 @@ SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile clean reliability reliability-report
 
 all: build
 
@@ -59,15 +60,16 @@ run: deps build
 
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
-# they load is the one just built, with Redis' allocator. Then the
-# integration tests run again on Valkey (valkey-integration), then the SDKs'
-# tests (sdk/test.sh). The last line sums up every test binary of both runs
-# (cargo's own last line is the doc-tests' count) and both SDKs' counts,
-# after the wall time of each run; the exit status is the first failure of
-# the three.
+# they load is the one just built, with Redis' allocator; then rlctl's tests
+# (a workspace member), the integration tests again on Valkey
+# (valkey-integration), then the SDKs' tests (sdk/test.sh). The last line
+# sums up every test binary of these runs (cargo's own last line is the
+# doc-tests' count) and both SDKs' counts, after the wall time of each run;
+# the exit status is the first failure.
 test: deps
-	$(CARGO) fmt --check
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy -p rlctl --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
 	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS)
@@ -76,6 +78,10 @@ test: deps
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG); \
 	rc=$$?; \
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl --no-fail-fast \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(TEST_LOG); \
+	rc_rlctl=$$?; \
+	[ $$rc -ne 0 ] || rc=$$rc_rlctl; \
 	redis_s=$$((SECONDS - started)); \
 	$(MAKE) --no-print-directory valkey-integration; \
 	valkey_rc=$$?; \
@@ -133,6 +139,12 @@ test-gateway: deps build
 # SDKs in parallel (about 2 minutes). `make test` runs them too.
 test-sdk: deps build
 	@RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh
+
+# rlctl's tests alone (rlctl/README.md, "Tests"): redis-server with the
+# release module (one server, a 3-primary cluster), loopback webhook and
+# SMTP receivers, the rlctl binary. `make test` runs them too.
+test-rlctl: deps build
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl -- --test-threads=$(TEST_THREADS)
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:

@@ -15,7 +15,7 @@ fn hash_tagged_tenants_work_across_a_cluster() {
         let tenant_key = format!("rl:{{t:{tenant}}}:tenant");
         nodes_used.insert(cluster.master_for_key(key.as_bytes()).port);
         for call in 0..4 {
-            let r: Vec<i64> = redis::cmd("RL.TAKE")
+            let d: Vec<i64> = redis::cmd("RL.TAKE")
                 .arg(&key)
                 .arg(10)
                 .arg(10)
@@ -29,11 +29,12 @@ fn hash_tagged_tenants_work_across_a_cluster() {
                 .arg(60)
                 .query(&mut con)
                 .expect("RL.TAKE through the cluster client");
-            let expected_status = if call < 2 { 1 } else { 0 };
+            let d = Decision::from(d);
+            let expected_status = if call < 2 { ALLOWED } else { THROTTLED };
             assert_eq!(
-                (r[0], r[7]),
+                (d.status, d.binding),
                 (expected_status, 1),
-                "tenant {tenant} call {call}: {r:?}"
+                "tenant {tenant} call {call}: {d:?}"
             );
         }
     }

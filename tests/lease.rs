@@ -11,7 +11,7 @@ use redis::{Connection, Value};
 
 /// `[granted, lease-id or nil, in_use, max, retry_after_ms]`.
 fn acquire(con: &mut Connection, line: &str) -> (i64, Option<String>, i64, i64, i64) {
-    let v = array(call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")));
+    let v = array(call_ok(con, line));
     let id = match &v[1] {
         Value::Nil => None,
         other => Some(value_str(other)),
@@ -23,16 +23,6 @@ fn acquire(con: &mut Connection, line: &str) -> (i64, Option<String>, i64, i64, 
         value_i64(&v[3]),
         value_i64(&v[4]),
     )
-}
-
-fn list(con: &mut Connection, key: &str) -> Vec<(String, i64)> {
-    array(call(con, &format!("RL.LEASE LIST {key}")).expect("LIST"))
-        .into_iter()
-        .map(|pair| {
-            let pair = array(pair);
-            (value_str(&pair[0]), value_i64(&pair[1]))
-        })
-        .collect()
 }
 
 #[test]
@@ -66,7 +56,7 @@ fn at_most_max_leases_and_a_denial_says_when_to_retry() {
         "nothing replicated"
     );
 
-    let listed = list(&mut con, "rl:{t:1}:reconcile");
+    let listed = lease_list(&mut con, "rl:{t:1}:reconcile");
     assert_eq!(listed.len(), 2);
     for (id, ms_left) in &listed {
         let ttl = if *id == id1 { 30_000 } else { 60_000 };
@@ -142,7 +132,7 @@ fn an_id_makes_acquire_idempotent() {
         "no second slot"
     );
     near(
-        list(&mut con, "rl:{ledger:9}:lock")[0].1,
+        lease_list(&mut con, "rl:{ledger:9}:lock")[0].1,
         29_000,
         30_000,
         "the retry refreshed the ttl",
@@ -162,7 +152,7 @@ fn a_crashed_worker_frees_its_slot_when_the_ttl_passes() {
     assert_eq!(acquire(&mut con, "RL.LEASE ACQUIRE crash 1 0.2").0, 0);
     std::thread::sleep(Duration::from_millis(250));
     assert_eq!(
-        list(&mut con, "crash"),
+        lease_list(&mut con, "crash"),
         vec![],
         "an expired lease is not listed"
     );
@@ -186,7 +176,7 @@ fn generated_ids_are_unique() {
         })
         .collect();
     assert_eq!(ids.len(), 200);
-    assert_eq!(list(&mut con, "many").len(), 200);
+    assert_eq!(lease_list(&mut con, "many").len(), 200);
 }
 
 #[test]
@@ -202,7 +192,7 @@ fn twenty_racing_connections_get_exactly_max_grants() {
         handles.into_iter().map(|h| h.join().expect("client")).sum()
     });
     assert_eq!(granted, 5);
-    assert_eq!(list(&mut server.client(), "race").len(), 5);
+    assert_eq!(lease_list(&mut server.client(), "race").len(), 5);
 }
 
 #[test]
@@ -230,7 +220,7 @@ fn a_promoted_replica_keeps_every_live_lease_with_its_deadline() {
 
     let mut promoted = replica.client();
     call(&mut promoted, "REPLICAOF NO ONE").expect("REPLICAOF NO ONE");
-    let mut listed = list(&mut promoted, "export");
+    let mut listed = lease_list(&mut promoted, "export");
     listed.sort_by_key(|(_, ms)| *ms);
     assert_eq!(
         listed.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(),

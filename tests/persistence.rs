@@ -3,24 +3,16 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
 fn wait_rewrite_done(server: &Server) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server
-        .info_get("persistence", "aof_rewrite_in_progress")
-        .as_deref()
-        != Some("0")
-        || server
-            .info_get("persistence", "aof_rewrite_scheduled")
-            .as_deref()
-            != Some("0")
-    {
-        assert!(Instant::now() < deadline, "AOF rewrite did not finish");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(Duration::from_secs(10), "the AOF rewrite to finish", || {
+        let field = |name| server.info_get("persistence", name);
+        field("aof_rewrite_in_progress").as_deref() == Some("0")
+            && field("aof_rewrite_scheduled").as_deref() == Some("0")
+    });
 }
 
 /// Snapshot every key, `kill -9` the server, restart it (replaying its

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use common::*;
 
 /// Milliseconds since the epoch of `y-m-d hh:mm:ss` UTC, for years from
@@ -26,15 +24,6 @@ fn utc_ms(y: i64, m: i64, d: i64, hh: i64, mm: i64, ss: i64) -> i64 {
     days * 86_400_000 + ((hh * 60 + mm) * 60 + ss) * 1000
 }
 
-/// Move `clock` so that the server's time is now `target` ms.
-fn set_clock(clock: &TimeShift, target: i64) {
-    let real = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    clock.set_ms(target - real);
-}
-
 #[test]
 fn the_civil_helper_agrees_with_known_dates() {
     assert_eq!(utc_ms(1970, 1, 1, 0, 0, 0), 0);
@@ -53,27 +42,35 @@ fn a_monthly_quota_resets_at_the_turn_of_the_month() {
         (2027, 2, 28, 2027, 3),
     ] {
         let key = format!("q:{y}-{m}");
-        set_clock(&clock, utc_ms(y, m, d, 23, 59, 50));
+        clock.set_now_ms(utc_ms(y, m, d, 23, 59, 50));
         let end = utc_ms(ny, nm, 1, 0, 0, 0);
+        let call = format!("RL.QUOTA {key} 3 MONTH");
         for left in [2, 1, 0] {
-            assert_eq!(
-                ints(&mut con, &format!("RL.QUOTA {key} 3 MONTH"))[..3],
-                [1, 3, left]
-            );
+            let d = decide(&mut con, &call);
+            assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 3, left));
         }
-        let r = ints(&mut con, &format!("RL.QUOTA {key} 3 MONTH"));
-        assert_eq!(r[..3], [0, 3, 0], "{key}");
-        near(r[4], 9_000, 10_000, "until the first of the next month");
-        assert_eq!(r[3], r[4], "reset_ms is the end of the period");
+        let d = decide(&mut con, &call);
+        assert_eq!((d.status, d.limit, d.remaining), (THROTTLED, 3, 0), "{key}");
+        near(
+            d.retry_after_ms,
+            9_000,
+            10_000,
+            "until the first of the next month",
+        );
+        assert_eq!(
+            d.reset_ms, d.retry_after_ms,
+            "reset_ms is the end of the period"
+        );
         assert_eq!(
             int(&mut con, &format!("PEXPIRETIME {key}")),
             end,
             "the key expires when the period ends"
         );
-        set_clock(&clock, end);
+        clock.set_now_ms(end);
+        let d = decide(&mut con, &call);
         assert_eq!(
-            ints(&mut con, &format!("RL.QUOTA {key} 3 MONTH"))[..3],
-            [1, 3, 2],
+            (d.status, d.limit, d.remaining),
+            (ALLOWED, 3, 2),
             "{key}: a new month"
         );
     }
@@ -85,11 +82,21 @@ fn weeks_are_iso_weeks_and_days_are_utc_days() {
     let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
     // Sunday 2027-01-03 is the last day of ISO week 53 of 2026.
-    set_clock(&clock, utc_ms(2027, 1, 3, 12, 0, 0));
-    let r = ints(&mut con, "RL.QUOTA w 10 WEEK");
-    near(r[3], 43_190_000, 43_200_000, "the week ends Monday 00:00");
-    let r = ints(&mut con, "RL.QUOTA d 10 DAY");
-    near(r[3], 43_190_000, 43_200_000, "the day ends at midnight UTC");
+    clock.set_now_ms(utc_ms(2027, 1, 3, 12, 0, 0));
+    let week = decide(&mut con, "RL.QUOTA w 10 WEEK");
+    near(
+        week.reset_ms,
+        43_190_000,
+        43_200_000,
+        "the week ends Monday 00:00",
+    );
+    let day = decide(&mut con, "RL.QUOTA d 10 DAY");
+    near(
+        day.reset_ms,
+        43_190_000,
+        43_200_000,
+        "the day ends at midnight UTC",
+    );
     assert_eq!(int(&mut con, "PEXPIRETIME w"), utc_ms(2027, 1, 4, 0, 0, 0));
     assert_eq!(int(&mut con, "PEXPIRETIME d"), utc_ms(2027, 1, 4, 0, 0, 0));
 }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::*;
 
@@ -25,13 +25,6 @@ const QUOTA: i64 = 30;
 /// Leases per key, and the box/lease duration in seconds.
 const MAX_LEASES: i64 = 3;
 const HOLD_S: i64 = 30;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64
-}
 
 /// Allowed calls per key and kind in one phase.
 #[derive(Default, Clone)]
@@ -99,9 +92,17 @@ fn trip_and_hold(con: &mut redis::Connection, tag: &str) {
     for i in 0..10 {
         let line =
             format!("RL.TAKE box:{tag}:{i} 1 1 3600 STRIKES 1 60 BOX {HOLD_S} {HOLD_S} {HOLD_S}");
-        ints(con, &line);
-        assert_eq!(ints(con, &line)[0], 0, "refused, a retry announced");
-        assert_eq!(ints(con, &line)[0], -1, "the early retry trips the box");
+        decide(con, &line);
+        assert_eq!(
+            decide(con, &line).status,
+            THROTTLED,
+            "refused, a retry announced"
+        );
+        assert_eq!(
+            decide(con, &line).status,
+            BOXED,
+            "the early retry trips the box"
+        );
         call(con, &format!("RL.LEASE ACQUIRE hold:{tag}:{i} 5 {HOLD_S}")).expect("ACQUIRE");
     }
 }
@@ -112,15 +113,14 @@ fn longest_holds(con: &mut redis::Connection, tags: &[&str]) -> (i64, i64, usize
     let (mut box_ms, mut lease_ms, mut active) = (0, 0, 0);
     for tag in tags {
         for i in 0..10 {
-            let s = ints(con, &format!("RL.BOX STATUS box:{tag}:{i}"));
-            if s[0] > 0 {
+            let s = box_status(con, &format!("box:{tag}:{i}"));
+            if s.level > 0 {
                 active += 1;
-                box_ms = box_ms.max(s[1]);
+                box_ms = box_ms.max(s.ttl_ms);
             }
-            for pair in array(call(con, &format!("RL.LEASE LIST hold:{tag}:{i}")).expect("LIST")) {
-                let pair = array(pair);
+            for (_, ms_left) in lease_list(con, &format!("hold:{tag}:{i}")) {
                 active += 1;
-                lease_ms = lease_ms.max(value_i64(&pair[1]));
+                lease_ms = lease_ms.max(ms_left);
             }
         }
     }
@@ -135,7 +135,7 @@ fn clock_steps_back_and_forward_admit_nothing_extra() {
     // (the daily quota's period boundary).
     let day = 86_400_000;
     let target = (now_ms() / day + 1) * day + 30 * 60_000;
-    clock.set_ms(target - now_ms());
+    clock.set_now_ms(target);
     let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
     let mut raw = RawConn::connect(&server);
@@ -339,14 +339,20 @@ fn after_a_backward_step_a_bucket_refills_only_as_the_clock_passes_again() {
     let clock = TimeShift::new();
     let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
-    assert_eq!(ints(&mut con, "RL.TAKE k 20 10 1 COST 20")[0], 1);
+    assert_eq!(
+        decide(&mut con, "RL.TAKE k 20 10 1 COST 20").status,
+        ALLOWED
+    );
     assert_eq!(ints(&mut con, "CL.THROTTLE c 19 10 1 20")[0], 0);
     clock.advance_ms(-3_600_000);
-    let probe = ints(&mut con, "RL.TAKE k 20 10 1 COST 0");
-    assert_eq!(probe[0], 0, "the debt includes the step: {probe:?}");
-    let one = ints(&mut con, "RL.TAKE k 20 10 1 COST 1");
+    let probe = decide(&mut con, "RL.TAKE k 20 10 1 COST 0");
+    assert_eq!(
+        probe.status, THROTTLED,
+        "the debt includes the step: {probe:?}"
+    );
+    let one = decide(&mut con, "RL.TAKE k 20 10 1 COST 1");
     assert!(
-        one[0] == 0 && (3_599_000..=3_601_000).contains(&one[4]),
+        one.status == THROTTLED && (3_599_000..=3_601_000).contains(&one.retry_after_ms),
         "one point back when the clock has passed the step again: {one:?}"
     );
     let c = ints(&mut con, "CL.THROTTLE c 19 10 1 1");
@@ -357,12 +363,12 @@ fn after_a_backward_step_a_bucket_refills_only_as_the_clock_passes_again() {
     // Halfway back to the time already seen: still nothing.
     clock.advance_ms(1_800_000);
     assert_eq!(
-        ints(&mut con, "RL.TAKE k 20 10 1 COST 1")[0],
-        0,
+        decide(&mut con, "RL.TAKE k 20 10 1 COST 1").status,
+        THROTTLED,
         "time already seen refills once"
     );
     // retry_after_ms is true: the clock passes the step, plus one point.
     clock.advance_ms(1_800_000 + 100);
-    assert_eq!(ints(&mut con, "RL.TAKE k 20 10 1 COST 1")[0], 1);
+    assert_eq!(decide(&mut con, "RL.TAKE k 20 10 1 COST 1").status, ALLOWED);
     assert_eq!(ints(&mut con, "CL.THROTTLE c 19 10 1 1")[0], 0);
 }

@@ -96,7 +96,7 @@ fn worker(w: usize, cluster: &Cluster, keys: &[String], stop: &AtomicBool, tally
         match r {
             Ok(reply) => {
                 consecutive_errors = 0;
-                if reply[0] == 1 {
+                if Decision::from(reply).allowed() {
                     *t.allowed.entry(key.clone()).or_default() += 1;
                     drop(t);
                     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
@@ -178,14 +178,7 @@ fn a_cluster_keeps_limits_through_failovers_and_a_reshard() {
             ],
         };
         for line in lines {
-            let mut words = line.split(' ');
-            let mut cmd = redis::cmd(words.next().expect("name"));
-            for w in words {
-                cmd.arg(w);
-            }
-            let _: Value = cmd
-                .query(&mut con)
-                .unwrap_or_else(|e| panic!("{line}: {e}"));
+            call_ok(&mut con, &line);
         }
         idle.push(k);
     }
@@ -329,7 +322,7 @@ fn a_cluster_keeps_limits_through_failovers_and_a_reshard() {
             .arg(0)
             .query(&mut con)
             .expect("probe");
-        let spent = capacity(k) - r[2];
+        let spent = capacity(k) - Decision::from(r).remaining;
         let confirmed =
             t.allowed.get(k).copied().unwrap_or(0) - t.unconfirmed.get(k).copied().unwrap_or(0);
         lost += (confirmed.min(capacity(k)) - spent).max(0);

@@ -69,10 +69,9 @@ fn master_and_replica_converge_after_the_replica_is_frozen_under_load() {
         }
         // Freeze the replica once a third of the calls are done, for 2 s.
         let total = (CONNECTIONS * CALLS) as u64;
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while done.load(Ordering::Relaxed) < total / 3 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let _ = poll_for(Duration::from_secs(300), Duration::from_millis(10), || {
+            (done.load(Ordering::Relaxed) >= total / 3).then_some(())
+        });
         signal(replica_pid, "STOP");
         frozen.store(true, Ordering::Relaxed);
         stop_at = t0.elapsed().as_secs_f64();

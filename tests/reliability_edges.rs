@@ -11,10 +11,6 @@ use std::time::Duration;
 use common::*;
 use redis::{Connection, Value};
 
-fn q(con: &mut Connection, line: &str) -> Value {
-    call(con, line).unwrap_or_else(|e| panic!("{line}: {e}"))
-}
-
 /// `WATCH key` on one connection, `calls` on another, then `EXEC` on the
 /// first: true when the transaction was aborted.
 fn aborts_watch(server: &Server, key: &str, calls: &[&str]) -> bool {
@@ -25,7 +21,7 @@ fn aborts_watch(server: &Server, key: &str, calls: &[&str]) -> bool {
         .query(&mut watcher)
         .expect("WATCH");
     for line in calls {
-        q(&mut other, line);
+        call_ok(&mut other, line);
     }
     let r: Value = redis::pipe()
         .atomic()
@@ -43,11 +39,11 @@ fn limiter_writes_abort_watch_and_non_writes_do_not() {
     let server = Server::start(&[]);
     let mut con = server.client();
     // Set up state so that each call below really writes (or really does not).
-    q(&mut con, "RL.TAKE w:full 2 1 600 COST 2");
-    q(&mut con, "RL.WINDOW w:win 1 600");
-    q(&mut con, "RL.LEASE ACQUIRE w:lease 1 600 ID a");
-    q(&mut con, "RL.BOX TRIP w:boxed 1 600");
-    q(&mut con, "RL.TAKE w:box2 1 1 600 COST 1");
+    call_ok(&mut con, "RL.TAKE w:full 2 1 600 COST 2");
+    call_ok(&mut con, "RL.WINDOW w:win 1 600");
+    call_ok(&mut con, "RL.LEASE ACQUIRE w:lease 1 600 ID a");
+    call_ok(&mut con, "RL.BOX TRIP w:boxed 1 600");
+    call_ok(&mut con, "RL.TAKE w:box2 1 1 600 COST 1");
     let writes: &[(&str, &[&str])] = &[
         ("w:new", &["RL.TAKE w:new 5 1 60"]),
         ("w:full", &["RL.TAKE w:full 2 1 600 STRIKES 5 60"]),
@@ -74,7 +70,7 @@ fn limiter_writes_abort_watch_and_non_writes_do_not() {
         }
     }
     // Calls that the reference says write nothing.
-    q(&mut con, "RL.LEASE ACQUIRE w:lease3 1 600 ID b");
+    call_ok(&mut con, "RL.LEASE ACQUIRE w:lease3 1 600 ID b");
     let reads: &[(&str, &[&str])] = &[
         ("w:full", &["RL.TAKE w:full 2 1 600 COST 0"]),
         ("w:full", &["RL.TAKE w:full 2 1 600"]),
@@ -130,9 +126,9 @@ fn every_rl_write_on_a_replica_gets_readonly() {
     let master = Server::start(&[]);
     let replica = start_replica(&master);
     let mut con = master.client();
-    q(&mut con, "RL.TAKE r:k 5 1 60 COST 2");
-    q(&mut con, "RL.LEASE ACQUIRE r:l 2 600 ID a");
-    q(&mut con, "RL.BOX TRIP r:b 1 600");
+    call_ok(&mut con, "RL.TAKE r:k 5 1 60 COST 2");
+    call_ok(&mut con, "RL.LEASE ACQUIRE r:l 2 600 ID a");
+    call_ok(&mut con, "RL.BOX TRIP r:b 1 600");
     wait_replica(&mut con, 1, 5000);
     let before = digest(&mut con);
     let mut rep = replica.client();
@@ -171,8 +167,8 @@ fn every_rl_write_on_a_replica_gets_readonly() {
         not_readonly.push(format!("EVAL RL.TAKE: {script:?}"));
     }
     // Reads work on the replica.
-    assert_eq!(ints(&mut rep, "RL.BOX STATUS r:b")[0], 1);
-    assert_eq!(array(q(&mut rep, "RL.LEASE LIST r:l")).len(), 1);
+    assert_eq!(box_status(&mut rep, "r:b").level, 1);
+    assert_eq!(array(call_ok(&mut rep, "RL.LEASE LIST r:l")).len(), 1);
     assert_eq!(digest(&mut rep), before, "the replica is unchanged");
     fig.record(
         "9. RL.* writes on a replica get READONLY",
@@ -205,8 +201,8 @@ fn build_big_keys(con: &mut Connection, clock: &TimeShift, tag: &str, n: usize, 
     let _: () = pipe.query(con).expect("ACQUIRE leases");
     for _ in 0..entries {
         clock.advance_ms(1);
-        let r = ints(con, &format!("RL.WINDOW big:{tag}:win 10000 3600 EXACT"));
-        assert_eq!(r[0], 1);
+        let d = decide(con, &format!("RL.WINDOW big:{tag}:win 10000 3600 EXACT"));
+        assert_eq!(d.status, ALLOWED);
     }
 }
 
@@ -237,72 +233,71 @@ fn rename_copy_move_swapdb_unlink_and_flushall_async_behave() {
     };
 
     // RENAME keeps the state and the absolute expiry; the old name is gone.
-    q(&mut con, "RL.TAKE e:a 10 1 600 COST 4 STRIKES 3 600");
-    q(&mut con, "RL.TAKE e:a 10 1 600 COST 9 STRIKES 3 600");
-    q(&mut con, "RL.TAKE e:a 10 1 600 COST 9 STRIKES 3 600");
+    call_ok(&mut con, "RL.TAKE e:a 10 1 600 COST 4 STRIKES 3 600");
+    call_ok(&mut con, "RL.TAKE e:a 10 1 600 COST 9 STRIKES 3 600");
+    call_ok(&mut con, "RL.TAKE e:a 10 1 600 COST 9 STRIKES 3 600");
     let (dump_a, at_a) = dump_and_expiry(&mut con, "e:a").expect("DUMP");
-    q(&mut con, "RENAME e:a e:b");
+    call_ok(&mut con, "RENAME e:a e:b");
     assert_eq!(
         dump_and_expiry(&mut con, "e:b").expect("DUMP"),
         (dump_a.clone(), at_a)
     );
     assert_eq!(int(&mut con, "EXISTS e:a"), 0);
-    let r = ints(&mut con, "RL.TAKE e:b 10 1 600 COST 0");
-    assert!(r[2] <= 6, "spent points kept under the new name: {r:?}");
+    let d = decide(&mut con, "RL.TAKE e:b 10 1 600 COST 0");
+    assert!(
+        d.remaining <= 6,
+        "spent points kept under the new name: {d:?}"
+    );
     assert_eq!(
-        ints(&mut con, "RL.BOX STATUS e:b")[3],
+        box_status(&mut con, "e:b").strikes,
         1,
         "the strike moved too"
     );
     // RENAME over an existing limiter key replaces it.
-    q(&mut con, "RL.BOX TRIP e:c 3 0");
-    q(&mut con, "RENAME e:b e:c");
-    assert_eq!(
-        ints(&mut con, "RL.BOX STATUS e:c")[0],
-        0,
-        "the box was replaced"
-    );
+    call_ok(&mut con, "RL.BOX TRIP e:c 3 0");
+    call_ok(&mut con, "RENAME e:b e:c");
+    assert_eq!(box_status(&mut con, "e:c").level, 0, "the box was replaced");
     converge(&mut con, "RENAME");
 
     // COPY is a deep copy with the same expiry.
-    q(&mut con, "RL.LEASE ACQUIRE e:l 3 600 ID one");
-    q(&mut con, "COPY e:l e:l2");
+    call_ok(&mut con, "RL.LEASE ACQUIRE e:l 3 600 ID one");
+    call_ok(&mut con, "COPY e:l e:l2");
     assert_eq!(
         dump_and_expiry(&mut con, "e:l").expect("DUMP"),
         dump_and_expiry(&mut con, "e:l2").expect("DUMP")
     );
-    q(&mut con, "RL.LEASE ACQUIRE e:l2 3 600 ID two");
+    call_ok(&mut con, "RL.LEASE ACQUIRE e:l2 3 600 ID two");
     assert_eq!(
-        array(q(&mut con, "RL.LEASE LIST e:l")).len(),
+        array(call_ok(&mut con, "RL.LEASE LIST e:l")).len(),
         1,
         "the source is unchanged"
     );
-    assert_eq!(array(q(&mut con, "RL.LEASE LIST e:l2")).len(), 2);
+    assert_eq!(array(call_ok(&mut con, "RL.LEASE LIST e:l2")).len(), 2);
     converge(&mut con, "COPY");
 
     // MOVE to db 1, and SWAPDB: the state follows the key.
     let moved = dump_and_expiry(&mut con, "e:c").expect("DUMP");
     assert_eq!(int(&mut con, "MOVE e:c 1"), 1);
-    q(&mut con, "SELECT 1");
+    call_ok(&mut con, "SELECT 1");
     assert_eq!(dump_and_expiry(&mut con, "e:c").expect("DUMP"), moved);
-    q(&mut con, "RL.TAKE e:c 10 1 600 COST 1");
-    q(&mut con, "SELECT 0");
+    call_ok(&mut con, "RL.TAKE e:c 10 1 600 COST 1");
+    call_ok(&mut con, "SELECT 0");
     converge(&mut con, "MOVE");
-    q(&mut con, "SWAPDB 0 1");
+    call_ok(&mut con, "SWAPDB 0 1");
     assert_eq!(int(&mut con, "EXISTS e:c"), 1, "db 1 is now db 0");
     assert_eq!(int(&mut con, "EXISTS e:l"), 0);
-    let r = ints(&mut con, "RL.TAKE e:c 10 1 600 COST 0");
-    assert!(r[2] <= 5, "{r:?}");
+    let d = decide(&mut con, "RL.TAKE e:c 10 1 600 COST 0");
+    assert!(d.remaining <= 5, "{d:?}");
     converge(&mut con, "SWAPDB");
-    q(&mut con, "SWAPDB 0 1");
+    call_ok(&mut con, "SWAPDB 0 1");
 
     // Big keys: 1000 leases, a 5000-entry exact log; 40 copies of each.
     build_big_keys(&mut con, &clock, "0", 1000, 5000);
     let lease_bytes = int(&mut con, "MEMORY USAGE big:0:lease");
     let win_bytes = int(&mut con, "MEMORY USAGE big:0:win");
     for i in 1..=40 {
-        q(&mut con, &format!("COPY big:0:lease big:{i}:lease"));
-        q(&mut con, &format!("COPY big:0:win big:{i}:win"));
+        call_ok(&mut con, &format!("COPY big:0:lease big:{i}:lease"));
+        call_ok(&mut con, &format!("COPY big:0:win big:{i}:win"));
     }
     converge(&mut con, "big keys");
     let expired_before = info_u64(&master, "rl", "rl_lease_expired");
@@ -319,9 +314,9 @@ fn rename_copy_move_swapdb_unlink_and_flushall_async_behave() {
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 200_000 {
                 let k = n % 100;
-                q(&mut c, &format!("RL.TAKE bg:{k} 50 1 600 STRIKES 2 600"));
-                q(&mut c, &format!("RL.LEASE ACQUIRE bg:l{k} 5 600 ID i{n}"));
-                q(&mut c, &format!("RL.LEASE RELEASE bg:l{k} i{n}"));
+                call_ok(&mut c, &format!("RL.TAKE bg:{k} 50 1 600 STRIKES 2 600"));
+                call_ok(&mut c, &format!("RL.LEASE ACQUIRE bg:l{k} 5 600 ID i{n}"));
+                call_ok(&mut c, &format!("RL.LEASE RELEASE bg:l{k} i{n}"));
                 n += 1;
             }
             n
@@ -333,7 +328,7 @@ fn rename_copy_move_swapdb_unlink_and_flushall_async_behave() {
             .expect("UNLINK");
         assert_eq!(unlinked, keys.len() as i64);
         std::thread::sleep(Duration::from_millis(100));
-        q(&mut con, "FLUSHALL ASYNC");
+        call_ok(&mut con, "FLUSHALL ASYNC");
         wait_until(Duration::from_secs(10), "lazyfree done", || {
             info_u64(&master, "memory", "lazyfree_pending_objects") == 0
         });

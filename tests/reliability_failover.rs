@@ -12,7 +12,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use redis::{Connection, Value};
@@ -179,13 +179,10 @@ fn worker(w: usize, shared: &Shared, log: &Mutex<Log>) {
             log.lock().expect("log").errors += 1;
             // Park until the test has switched nodes (bounded).
             shared.parked.fetch_add(1, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while shared.epoch.load(Ordering::SeqCst) == epoch
-                && !shared.stop.load(Ordering::SeqCst)
-                && Instant::now() < deadline
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            let _ = poll_for(Duration::from_secs(60), Duration::from_millis(5), || {
+                (shared.epoch.load(Ordering::SeqCst) != epoch || shared.stop.load(Ordering::SeqCst))
+                    .then_some(())
+            });
             shared.parked.fetch_sub(1, Ordering::SeqCst);
             epoch = shared.epoch.load(Ordering::SeqCst);
             con = connect(shared.nodes[shared.current.load(Ordering::SeqCst)]);
@@ -279,14 +276,11 @@ fn failover_under_load(
         let new = fault(&master, &replica);
         shared.current.store(new, Ordering::SeqCst);
         // Every worker notices (its next write fails) and parks.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while shared.parked.load(Ordering::SeqCst) < WORKERS {
-            assert!(
-                Instant::now() < deadline,
-                "workers did not notice the failover"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until(
+            Duration::from_secs(30),
+            "every worker to notice the failover",
+            || shared.parked.load(Ordering::SeqCst) >= WORKERS,
+        );
         let mut con = shared.nodes[new].client();
         let (c, bad) = check(&mut con, &logs);
         if !lossless {

@@ -32,24 +32,22 @@ struct Scenario {
     expect: &'static [&'static str],
 }
 
-fn q(con: &mut Connection, line: &str) {
-    call(con, line).unwrap_or_else(|e| panic!("{line}: {e}"));
-}
-
 fn scenarios() -> Vec<Scenario> {
     vec![
         Scenario {
             label: "plain allowed RL.TAKE",
-            run: |c| q(c, "RL.TAKE s:plain 10 1 60 COST 3"),
+            run: |c| {
+                call_ok(c, "RL.TAKE s:plain 10 1 60 COST 3");
+            },
             expect: &["RL.APPLY"],
         },
         Scenario {
             label: "RL.TAKE with ALSO and JITTER",
             run: |c| {
-                q(
+                call_ok(
                     c,
                     "RL.TAKE s:{t}:a 10 1 60 COST 2 ALSO s:{t}:b 5 1 60 JITTER 50",
-                )
+                );
             },
             // Both keys in one command.
             expect: &["RL.APPLY"],
@@ -101,7 +99,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "throttled without STRIKES (writes nothing)",
             run: |c| {
-                q(c, "RL.TAKE s:thr 2 1 600 COST 2");
+                call_ok(c, "RL.TAKE s:thr 2 1 600 COST 2");
                 let r = ints(c, "RL.TAKE s:thr 2 1 600 COST 2");
                 assert_eq!(r[0], 0, "throttled");
             },
@@ -134,9 +132,9 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "RL.WINDOW sliding, exact and fixed, one throttled with STRIKES",
             run: |c| {
-                q(c, "RL.WINDOW s:w1 3 60");
-                q(c, "RL.WINDOW s:w2 3 60 EXACT COST 3");
-                q(c, "RL.WINDOW s:w3 3 60 FIXED");
+                call_ok(c, "RL.WINDOW s:w1 3 60");
+                call_ok(c, "RL.WINDOW s:w2 3 60 EXACT COST 3");
+                call_ok(c, "RL.WINDOW s:w3 3 60 FIXED");
                 let r = ints(c, "RL.WINDOW s:w2 3 60 EXACT STRIKES 5 60");
                 assert_eq!(r[0], 0, "throttled");
             },
@@ -145,7 +143,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "manual box (PERSIST), then RELEASE FORGET (DEL)",
             run: |c| {
-                q(c, "RL.BOX TRIP s:manual 3 0");
+                call_ok(c, "RL.BOX TRIP s:manual 3 0");
                 assert_eq!(int(c, "RL.BOX RELEASE s:manual FORGET"), 1);
             },
             expect: &["RL.APPLY", "DEL"],
@@ -153,7 +151,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "RL.LEASE acquire, renew, denied acquire, release of the last lease",
             run: |c| {
-                q(c, "RL.LEASE ACQUIRE s:lease 1 60 ID a");
+                call_ok(c, "RL.LEASE ACQUIRE s:lease 1 60 ID a");
                 assert_eq!(int(c, "RL.LEASE RENEW s:lease a 120"), 1);
                 assert_eq!(ints_or_nil_status(c, "RL.LEASE ACQUIRE s:lease 1 60"), 0);
                 assert_eq!(int(c, "RL.LEASE RELEASE s:lease a"), 1);
@@ -163,23 +161,23 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "RL.QUOTA, then a PEEK (writes nothing)",
             run: |c| {
-                q(c, "RL.QUOTA s:quota 10 DAY COST 2 ALSO s:quota2 100 MONTH");
-                q(c, "RL.QUOTA s:quota 10 DAY COST 5 PEEK");
+                call_ok(c, "RL.QUOTA s:quota 10 DAY COST 2 ALSO s:quota2 100 MONTH");
+                call_ok(c, "RL.QUOTA s:quota 10 DAY COST 5 PEEK");
             },
             expect: &["RL.APPLY"],
         },
         Scenario {
             label: "CL.THROTTLE, and a redis-cell string converted in place",
             run: |c| {
-                q(c, "CL.THROTTLE s:cell 5 1 60");
+                call_ok(c, "CL.THROTTLE s:cell 5 1 60");
                 let ns = (now_ms() as u128 + 10_000) * 1_000_000;
-                q(c, &format!("SET s:legacy {ns} PX 60000"));
+                call_ok(c, &format!("SET s:legacy {ns} PX 60000"));
                 let r = ints(c, "CL.THROTTLE s:legacy 15 1 1");
                 assert_eq!(r.len(), 5, "converted and answered: {r:?}");
-                q(c, "TYPE s:legacy");
+                call_ok(c, "TYPE s:legacy");
                 // A quantity above the burst takes nothing: the value is
                 // answered from as it is, and nothing is written.
-                q(c, &format!("SET s:legacy2 {ns} PX 60000"));
+                call_ok(c, &format!("SET s:legacy2 {ns} PX 60000"));
                 let r = ints(c, "CL.THROTTLE s:legacy2 15 1 1 20");
                 assert_eq!(r[0], 1, "limited: {r:?}");
             },
@@ -189,7 +187,7 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "RL.TAKE with DELAY: allowed, then delayed (status 2)",
             run: |c| {
-                q(c, "RL.TAKE s:delay 1 10 1 DELAY 5");
+                call_ok(c, "RL.TAKE s:delay 1 10 1 DELAY 5");
                 let r = ints(c, "RL.TAKE s:delay 1 10 1 DELAY 5");
                 assert_eq!(r[0], 2, "delayed: {r:?}");
             },
@@ -198,10 +196,10 @@ fn scenarios() -> Vec<Scenario> {
         Scenario {
             label: "probes and reads (COST 0, STATUS, LIST) write nothing",
             run: |c| {
-                q(c, "RL.TAKE s:plain 10 1 60 COST 0");
-                q(c, "RL.WINDOW s:w1 3 60 COST 0");
-                q(c, "RL.BOX STATUS s:thr");
-                q(c, "RL.LEASE LIST s:lease");
+                call_ok(c, "RL.TAKE s:plain 10 1 60 COST 0");
+                call_ok(c, "RL.WINDOW s:w1 3 60 COST 0");
+                call_ok(c, "RL.BOX STATUS s:thr");
+                call_ok(c, "RL.LEASE LIST s:lease");
             },
             expect: &[],
         },
@@ -211,7 +209,7 @@ fn scenarios() -> Vec<Scenario> {
 /// The status (first element) of a lease reply, whose second element may
 /// be nil.
 fn ints_or_nil_status(con: &mut Connection, line: &str) -> i64 {
-    let v = array(call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")));
+    let v = array(call_ok(con, line));
     value_i64(&v[0])
 }
 
@@ -276,27 +274,20 @@ fn check(
     (verbatim, relative, names.len())
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64
-}
-
 #[test]
 fn the_replication_stream_holds_only_deterministic_effects() {
     let fig = Figure::start();
     let server = Server::start(&[]);
     let mut tap = ReplicationTap::sync(&server);
     let mut con = server.client();
-    q(&mut con, "SET mark:start 1");
+    call_ok(&mut con, "SET mark:start 1");
     tap.until_marker("mark:start");
     let (mut commands, mut verbatim, mut relative, mut effects) = (0, 0, 0, 0);
     let all = scenarios();
     for (i, s) in all.iter().enumerate() {
         (s.run)(&mut con);
         let marker = format!("mark:{i}");
-        q(&mut con, &format!("SET {marker} 1"));
+        call_ok(&mut con, &format!("SET {marker} 1"));
         let mut cmds = tap.until_marker(&marker);
         cmds.pop();
         commands += cmds.len();

@@ -45,7 +45,7 @@ fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
     let mut promoted = replica.client();
     call(&mut promoted, "REPLICAOF NO ONE").expect("REPLICAOF NO ONE");
     assert_eq!(
-        ints(&mut promoted, "RL.TAKE bucket 10 1 1000 COST 0")[2],
+        decide(&mut promoted, "RL.TAKE bucket 10 1 1000 COST 0").remaining,
         3,
         "spent points kept"
     );
@@ -54,16 +54,16 @@ fn a_promoted_replica_keeps_buckets_strikes_and_boxes() {
         [0, 0, 0, 2],
         "strikes kept"
     );
-    let r = ints(&mut promoted, "RL.TAKE striker 1 1 1000 STRIKES 3 600");
+    let d = decide(&mut promoted, "RL.TAKE striker 1 1 1000 STRIKES 3 600");
     assert_eq!(
-        (r[0], r[5]),
-        (-1, 1),
+        (d.status, d.box_level),
+        (BOXED, 1),
         "the third strike trips: the first two and the announced retry were kept"
     );
-    let r = ints(&mut promoted, "RL.BOX STATUS boxed");
-    assert_eq!((r[0], r[2]), (2, 1));
-    assert!(r[1] > 590_000, "box deadline kept: {r:?}");
-    assert_eq!(ints(&mut promoted, "RL.TAKE manual 5 5 1")[..1], [-1]);
+    let s = box_status(&mut promoted, "boxed");
+    assert_eq!((s.level, s.offenses), (2, 1));
+    assert!(s.ttl_ms > 590_000, "box deadline kept: {s:?}");
+    assert_eq!(decide(&mut promoted, "RL.TAKE manual 5 5 1").status, BOXED);
     assert_eq!(int(&mut promoted, "PTTL manual"), -1);
 }
 
@@ -91,7 +91,7 @@ fn the_apply_command_is_refused_to_clients() {
     pipe.atomic().cmd("RL.APPLY").arg("me").arg("x");
     expect_err(pipe.query::<redis::Value>(&mut con), "internal");
     assert_eq!(
-        ints(&mut con, "RL.BOX STATUS me")[0],
+        box_status(&mut con, "me").level,
         3,
         "the box is still there"
     );

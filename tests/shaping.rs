@@ -6,12 +6,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// The server's clock (`TIME`) in microseconds.
-fn server_time_us(con: &mut redis::Connection) -> i64 {
-    let t: (String, String) = redis::cmd("TIME").query(con).expect("TIME");
-    t.0.parse::<i64>().expect("seconds") * 1_000_000 + t.1.parse::<i64>().expect("micros")
-}
-
 /// 20 concurrent callers on a bucket of 1 point refilled 10 times a
 /// second, each sleeping the wait it is given: none is rejected, and they
 /// proceed 100 ms apart as measured by the server's clock.
@@ -27,9 +21,12 @@ fn twenty_callers_that_sleep_the_wait_proceed_at_the_rate() {
                 s.spawn(move || {
                     let mut con = server.client();
                     let before = server_time_us(&mut con);
-                    let r = ints(&mut con, "RL.TAKE shape 1 10 1 DELAY 5");
-                    assert!(r[0] == 1 || r[0] == 2, "never rejected: {r:?}");
-                    std::thread::sleep(Duration::from_millis(r[4] as u64));
+                    let d = decide(&mut con, "RL.TAKE shape 1 10 1 DELAY 5");
+                    assert!(
+                        d.status == ALLOWED || d.status == DELAYED,
+                        "never rejected: {d:?}"
+                    );
+                    std::thread::sleep(Duration::from_millis(d.retry_after_ms as u64));
                     (before, server_time_us(&mut con))
                 })
             })
@@ -62,18 +59,32 @@ fn twenty_callers_that_sleep_the_wait_proceed_at_the_rate() {
 fn a_wait_beyond_max_wait_is_throttled_and_reserves_nothing() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    assert_eq!(ints(&mut con, "RL.TAKE d 1 1 10 DELAY 15")[0], 1);
-    let r = ints(&mut con, "RL.TAKE d 1 1 10 DELAY 15");
-    assert_eq!(r[0], 2);
-    near(r[4], 9_900, 10_000, "wait for the reserved slot");
+    assert_eq!(
+        decide(&mut con, "RL.TAKE d 1 1 10 DELAY 15").status,
+        ALLOWED
+    );
+    let d = decide(&mut con, "RL.TAKE d 1 1 10 DELAY 15");
+    assert_eq!(d.status, DELAYED);
+    near(
+        d.retry_after_ms,
+        9_900,
+        10_000,
+        "wait for the reserved slot",
+    );
     let dump: Vec<u8> = redis::cmd("DUMP").arg("d").query(&mut con).expect("DUMP");
-    let r = ints(&mut con, "RL.TAKE d 1 1 10 DELAY 15");
-    assert_eq!(r[0], 0, "the next slot is 20 s away, beyond 15 s");
-    near(r[4], 19_900, 20_000, "retry_after_ms");
+    let d = decide(&mut con, "RL.TAKE d 1 1 10 DELAY 15");
+    assert_eq!(
+        d.status, THROTTLED,
+        "the next slot is 20 s away, beyond 15 s"
+    );
+    near(d.retry_after_ms, 19_900, 20_000, "retry_after_ms");
     let after: Vec<u8> = redis::cmd("DUMP").arg("d").query(&mut con).expect("DUMP");
     assert_eq!(dump, after, "nothing reserved");
-    let r = ints(&mut con, "RL.TAKE d 1 1 10");
-    assert_eq!(r[0], 0, "a call without DELAY sees the reservation");
+    assert_eq!(
+        decide(&mut con, "RL.TAKE d 1 1 10").status,
+        THROTTLED,
+        "a call without DELAY sees the reservation"
+    );
     expect_err(call(&mut con, "RL.TAKE d 1 1 10 DELAY 0"), "DELAY max_wait");
     expect_err(
         call(&mut con, "RL.WINDOW w 1 10 DELAY 5"),

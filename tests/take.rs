@@ -10,37 +10,42 @@ use redis::Value;
 fn growth_tier_with_a_tenant_bucket() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    let r = ints(
-        &mut con,
-        "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10 ALSO rl:{t:42}:tenant 100 100 60",
-    );
+    let both = "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10 ALSO rl:{t:42}:tenant 100 100 60";
+    let d = decide(&mut con, both);
     assert_eq!(
-        r[..3],
-        [1, 100, 90],
+        (d.status, d.limit, d.remaining, d.binding),
+        (ALLOWED, 100, 90, 1),
         "the tenant bucket has fewer points left: it binds"
     );
-    near(r[3], 5990, 6000, "reset_ms");
-    assert_eq!(r[4..], [0, 0, -1, 1]);
-    let r = ints(&mut con, "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10");
-    assert_eq!(r[..3], [1, 3000, 2980]);
+    near(d.reset_ms, 5990, 6000, "reset_ms");
+    assert_eq!(
+        (d.retry_after_ms, d.box_level, d.strikes_remaining),
+        (0, 0, -1)
+    );
+    let d = decide(&mut con, "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10");
+    assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 3000, 2980));
     // Burn the tenant bucket: 9 more calls of 10 points, then a throttle.
     for _ in 0..9 {
-        ints(
-            &mut con,
-            "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10 ALSO rl:{t:42}:tenant 100 100 60",
-        );
+        decide(&mut con, both);
     }
-    let r = ints(
-        &mut con,
-        "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 10 ALSO rl:{t:42}:tenant 100 100 60",
+    let d = decide(&mut con, both);
+    assert_eq!((d.status, d.limit, d.remaining), (THROTTLED, 100, 0));
+    near(
+        d.retry_after_ms,
+        5000,
+        6000,
+        "retry_after_ms: 10 points at 100/min",
     );
-    assert_eq!(r[..3], [0, 100, 0]);
-    near(r[4], 5000, 6000, "retry_after_ms: 10 points at 100/min");
-    assert_eq!(r[5..], [0, -1, 1]);
+    assert_eq!((d.box_level, d.strikes_remaining, d.binding), (0, -1, 1));
     // Nothing was taken from the key bucket by the throttled call.
-    let probe = ints(&mut con, "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 0");
-    assert_eq!(probe[..2], [1, 3000]);
-    near(probe[2], 2890, 2940, "110 points spent, a little refill");
+    let probe = decide(&mut con, "RL.TAKE rl:{t:42}:key:7 3000 3000 60 COST 0");
+    assert_eq!((probe.status, probe.limit), (ALLOWED, 3000));
+    near(
+        probe.remaining,
+        2890,
+        2940,
+        "110 points spent, a little refill",
+    );
 }
 
 #[test]
@@ -49,20 +54,19 @@ fn the_bucket_with_the_longest_wait_binds_and_retry_after_is_honoured() {
     let mut con = server.client();
     let line = "RL.TAKE a 2 2 0.2 ALSO b 10 10 100 ALSO c 2 1 0.5";
     assert_eq!(
-        ints(&mut con, line)[7],
+        decide(&mut con, line).binding,
         0,
         "a and c tie with 1 point left: the first binds"
     );
-    let r = ints(&mut con, line);
-    assert_eq!(r[0], 1);
-    let r = ints(&mut con, line);
-    assert_eq!(r[0], 0);
-    assert_eq!(r[7], 2, "c refills slowest: it needs the longest wait");
-    near(r[4], 300, 500, "retry_after_ms");
-    std::thread::sleep(std::time::Duration::from_millis(r[4] as u64));
+    assert_eq!(decide(&mut con, line).status, ALLOWED);
+    let d = decide(&mut con, line);
+    assert_eq!(d.status, THROTTLED);
+    assert_eq!(d.binding, 2, "c refills slowest: it needs the longest wait");
+    near(d.retry_after_ms, 300, 500, "retry_after_ms");
+    std::thread::sleep(std::time::Duration::from_millis(d.retry_after_ms as u64));
     assert_eq!(
-        ints(&mut con, line)[0],
-        1,
+        decide(&mut con, line).status,
+        ALLOWED,
         "waiting retry_after_ms admits the request"
     );
 }
@@ -76,14 +80,14 @@ fn a_probe_writes_nothing() {
         [1, 5, 5, 0, 0, 0, -1, 0]
     );
     assert_eq!(int(&mut con, "EXISTS p"), 0, "no key created");
-    ints(&mut con, "RL.TAKE p 5 1 10 COST 2");
+    decide(&mut con, "RL.TAKE p 5 1 10 COST 2");
     let expire = int(&mut con, "PEXPIRETIME p");
     let offset = server.info_get("replication", "master_repl_offset");
     let dump: Value = call(&mut con, "DUMP p").expect("DUMP");
     std::thread::sleep(std::time::Duration::from_millis(5));
-    let r = ints(&mut con, "RL.TAKE p 5 1 10 COST 0 STRIKES 1 10");
-    assert_eq!(r[..3], [1, 5, 3]);
-    assert_eq!(r[6], 1);
+    let d = decide(&mut con, "RL.TAKE p 5 1 10 COST 0 STRIKES 1 10");
+    assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 5, 3));
+    assert_eq!(d.strikes_remaining, 1);
     assert_eq!(int(&mut con, "PEXPIRETIME p"), expire, "TTL not refreshed");
     assert_eq!(
         call(&mut con, "DUMP p").expect("DUMP"),
@@ -103,42 +107,58 @@ fn strikes_trip_an_escalating_box() {
     let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
     let line = "RL.TAKE login 1 1 1000 STRIKES 2 60 BOX 10 20 0";
-    assert_eq!(ints(&mut con, line)[..3], [1, 1, 0]);
-    let r = ints(&mut con, line);
+    let d = decide(&mut con, line);
+    assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 1, 0));
+    let d = decide(&mut con, line);
     assert_eq!(
-        (r[0], r[6]),
-        (0, 2),
+        (d.status, d.strikes_remaining),
+        (THROTTLED, 2),
         "refused, a retry announced: no strike"
     );
-    let r = ints(&mut con, line);
-    assert_eq!((r[0], r[6]), (0, 1), "an early retry: the first strike");
-    let r = ints(&mut con, line);
+    let d = decide(&mut con, line);
     assert_eq!(
-        (r[0], r[1], r[2], r[5], r[6], r[7]),
-        (-1, 1, 0, 1, 0, 0),
+        (d.status, d.strikes_remaining),
+        (THROTTLED, 1),
+        "an early retry: the first strike"
+    );
+    let d = decide(&mut con, line);
+    assert_eq!(
+        d.untimed(),
+        [BOXED, 1, 0, 1, 0, 0],
         "second strike trips level 1"
     );
-    near(r[4], 9990, 10000, "box ttl");
-    assert_eq!(r[3], r[4], "reset_ms equals retry_after_ms when boxed");
-    assert_eq!(ints(&mut con, "RL.BOX STATUS login")[..1], [1]);
+    near(d.retry_after_ms, 9990, 10000, "box ttl");
+    assert_eq!(
+        d.reset_ms, d.retry_after_ms,
+        "reset_ms equals retry_after_ms when boxed"
+    );
+    assert_eq!(box_status(&mut con, "login").level, 1);
 
     clock.advance_ms(10_001);
-    let r = ints(&mut con, line);
-    assert_eq!(r[0], 0, "box over; the bucket is still empty");
-    let r = ints(&mut con, line);
-    assert_eq!((r[0], r[6]), (0, 1), "retried early: a strike");
-    let r = ints(&mut con, line);
-    assert_eq!((r[0], r[5]), (-1, 2), "the offense is remembered: level 2");
-    near(r[4], 19_990, 20_000, "level 2 lasts d2");
+    let d = decide(&mut con, line);
+    assert_eq!(d.status, THROTTLED, "box over; the bucket is still empty");
+    let d = decide(&mut con, line);
+    assert_eq!(
+        (d.status, d.strikes_remaining),
+        (THROTTLED, 1),
+        "retried early: a strike"
+    );
+    let d = decide(&mut con, line);
+    assert_eq!(
+        (d.status, d.box_level),
+        (BOXED, 2),
+        "the offense is remembered: level 2"
+    );
+    near(d.retry_after_ms, 19_990, 20_000, "level 2 lasts d2");
 
     clock.advance_ms(20_001);
     // A refusal, then two early retries: the third trip.
-    ints(&mut con, line);
-    ints(&mut con, line);
-    let r = ints(&mut con, line);
+    decide(&mut con, line);
+    decide(&mut con, line);
+    let d = decide(&mut con, line);
     assert_eq!(
-        (r[0], r[3], r[4], r[5]),
-        (-1, -1, -1, 3),
+        (d.status, d.reset_ms, d.retry_after_ms, d.box_level),
+        (BOXED, -1, -1, 3),
         "level 3 with d3 = 0 is manual"
     );
     assert_eq!(ints(&mut con, "RL.BOX STATUS login"), [3, -1, 3, 0]);
@@ -148,20 +168,27 @@ fn strikes_trip_an_escalating_box() {
         "a manual box keeps the key without TTL"
     );
     clock.advance_ms(86_400_000 * 30);
-    assert_eq!(ints(&mut con, line)[0], -1, "still boxed a month later");
+    assert_eq!(
+        decide(&mut con, line).status,
+        BOXED,
+        "still boxed a month later"
+    );
     assert_eq!(int(&mut con, "RL.BOX RELEASE login"), 1);
-    assert_eq!(ints(&mut con, line)[0], 1);
+    assert_eq!(decide(&mut con, line).status, ALLOWED);
 }
 
 #[test]
 fn an_active_box_blocks_every_call_and_charges_nothing() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE k 10 10 60 COST 4");
-    assert_eq!(ints(&mut con, "RL.BOX TRIP k 2 30")[..1], [2]);
-    let r = ints(&mut con, "RL.TAKE k 10 10 60 COST 1 ALSO other 5 5 60");
-    assert_eq!((r[0], r[1], r[2], r[5], r[6], r[7]), (-1, 10, 0, 2, 0, 0));
-    near(r[4], 29_900, 30_000, "box ttl");
+    decide(&mut con, "RL.TAKE k 10 10 60 COST 4");
+    assert_eq!(
+        BoxStatus::from(ints(&mut con, "RL.BOX TRIP k 2 30")).level,
+        2
+    );
+    let d = decide(&mut con, "RL.TAKE k 10 10 60 COST 1 ALSO other 5 5 60");
+    assert_eq!(d.untimed(), [BOXED, 10, 0, 2, 0, 0]);
+    near(d.retry_after_ms, 29_900, 30_000, "box ttl");
     assert_eq!(
         int(&mut con, "EXISTS other"),
         0,
@@ -169,7 +196,7 @@ fn an_active_box_blocks_every_call_and_charges_nothing() {
     );
     assert_eq!(int(&mut con, "RL.BOX RELEASE k"), 1);
     assert_eq!(
-        ints(&mut con, "RL.TAKE k 10 10 60 COST 0")[2],
+        decide(&mut con, "RL.TAKE k 10 10 60 COST 0").remaining,
         6,
         "the box charged nothing"
     );
@@ -179,7 +206,7 @@ fn an_active_box_blocks_every_call_and_charges_nothing() {
 fn key_ttl_follows_what_matters() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE b 10 1 1 COST 5");
+    decide(&mut con, "RL.TAKE b 10 1 1 COST 5");
     near(
         int(&mut con, "PTTL b"),
         4900,
@@ -188,7 +215,7 @@ fn key_ttl_follows_what_matters() {
     );
     // Allowed, refused, then an early retry: a strike.
     for _ in 0..3 {
-        ints(&mut con, "RL.TAKE s 1 1 1 STRIKES 5 100");
+        decide(&mut con, "RL.TAKE s 1 1 1 STRIKES 5 100");
     }
     near(
         int(&mut con, "PTTL s"),
@@ -215,19 +242,17 @@ fn key_ttl_follows_what_matters() {
 fn a_tier_upgrade_keeps_what_was_spent() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE k 3000 3000 60 COST 100");
+    decide(&mut con, "RL.TAKE k 3000 3000 60 COST 100");
+    let d = decide(&mut con, "RL.TAKE k 6000 6000 60 COST 0");
+    assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 6000, 5900));
+    let d = decide(&mut con, "RL.TAKE k 50 50 60 COST 0");
     assert_eq!(
-        ints(&mut con, "RL.TAKE k 6000 6000 60 COST 0")[..3],
-        [1, 6000, 5900]
-    );
-    let r = ints(&mut con, "RL.TAKE k 50 50 60 COST 0");
-    assert_eq!(
-        r[..3],
-        [0, 50, 0],
+        (d.status, d.limit, d.remaining),
+        (THROTTLED, 50, 0),
         "a downgrade below what was spent keeps the debt"
     );
     near(
-        r[4],
+        d.retry_after_ms,
         59_000,
         60_000,
         "until the 50 points above the new capacity refilled",
@@ -238,14 +263,14 @@ fn a_tier_upgrade_keeps_what_was_spent() {
 fn a_throttled_bucket_refills_at_its_new_rate() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE up 1 1 60");
-    let r = ints(&mut con, "RL.TAKE up 1 1 0.3");
-    assert_eq!(r[0], 0);
-    near(r[4], 200, 300, "the wait at the new rate");
-    std::thread::sleep(std::time::Duration::from_millis(r[4] as u64));
+    decide(&mut con, "RL.TAKE up 1 1 60");
+    let d = decide(&mut con, "RL.TAKE up 1 1 0.3");
+    assert_eq!(d.status, THROTTLED);
+    near(d.retry_after_ms, 200, 300, "the wait at the new rate");
+    std::thread::sleep(std::time::Duration::from_millis(d.retry_after_ms as u64));
     assert_eq!(
-        ints(&mut con, "RL.TAKE up 1 1 0.3")[0],
-        1,
+        decide(&mut con, "RL.TAKE up 1 1 0.3").status,
+        ALLOWED,
         "waiting retry_after_ms at the new rate admits"
     );
 }
@@ -254,13 +279,13 @@ fn a_throttled_bucket_refills_at_its_new_rate() {
 fn jitter_stretches_retry_after_within_its_bound() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE j 1 1 100");
+    decide(&mut con, "RL.TAKE j 1 1 100");
     let mut seen = std::collections::HashSet::new();
     for _ in 0..50 {
-        let r = ints(&mut con, "RL.TAKE j 1 1 100 JITTER 50");
-        assert_eq!(r[0], 0);
-        near(r[4], 99_000, 150_000, "jittered retry");
-        seen.insert(r[4] / 1000);
+        let d = decide(&mut con, "RL.TAKE j 1 1 100 JITTER 50");
+        assert_eq!(d.status, THROTTLED);
+        near(d.retry_after_ms, 99_000, 150_000, "jittered retry");
+        seen.insert(d.retry_after_ms / 1000);
     }
     assert!(seen.len() > 5, "jitter spreads retries: {seen:?}");
 }
@@ -270,24 +295,25 @@ fn a_backward_clock_step_grants_nothing() {
     let clock = TimeShift::new();
     let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
-    assert_eq!(ints(&mut con, "RL.TAKE c 5 5 10 COST 5")[..3], [1, 5, 0]);
+    let d = decide(&mut con, "RL.TAKE c 5 5 10 COST 5");
+    assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 5, 0));
     clock.advance_ms(-3_600_000);
-    let r = ints(&mut con, "RL.TAKE c 5 5 10 COST 1");
-    assert_eq!(r[..3], [0, 5, 0]);
+    let d = decide(&mut con, "RL.TAKE c 5 5 10 COST 1");
+    assert_eq!((d.status, d.limit, d.remaining), (THROTTLED, 5, 0));
     near(
-        r[4],
+        d.retry_after_ms,
         3_600_000,
         3_602_000,
         "points come back as the clock passes them again",
     );
     clock.advance_ms(1_000_000);
     assert_eq!(
-        ints(&mut con, "RL.TAKE c 5 5 10 COST 1")[0],
-        0,
+        decide(&mut con, "RL.TAKE c 5 5 10 COST 1").status,
+        THROTTLED,
         "time already seen refills once"
     );
     clock.advance_ms(2_600_000 + 10_000);
-    assert_eq!(ints(&mut con, "RL.TAKE c 5 5 10 COST 5")[0], 1);
+    assert_eq!(decide(&mut con, "RL.TAKE c 5 5 10 COST 5").status, ALLOWED);
 }
 
 #[test]

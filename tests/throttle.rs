@@ -7,12 +7,6 @@ mod common;
 use common::*;
 
 /// The server's clock (`TIME`) in nanoseconds.
-fn server_time_ns(con: &mut redis::Connection) -> i64 {
-    let t: (String, String) = redis::cmd("TIME").query(con).expect("TIME");
-    t.0.parse::<i64>().expect("seconds") * 1_000_000_000
-        + t.1.parse::<i64>().expect("micros") * 1000
-}
-
 #[test]
 fn the_cases_of_redis_cells_documentation() {
     let server = Server::start(&[]);
@@ -61,7 +55,7 @@ fn a_redis_cell_value_is_converted_not_reset() {
     // redis-cell's state: the theoretical arrival time in ns, just under
     // 4 s ahead (2 points of 2 s spent; the module reads its clock in whole
     // ms, so a TAT of exactly 4 s could read as a fraction more).
-    let tat = server_time_ns(&mut con) + 3_990_000_000;
+    let tat = server_time_us(&mut con) * 1000 + 3_990_000_000;
     let _: () = redis::cmd("SET")
         .arg("cell")
         .arg(tat.to_string())
@@ -109,7 +103,7 @@ struct StringCase {
 fn only_redis_cell_values_are_converted_and_only_by_a_charge() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    let now = server_time_ns(&mut con);
+    let now = server_time_us(&mut con) * 1000;
     // Two points of 2 s spent (a TAT 4 s ahead, just under).
     let plausible = (now + 3_990_000_000).to_string();
     let case = |what, value: &str, ttl_ms, quantity, converts| StringCase {

@@ -7,11 +7,11 @@ use common::*;
 
 /// Call `line` until the reply is throttled; returns the allowed count
 /// and the throttled reply (bounded by `limit + 1` calls).
-fn fill(con: &mut redis::Connection, line: &str, limit: usize) -> (usize, Vec<i64>) {
+fn fill(con: &mut redis::Connection, line: &str, limit: usize) -> (usize, Decision) {
     for allowed in 0..=limit {
-        let r = ints(con, line);
-        if r[0] != 1 {
-            return (allowed, r);
+        let d = decide(con, line);
+        if !d.allowed() {
+            return (allowed, d);
         }
     }
     panic!("{line}: more than {limit} calls allowed");
@@ -24,21 +24,17 @@ fn every_mode_admits_the_limit_then_says_exactly_when_to_retry() {
     let mut con = server.client();
     for mode in ["", "EXACT", "FIXED"] {
         let line = format!("RL.WINDOW w:{mode} 5 10 {mode}");
-        let (allowed, r) = fill(&mut con, &line, 5);
+        let (allowed, d) = fill(&mut con, &line, 5);
         assert_eq!(allowed, 5, "{mode}");
-        assert_eq!(
-            (r[0], r[1], r[2], r[5], r[6], r[7]),
-            (0, 5, 0, 0, -1, 0),
-            "{mode}: {r:?}"
-        );
-        let wait = r[4];
+        assert_eq!(d.untimed(), [THROTTLED, 5, 0, 0, -1, 0], "{mode}: {d:?}");
+        let wait = d.retry_after_ms;
         assert!(wait > 0 && wait <= 20_000, "{mode}: {wait}");
         // Frozen clock: shift it by the wait (the real clock moves a few ms
         // more, which only helps).
         clock.advance_ms(wait);
         assert_eq!(
-            ints(&mut con, &line)[0],
-            1,
+            decide(&mut con, &line).status,
+            ALLOWED,
             "{mode}: waiting retry_after_ms admits"
         );
     }
@@ -50,28 +46,32 @@ fn exact_counts_the_true_sliding_window() {
     let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
     let line = "RL.WINDOW e 3 10 EXACT";
-    ints(&mut con, line);
+    decide(&mut con, line);
     clock.advance_ms(4_000);
-    ints(&mut con, line);
-    ints(&mut con, line);
-    let r = ints(&mut con, line);
-    assert_eq!(r[0], 0);
+    decide(&mut con, line);
+    decide(&mut con, line);
+    let d = decide(&mut con, line);
+    assert_eq!(d.status, THROTTLED);
     near(
-        r[4],
+        d.retry_after_ms,
         5_900,
         6_000,
         "the first call leaves the window 10 s after it was made",
     );
     near(
-        r[3],
+        d.reset_ms,
         9_900,
         10_000,
         "reset: the last calls leave the window in 10 s",
     );
-    clock.advance_ms(r[4]);
-    let r = ints(&mut con, line);
-    assert_eq!(r[..3], [1, 3, 0], "exactly one slot came back");
-    assert_eq!(ints(&mut con, line)[0], 0);
+    clock.advance_ms(d.retry_after_ms);
+    let d = decide(&mut con, line);
+    assert_eq!(
+        (d.status, d.limit, d.remaining),
+        (ALLOWED, 3, 0),
+        "exactly one slot came back"
+    );
+    assert_eq!(decide(&mut con, line).status, THROTTLED);
 }
 
 #[test]
@@ -80,7 +80,7 @@ fn fixed_windows_of_two_keys_reset_at_different_instants() {
     let mut con = server.client();
     let resets: Vec<i64> = ["rl:{t:1}:key:7", "rl:{t:1}:key:8", "rl:{t:2}:key:7"]
         .iter()
-        .map(|k| ints(&mut con, &format!("RL.WINDOW {k} 10 3600 FIXED"))[3])
+        .map(|k| decide(&mut con, &format!("RL.WINDOW {k} 10 3600 FIXED")).reset_ms)
         .collect();
     assert!(
         resets[0] != resets[1] && resets[1] != resets[2] && resets[0] != resets[2],
@@ -88,14 +88,14 @@ fn fixed_windows_of_two_keys_reset_at_different_instants() {
     );
 
     // The offset is a property of the key name: the same after a reload.
-    let before = ints(&mut con, "RL.WINDOW rl:{t:1}:key:7 10 3600 FIXED COST 0")[3];
+    let before = decide(&mut con, "RL.WINDOW rl:{t:1}:key:7 10 3600 FIXED COST 0").reset_ms;
     let _: () = redis::cmd("DEBUG")
         .arg("RELOAD")
         .query(&mut con)
         .expect("DEBUG RELOAD");
-    let after = ints(&mut con, "RL.WINDOW rl:{t:1}:key:7 10 3600 FIXED COST 0");
-    assert_eq!(after[2], 9, "the count survived");
-    near(after[3], before - 1000, before, "the same boundary");
+    let after = decide(&mut con, "RL.WINDOW rl:{t:1}:key:7 10 3600 FIXED COST 0");
+    assert_eq!(after.remaining, 9, "the count survived");
+    near(after.reset_ms, before - 1000, before, "the same boundary");
 }
 
 #[test]
@@ -107,17 +107,17 @@ fn deposit_velocity_five_a_minute_and_twenty_an_hour() {
     let mut allowed = 0;
     for minute in 0..5 {
         // A minute of deposits, as fast as they are admitted.
-        let (n, r) = fill(&mut con, line, 5);
+        let (n, d) = fill(&mut con, line, 5);
         allowed += n;
-        if r[7] == 1 {
+        if d.binding == 1 {
             assert_eq!((minute, allowed), (3, 20), "the hour window binds at 20");
             assert!(
-                r[4] > 3_000_000,
-                "until the first deposit leaves the hour: {r:?}"
+                d.retry_after_ms > 3_000_000,
+                "until the first deposit leaves the hour: {d:?}"
             );
             return;
         }
-        assert_eq!((n, r[7]), (5, 0), "the minute window binds first");
+        assert_eq!((n, d.binding), (5, 0), "the minute window binds first");
         clock.advance_ms(60_000);
     }
     panic!("the hour window never bound: {allowed}");
@@ -129,30 +129,42 @@ fn a_login_lockout_counts_only_failures() {
     let mut con = server.client();
     let probe = "RL.WINDOW auth:{sub:alice} 5 900 COST 0";
     let failure = "RL.WINDOW auth:{sub:alice} 5 900 STRIKES 1 900 BOX 900 3600 86400";
-    assert_eq!(ints(&mut con, probe)[..3], [1, 5, 5]);
+    let d = decide(&mut con, probe);
+    assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 5, 5));
     assert_eq!(
         int(&mut con, "EXISTS auth:{sub:alice}"),
         0,
         "a probe writes nothing"
     );
     for left in (0..5).rev() {
-        assert_eq!(ints(&mut con, failure)[..3], [1, 5, left]);
+        let d = decide(&mut con, failure);
+        assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 5, left));
     }
+    let d = decide(&mut con, probe);
     assert_eq!(
-        ints(&mut con, probe)[..3],
-        [1, 5, 0],
+        (d.status, d.limit, d.remaining),
+        (ALLOWED, 5, 0),
         "a probe always fits: 0 failures left"
     );
-    let r = ints(&mut con, failure);
-    assert_eq!(r[0], 0, "the sixth failure is refused");
-    near(r[4], 1, 900_000, "until the sliding count admits one more");
-    let r = ints(&mut con, failure);
+    let d = decide(&mut con, failure);
+    assert_eq!(d.status, THROTTLED, "the sixth failure is refused");
+    near(
+        d.retry_after_ms,
+        1,
+        900_000,
+        "until the sliding count admits one more",
+    );
+    let d = decide(&mut con, failure);
     assert_eq!(
-        (r[0], r[4], r[5]),
-        (-1, 900_000, 1),
+        (d.status, d.retry_after_ms, d.box_level),
+        (BOXED, 900_000, 1),
         "retrying before that is a strike: locked out for 15 minutes"
     );
-    assert_eq!(ints(&mut con, probe)[0], -1, "the probe sees the lockout");
+    assert_eq!(
+        decide(&mut con, probe).status,
+        BOXED,
+        "the probe sees the lockout"
+    );
 }
 
 #[test]
@@ -191,11 +203,17 @@ fn a_cost_above_any_limit_and_other_bad_input_change_nothing() {
 fn a_key_can_hold_a_bucket_a_window_and_leases_at_once() {
     let server = Server::start(&[]);
     let mut con = server.client();
-    ints(&mut con, "RL.TAKE multi 10 10 60 COST 3");
-    ints(&mut con, "RL.WINDOW multi 5 600 COST 2");
+    decide(&mut con, "RL.TAKE multi 10 10 60 COST 3");
+    decide(&mut con, "RL.WINDOW multi 5 600 COST 2");
     call(&mut con, "RL.LEASE ACQUIRE multi 1 1200").expect("ACQUIRE");
-    assert_eq!(ints(&mut con, "RL.TAKE multi 10 10 60 COST 0")[2], 7);
-    assert_eq!(ints(&mut con, "RL.WINDOW multi 5 600 COST 0")[2], 3);
+    assert_eq!(
+        decide(&mut con, "RL.TAKE multi 10 10 60 COST 0").remaining,
+        7
+    );
+    assert_eq!(
+        decide(&mut con, "RL.WINDOW multi 5 600 COST 0").remaining,
+        3
+    );
     near(
         int(&mut con, "PTTL multi"),
         1_199_000,

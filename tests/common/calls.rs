@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use redis::{Connection, RedisResult, Value};
+use redis::{Connection, ConnectionLike, RedisResult, Value};
 
-use super::{int_array, value_i64};
+use super::{array, int_array, value_i64, value_str};
 
 /// Send one command given as a whitespace-separated line.
-pub fn call(con: &mut Connection, line: &str) -> RedisResult<Value> {
+pub fn call(con: &mut impl ConnectionLike, line: &str) -> RedisResult<Value> {
     let mut words = line.split_whitespace();
     let mut cmd = redis::cmd(words.next().expect("a command"));
     for w in words {
@@ -16,14 +16,30 @@ pub fn call(con: &mut Connection, line: &str) -> RedisResult<Value> {
     cmd.query(con)
 }
 
+/// A command that must succeed: its reply, or a panic naming the line.
+pub fn call_ok(con: &mut impl ConnectionLike, line: &str) -> Value {
+    call(con, line).unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
 /// A command whose reply is an array of integers.
-pub fn ints(con: &mut Connection, line: &str) -> Vec<i64> {
-    int_array(call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
+pub fn ints(con: &mut impl ConnectionLike, line: &str) -> Vec<i64> {
+    int_array(call_ok(con, line))
 }
 
 /// A command whose reply is an integer.
-pub fn int(con: &mut Connection, line: &str) -> i64 {
-    value_i64(&call(con, line).unwrap_or_else(|e| panic!("{line}: {e}")))
+pub fn int(con: &mut impl ConnectionLike, line: &str) -> i64 {
+    value_i64(&call_ok(con, line))
+}
+
+/// The `[lease-id, ms_left]` pairs of `RL.LEASE LIST key`.
+pub fn lease_list(con: &mut impl ConnectionLike, key: &str) -> Vec<(String, i64)> {
+    array(call_ok(con, &format!("RL.LEASE LIST {key}")))
+        .into_iter()
+        .map(|pair| {
+            let pair = array(pair);
+            (value_str(&pair[0]), value_i64(&pair[1]))
+        })
+        .collect()
 }
 
 /// Every line of `cases` is rejected with an error that starts with `ERR`

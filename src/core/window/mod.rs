@@ -100,14 +100,15 @@
 use serde::{Deserialize, Serialize};
 
 mod exact;
+mod limiter;
+mod sliding;
 
 use exact::{add_entry, log_codec, ExactView};
+use sliding::{roll, sat_u64, Rolled};
 
 use crate::core::limiter::Limiter;
 use crate::core::limits::{MAX_DURATION_MS, MAX_EXACT_LIMIT};
-use crate::core::part::{within_reach, Part, MAX_COUNT};
-use crate::core::penalty::MANUAL;
-use crate::core::time::{ceil_div, clamp_i64, Millis};
+use crate::core::time::{clamp_i64, Millis};
 
 /// Which window: `RL.WINDOW` default, `EXACT` or `FIXED`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,14 +183,6 @@ pub enum WindowState {
     },
 }
 
-/// A placeholder: an empty fixed window that ended at time 0 (it counts
-/// nothing), left where a state was taken out to work on.
-impl Default for WindowState {
-    fn default() -> Self {
-        WindowState::Fixed { end: 0, count: 0 }
-    }
-}
-
 /// What a call needs to know of one key at `now` ([`Limiter::see`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WindowSeen {
@@ -258,80 +251,6 @@ fn fnv1a_64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// `v` clamped into `u64`.
-fn sat_u64(v: i128) -> u64 {
-    u64::try_from(v).unwrap_or(if v < 0 { 0 } else { u64::MAX })
-}
-
-/// A stored sub-window count rolled forward to the instant it is read at.
-#[derive(Clone, Copy, Debug)]
-struct Rolled {
-    /// Start of the sub-window holding the reading instant.
-    start: i128,
-    prev: u64,
-    curr: u64,
-    /// Reading instant minus `start`, in `0..W`.
-    elapsed: i128,
-    /// Reading instant minus `now` (> 0 when the state starts after now).
-    delay: i128,
-}
-
-/// Read the counts `(start, prev, curr)` of sub-windows of `w` at `now`:
-/// at `max(now, start)`, rolled forward by as many sub-windows as passed.
-fn roll(start: Millis, prev: u64, curr: u64, w: i128, now: Millis) -> Rolled {
-    let s = i128::from(start);
-    let now = i128::from(now);
-    let at = now.max(s);
-    let k = (at - s) / w;
-    // `k * w <= at - s`, so nothing here overflows.
-    let (start, prev, curr) = match k {
-        0 => (s, prev, curr),
-        1 => (s + w, curr, 0),
-        _ => (s + k * w, 0, 0),
-    };
-    Rolled {
-        start,
-        prev,
-        curr,
-        elapsed: at - start,
-        delay: at - now,
-    }
-}
-
-impl Rolled {
-    /// `curr + ceil(prev * (w - elapsed) / w)`.
-    fn estimate(&self, w: i128) -> u64 {
-        let weighted = ceil_div(i128::from(self.prev).saturating_mul(w - self.elapsed), w);
-        sat_u64(weighted.saturating_add(i128::from(self.curr)))
-    }
-
-    /// The first instant at which nothing counts, if something counts now.
-    fn end(&self, w: i128) -> Option<i128> {
-        if self.curr > 0 {
-            Some(self.start + 2 * w)
-        } else if self.prev > 0 {
-            Some(self.start + w)
-        } else {
-            None
-        }
-    }
-
-    fn seen(&self, w: i128, now: Millis) -> WindowSeen {
-        WindowSeen {
-            count: self.estimate(w),
-            empty_in: self
-                .end(w)
-                .map_or(0, |end| clamp_i64(end - i128::from(now)).max(0)),
-            shape: Shape::Sliding {
-                prev: self.prev,
-                curr: self.curr,
-                elapsed: clamp_i64(self.elapsed),
-                delay: clamp_i64(self.delay),
-            },
-        }
-    }
 }
 
 impl WindowState {
@@ -418,33 +337,6 @@ impl WindowState {
                 }
             }
         }
-    }
-}
-
-/// A window matters while it counts anything.
-impl Part for WindowState {
-    fn is_valid(&self) -> bool {
-        WindowState::is_valid(self)
-    }
-
-    fn retain(&mut self, now: Millis) -> Option<Millis> {
-        self.counts_until(now).map(|last| last.min(MANUAL - 1))
-    }
-
-    fn is_plausible(&self, now: Millis) -> bool {
-        match self {
-            WindowState::Sliding {
-                start, prev, curr, ..
-            } => within_reach(*start, now) && prev.max(curr) <= &MAX_COUNT,
-            WindowState::Fixed { end, count } => within_reach(*end, now) && *count <= MAX_COUNT,
-            WindowState::Exact { log, .. } => log
-                .last()
-                .is_none_or(|e| within_reach(e.at, now) && e.cost <= MAX_COUNT),
-        }
-    }
-
-    fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
-        WindowState::heap_bytes(self)
     }
 }
 
@@ -677,157 +569,6 @@ fn first_elapsed(count: u64, room: i128, w: i128) -> i128 {
         return 0;
     }
     (w - room.saturating_mul(w) / i128::from(count)).max(0)
-}
-
-/// A window is a [`Limiter`] whose reading at `now` is its count (the
-/// estimate for `Sliding`) and what it takes to compute a wait.
-impl Limiter for Window {
-    type State = WindowState;
-    type Seen = WindowSeen;
-
-    fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    fn see(&self, state: Option<&WindowState>, now: Millis) -> WindowSeen {
-        match self.mode {
-            Mode::Sliding => self
-                .sliding_view(state, now)
-                .map_or_else(WindowSeen::default, |r| r.seen(self.w(), now)),
-            Mode::Fixed => {
-                self.fixed_view(state, now)
-                    .map_or_else(WindowSeen::default, |(count, end)| WindowSeen {
-                        count,
-                        empty_in: end.saturating_sub(now).max(0),
-                        shape: Shape::Fixed,
-                    })
-            }
-            Mode::Exact => self.exact_view(state, now).seen(self.w(), now),
-        }
-    }
-
-    fn fits(&self, seen: &WindowSeen, cost: u64) -> bool {
-        i128::from(seen.count) + i128::from(cost) <= i128::from(self.limit)
-    }
-
-    /// Exact in every mode. A `cost` above `limit` never fits: the answer
-    /// is the time until nothing counts.
-    fn wait_ms(
-        &self,
-        state: Option<&WindowState>,
-        seen: &WindowSeen,
-        cost: u64,
-        now: Millis,
-    ) -> i64 {
-        if self.fits(seen, cost) {
-            return 0;
-        }
-        if cost > self.limit {
-            return seen.empty_in;
-        }
-        match seen.shape {
-            Shape::Empty | Shape::Fixed => seen.empty_in,
-            Shape::Sliding { .. } => self.sliding_wait(seen, cost),
-            Shape::Exact => self.exact_wait(state, seen, cost, now),
-        }
-    }
-
-    fn balance(&self, seen: &WindowSeen) -> i64 {
-        clamp_i64(i128::from(self.limit) - i128::from(seen.count))
-    }
-
-    /// Points come off the latest counts first: the current sub-window
-    /// then the previous one; a log's newest entries.
-    fn refund(
-        &self,
-        state: &mut WindowState,
-        _seen: &WindowSeen,
-        points: u64,
-        now: Millis,
-    ) -> WindowSeen {
-        let mut next = self
-            .normalized(Some(state), now)
-            .unwrap_or_else(|| self.empty(now));
-        let mut left = points;
-        let mut take = |count: &mut u64| {
-            let taken = left.min(*count);
-            *count -= taken;
-            left -= taken;
-        };
-        match &mut next {
-            WindowState::Sliding { prev, curr, .. } => {
-                take(curr);
-                take(prev);
-            }
-            WindowState::Fixed { count, .. } => take(count),
-            WindowState::Exact { log, .. } => {
-                while let Some(last) = log.last_mut() {
-                    take(&mut last.cost);
-                    if last.cost > 0 {
-                        break;
-                    }
-                    log.pop();
-                }
-            }
-        }
-        *state = next;
-        self.see(Some(state), now)
-    }
-
-    /// Read under this call's parameters, like every other reply field (a
-    /// probe of a foreign state answers as the converted state would).
-    fn reset_ms(&self, state: Option<&WindowState>, now: Millis) -> i64 {
-        self.see(state, now).empty_in
-    }
-
-    /// A state of this window's own form is charged where it is (an exact
-    /// log drops its dead entries and gains one: nothing is copied); a
-    /// foreign one is converted first.
-    fn charge(
-        &self,
-        state: &mut Option<WindowState>,
-        _seen: &WindowSeen,
-        cost: u64,
-        now: Millis,
-    ) -> WindowSeen {
-        let in_place = self.is_native_exact(state.as_ref(), now);
-        match state {
-            Some(WindowState::Exact { log, .. }) if in_place => {
-                let w = self.w();
-                let dead = log.partition_point(|e| i128::from(e.at) + w <= i128::from(now));
-                log.drain(..dead);
-                add_entry(log, now, cost);
-            }
-            _ => {
-                let mut next = self
-                    .normalized(state.as_ref(), now)
-                    .unwrap_or_else(|| self.empty(now));
-                match &mut next {
-                    WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
-                    WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
-                    WindowState::Exact { log, .. } => add_entry(log, now, cost),
-                }
-                *state = Some(next);
-            }
-        }
-        self.see(state.as_ref(), now)
-    }
-
-    /// Rewrites exactly when `state` is foreign (another mode, window
-    /// length or offset; see the module docs) and still counts something:
-    /// into the converted state, which later calls then read as it is.
-    fn rewrite(&self, state: &mut WindowState, _seen: &WindowSeen, now: Millis) -> bool {
-        if self.is_native(state, now) {
-            return false;
-        }
-        match self.normalized(Some(state), now) {
-            Some(converted) => {
-                *state = converted;
-                true
-            }
-            None => false,
-        }
-    }
 }
 
 #[cfg(test)]

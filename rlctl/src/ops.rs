@@ -1,0 +1,316 @@
+//! The operator commands: `boxes`, `release`, `trip` (the kill switch),
+//! `audit`. Each manual action is written to the audit trail with who and
+//! why; an action whose audit entry could not be written fails loudly.
+
+use crate::alert::Operator;
+use crate::audit::{self, Audit};
+use crate::config::Config;
+use crate::owner;
+use crate::secrets::Secrets;
+use crate::store::{self, BoxStatus, Target};
+use std::time::Duration;
+
+/// One active box, as `rlctl boxes` shows it.
+#[derive(Debug, serde::Serialize)]
+struct BoxRow {
+    key: String,
+    level: i64,
+    ttl_ms: i64,
+    offenses: i64,
+    tenant: Option<String>,
+    tier: String,
+    node: String,
+}
+
+fn target(conf: &Config) -> Result<Target, String> {
+    let secrets = Secrets::redis_only(conf)?;
+    Ok(Target::new(conf, secrets.redis_password))
+}
+
+/// `rlctl boxes`: every active box on every primary.
+pub async fn boxes(conf: &Config, json: bool) -> Result<(), String> {
+    let target = target(conf)?;
+    let mut known = Vec::new();
+    let mut rows = Vec::new();
+    for node in target.primaries(&mut known).await? {
+        let mut con = target.node(&node).await?;
+        for (key, s) in store::scan_boxes(&mut con, conf.redis.scan_count)
+            .await
+            .map_err(|e| format!("{node}: {e}"))?
+        {
+            let o = owner::lookup(conf, &key);
+            rows.push(BoxRow {
+                key,
+                level: s.level,
+                ttl_ms: s.ttl_ms,
+                offenses: s.offenses,
+                tenant: o.tenant_id,
+                tier: o.tier,
+                node: node.clone(),
+            });
+        }
+    }
+    rows.sort_by(|a, b| a.key.cmp(&b.key));
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    let width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
+    println!(
+        "{:<width$}  LEVEL  TIME LEFT               OFFENSES  TENANT  TIER",
+        "KEY"
+    );
+    for r in &rows {
+        println!(
+            "{:<width$}  {:<5}  {:<22}  {:<8}  {:<6}  {}",
+            r.key,
+            r.level,
+            crate::alert::time_left(r.ttl_ms),
+            r.offenses,
+            r.tenant.as_deref().unwrap_or("-"),
+            r.tier
+        );
+    }
+    println!("{} active box(es)", rows.len());
+    Ok(())
+}
+
+/// `rlctl stats`: the module's `INFO rl` counters summed over the primaries
+/// (trips by level, releases, boxed replies: commands.md, "Observability").
+pub async fn stats(conf: &Config, json: bool) -> Result<(), String> {
+    let target = target(conf)?;
+    let mut known = Vec::new();
+    let mut totals: std::collections::BTreeMap<String, i64> = std::collections::BTreeMap::new();
+    for node in target.primaries(&mut known).await? {
+        let mut con = target.node(&node).await?;
+        let info: String = redis::cmd("INFO")
+            .arg("rl")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| format!("{node}: INFO rl: {e}"))?;
+        for line in info.lines() {
+            let Some((name, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            if let (true, Ok(v)) = (name.starts_with("rl_"), value.parse::<i64>()) {
+                *totals.entry(name.to_string()).or_insert(0) += v;
+            }
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&totals).map_err(|e| e.to_string())?
+        );
+    } else {
+        for (name, v) in &totals {
+            println!("{name:<24} {v}");
+        }
+    }
+    Ok(())
+}
+
+fn required(flag: &str, value: &str) -> Result<(), String> {
+    if value.trim().is_empty() {
+        return Err(format!("{flag}: must not be empty"));
+    }
+    Ok(())
+}
+
+/// `rlctl release KEY --reason TEXT --by NAME [--forget]`.
+pub async fn release(
+    conf: &Config,
+    key: &str,
+    reason: &str,
+    by: &str,
+    forget: bool,
+) -> Result<(), String> {
+    required("--reason", reason)?;
+    required("--by", by)?;
+    let target = target(conf)?;
+    let store = target.store().await?;
+    let before = store::box_status_routed(&store, key).await?;
+    let mut cmd = redis::cmd("RL.BOX");
+    cmd.arg("RELEASE").arg(key);
+    if forget {
+        cmd.arg("FORGET");
+    }
+    let lifted: i64 = store
+        .query(&cmd)
+        .await
+        .map_err(|e| format!("RL.BOX RELEASE {key}: {e}"))?;
+    let result = if lifted == 1 {
+        "lifted"
+    } else {
+        "no active box"
+    };
+    let audit = Audit::new(store, &conf.keys.audit_stream, conf.keys.audit_maxlen);
+    let fields = [
+        ("key", key.to_string()),
+        ("by", by.to_string()),
+        ("reason", reason.to_string()),
+        ("forget", forget.to_string()),
+        ("level_before", before.level.to_string()),
+        ("result", result.to_string()),
+    ];
+    let id = audit
+        .record("manual_release", &fields)
+        .await
+        .map_err(|e| format!("released ({result}), but {e}"))?;
+    println!(
+        "{key}: {result} (was level {}); audit entry {id}",
+        before.level
+    );
+    Ok(())
+}
+
+/// Parses `--for`: a duration (`15m`, `1h`, `1500ms`) or `manual` / `0`
+/// (a box until `rlctl release`); returns seconds as RL.BOX TRIP takes them.
+pub fn parse_box_duration(text: &str) -> Result<String, String> {
+    if text == "manual" || text == "0" {
+        return Ok("0".into());
+    }
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("--for: {text:?}: {e} (say 15m, 1h, 1500ms or manual)"))?;
+    if d.subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!("--for: {text:?}: at most millisecond precision"));
+    }
+    if d > Duration::from_secs(3_153_600_000) {
+        return Err(format!("--for: {text:?}: at most 100 years"));
+    }
+    Ok(format!("{}.{:03}", d.as_secs(), d.subsec_millis()))
+}
+
+/// `rlctl trip KEY --level N --for DURATION --reason TEXT --by NAME`.
+pub async fn trip(
+    conf: &Config,
+    key: &str,
+    level: u8,
+    duration: &str,
+    reason: &str,
+    by: &str,
+) -> Result<(), String> {
+    if !(1..=3).contains(&level) {
+        return Err(format!("--level: 1, 2 or 3, got {level}"));
+    }
+    let seconds = parse_box_duration(duration)?;
+    required("--reason", reason)?;
+    required("--by", by)?;
+    let target = target(conf)?;
+    let store = target.store().await?;
+    // The note tells the worker who tripped the box and why (it takes it
+    // with the trip, within a minute).
+    let note_key = crate::alert::note_key(conf, key);
+    let note = Operator {
+        by: by.to_string(),
+        reason: reason.to_string(),
+        at_ms: store::now_ms(),
+    };
+    let note = serde_json::to_string(&note).map_err(|e| e.to_string())?;
+    store
+        .query::<()>(
+            redis::cmd("SET")
+                .arg(&note_key)
+                .arg(note)
+                .arg("PX")
+                .arg(120_000),
+        )
+        .await
+        .map_err(|e| format!("SET {note_key}: {e}"))?;
+    let reply: redis::RedisResult<Vec<i64>> = store
+        .query(
+            redis::cmd("RL.BOX")
+                .arg("TRIP")
+                .arg(key)
+                .arg(level)
+                .arg(&seconds),
+        )
+        .await;
+    let v = match reply {
+        Ok(v) => v,
+        Err(e) => {
+            let _: redis::RedisResult<i64> = store.query(redis::cmd("DEL").arg(&note_key)).await;
+            return Err(format!("RL.BOX TRIP {key}: {e}"));
+        }
+    };
+    let s = match v.as_slice() {
+        [level, ttl_ms, offenses, strikes] => BoxStatus {
+            level: *level,
+            ttl_ms: *ttl_ms,
+            offenses: *offenses,
+            strikes: *strikes,
+        },
+        _ => return Err(format!("RL.BOX TRIP: expected 4 integers, got {v:?}")),
+    };
+    let audit = Audit::new(store, &conf.keys.audit_stream, conf.keys.audit_maxlen);
+    let fields = [
+        ("key", key.to_string()),
+        ("by", by.to_string()),
+        ("reason", reason.to_string()),
+        ("level", s.level.to_string()),
+        ("duration_s", seconds),
+        ("ttl_ms", s.ttl_ms.to_string()),
+        ("offenses", s.offenses.to_string()),
+    ];
+    let id = audit
+        .record("manual_trip", &fields)
+        .await
+        .map_err(|e| format!("tripped, but {e}"))?;
+    println!(
+        "{key}: boxed at level {} for {} (offenses {}); audit entry {id}",
+        s.level,
+        crate::alert::time_left(s.ttl_ms),
+        s.offenses
+    );
+    Ok(())
+}
+
+/// `rlctl audit [--since TIME] [--key KEY] [--limit N] [--json]`.
+pub async fn show_audit(
+    conf: &Config,
+    since: Option<&str>,
+    key: Option<&str>,
+    limit: usize,
+    json: bool,
+) -> Result<(), String> {
+    let since_ms = since.map(audit::parse_since).transpose()?;
+    let target = target(conf)?;
+    let store = target.store().await?;
+    let entries = audit::read(&store, &conf.keys.audit_stream, since_ms, key, limit).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    for e in &entries {
+        let at = e.fields.get("at").map_or("-", String::as_str);
+        let kind = e.fields.get("type").map_or("-", String::as_str);
+        let rest: Vec<String> = e
+            .fields
+            .iter()
+            .filter(|(k, _)| k.as_str() != "at" && k.as_str() != "type")
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .collect();
+        println!("{at} {kind} {}", rest.join(" "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn box_durations_become_seconds() {
+        assert_eq!(parse_box_duration("15m").unwrap(), "900.000");
+        assert_eq!(parse_box_duration("1500ms").unwrap(), "1.500");
+        assert_eq!(parse_box_duration("manual").unwrap(), "0");
+        assert!(parse_box_duration("soon").unwrap_err().starts_with("--for"));
+        assert!(parse_box_duration("1us").is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! How a window answers the shared decision ([`Limiter`]) and what the
+//! record keeps of it ([`Part`]).
+
+use super::*;
+use crate::core::part::{within_reach, Part, MAX_COUNT};
+use crate::core::penalty::MANUAL;
+
+/// A window matters while it counts anything.
+impl Part for WindowState {
+    fn is_valid(&self) -> bool {
+        WindowState::is_valid(self)
+    }
+
+    fn retain(&mut self, now: Millis) -> Option<Millis> {
+        self.counts_until(now).map(|last| last.min(MANUAL - 1))
+    }
+
+    fn is_plausible(&self, now: Millis) -> bool {
+        match self {
+            WindowState::Sliding {
+                start, prev, curr, ..
+            } => within_reach(*start, now) && prev.max(curr) <= &MAX_COUNT,
+            WindowState::Fixed { end, count } => within_reach(*end, now) && *count <= MAX_COUNT,
+            WindowState::Exact { log, .. } => log
+                .last()
+                .is_none_or(|e| within_reach(e.at, now) && e.cost <= MAX_COUNT),
+        }
+    }
+
+    fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
+        WindowState::heap_bytes(self)
+    }
+}
+
+/// A window is a [`Limiter`] whose reading at `now` is its count (the
+/// estimate for `Sliding`) and what it takes to compute a wait.
+impl Limiter for Window {
+    type State = WindowState;
+    type Seen = WindowSeen;
+
+    fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    fn see(&self, state: Option<&WindowState>, now: Millis) -> WindowSeen {
+        match self.mode {
+            Mode::Sliding => self
+                .sliding_view(state, now)
+                .map_or_else(WindowSeen::default, |r| r.seen(self.w(), now)),
+            Mode::Fixed => {
+                self.fixed_view(state, now)
+                    .map_or_else(WindowSeen::default, |(count, end)| WindowSeen {
+                        count,
+                        empty_in: end.saturating_sub(now).max(0),
+                        shape: Shape::Fixed,
+                    })
+            }
+            Mode::Exact => self.exact_view(state, now).seen(self.w(), now),
+        }
+    }
+
+    fn fits(&self, seen: &WindowSeen, cost: u64) -> bool {
+        i128::from(seen.count) + i128::from(cost) <= i128::from(self.limit)
+    }
+
+    /// Exact in every mode. A `cost` above `limit` never fits: the answer
+    /// is the time until nothing counts.
+    fn wait_ms(
+        &self,
+        state: Option<&WindowState>,
+        seen: &WindowSeen,
+        cost: u64,
+        now: Millis,
+    ) -> i64 {
+        if self.fits(seen, cost) {
+            return 0;
+        }
+        if cost > self.limit {
+            return seen.empty_in;
+        }
+        match seen.shape {
+            Shape::Empty | Shape::Fixed => seen.empty_in,
+            Shape::Sliding { .. } => self.sliding_wait(seen, cost),
+            Shape::Exact => self.exact_wait(state, seen, cost, now),
+        }
+    }
+
+    fn balance(&self, seen: &WindowSeen) -> i64 {
+        clamp_i64(i128::from(self.limit) - i128::from(seen.count))
+    }
+
+    /// Points come off the latest counts first: the current sub-window
+    /// then the previous one; a log's newest entries.
+    fn refund(
+        &self,
+        state: &mut WindowState,
+        _seen: &WindowSeen,
+        points: u64,
+        now: Millis,
+    ) -> WindowSeen {
+        let mut next = self
+            .normalized(Some(state), now)
+            .unwrap_or_else(|| self.empty(now));
+        let mut left = points;
+        let mut take = |count: &mut u64| {
+            let taken = left.min(*count);
+            *count -= taken;
+            left -= taken;
+        };
+        match &mut next {
+            WindowState::Sliding { prev, curr, .. } => {
+                take(curr);
+                take(prev);
+            }
+            WindowState::Fixed { count, .. } => take(count),
+            WindowState::Exact { log, .. } => {
+                while let Some(last) = log.last_mut() {
+                    take(&mut last.cost);
+                    if last.cost > 0 {
+                        break;
+                    }
+                    log.pop();
+                }
+            }
+        }
+        *state = next;
+        self.see(Some(state), now)
+    }
+
+    /// Read under this call's parameters, like every other reply field (a
+    /// probe of a foreign state answers as the converted state would).
+    fn reset_ms(&self, state: Option<&WindowState>, now: Millis) -> i64 {
+        self.see(state, now).empty_in
+    }
+
+    /// A state of this window's own form is charged where it is (an exact
+    /// log drops its dead entries and gains one: nothing is copied); a
+    /// foreign one is converted first.
+    fn charge(
+        &self,
+        state: &mut Option<WindowState>,
+        _seen: &WindowSeen,
+        cost: u64,
+        now: Millis,
+    ) -> WindowSeen {
+        let in_place = self.is_native_exact(state.as_ref(), now);
+        match state {
+            Some(WindowState::Exact { log, .. }) if in_place => {
+                let w = self.w();
+                let dead = log.partition_point(|e| i128::from(e.at) + w <= i128::from(now));
+                log.drain(..dead);
+                add_entry(log, now, cost);
+            }
+            _ => {
+                let mut next = self
+                    .normalized(state.as_ref(), now)
+                    .unwrap_or_else(|| self.empty(now));
+                match &mut next {
+                    WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
+                    WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
+                    WindowState::Exact { log, .. } => add_entry(log, now, cost),
+                }
+                *state = Some(next);
+            }
+        }
+        self.see(state.as_ref(), now)
+    }
+
+    /// Rewrites exactly when `state` is foreign (another mode, window
+    /// length or offset; see the module docs) and still counts something:
+    /// into the converted state, which later calls then read as it is.
+    fn rewrite(&self, state: &mut WindowState, _seen: &WindowSeen, now: Millis) -> bool {
+        if self.is_native(state, now) {
+            return false;
+        }
+        match self.normalized(Some(state), now) {
+            Some(converted) => {
+                *state = converted;
+                true
+            }
+            None => false,
+        }
+    }
+}
