@@ -20,8 +20,8 @@ pub const ENTERPRISE: (&str, &str) = ("X-Api-Key", "k-ent");
 /// Long enough for a log-phase timer on a loaded machine.
 pub const ASYNC: Duration = Duration::from_secs(10);
 
-/// How long the "slow Redis" test pauses Redis (an UNPAUSE waits for the
-/// pause too, so the test pays it).
+/// How long the "slow Redis" test pauses Redis (the test waits for the
+/// pause to end).
 pub const PAUSE_MS: u64 = 5_000;
 /// The test policy's growth key burst and the local limiter's share.
 pub const GROWTH_KEY_BURST: u64 = 100;
