@@ -30,22 +30,23 @@ fn kong_plugin_allows_throttles_boxes_and_locks_out() {
     assert_eq!(r.status, 200, "{r:#?}");
     assert_eq!(
         r.must("RateLimit-Policy"),
-        r#""sandbox-key";q=1;w=60, "sandbox-tenant";q=600;w=60"#
+        r#""sandbox-key";q=1;qu="points";w=60, "sandbox-tenant";q=600;qu="points";w=60"#
     );
     assert_eq!(r.must("RateLimit"), r#""sandbox-key";r=49;t=60"#);
     // the plugin's state is its own (key prefix "kong")
     assert_eq!(int(&mut con, "EXISTS kong:{t:sbx}:key:s1"), 1);
     assert_eq!(int(&mut con, "EXISTS rl:{t:sbx}:key:s1"), 0);
 
-    // throttled, then boxed after 20 strikes (kong.response.exit)
+    // throttled, then boxed after 20 strikes (kong.response.exit): the
+    // first refusal is no strike, each retry before Retry-After is one
     for _ in 0..49 {
         assert_eq!(get(&a, &url, &[key]).status, 200);
     }
-    for strike in 1..20 {
+    for refusal in 0..20 {
         let r = get(&a, &url, &[key]);
         let b = problem(&r, 429, "rate-limit-exceeded");
         assert_eq!(r.must("X-Penalty-Box-Status"), "Warning");
-        assert_eq!(b["penalty_strikes_remaining"], 20 - strike);
+        assert_eq!(b["penalty_strikes_remaining"], 20 - refusal);
         assert!(r.header("Retry-After").is_some());
     }
     let r = get(&a, &url, &[key]);
@@ -123,7 +124,8 @@ fn kong_plugin_allows_throttles_boxes_and_locks_out() {
     let events = nginx.events();
     let count = |d: &str| events.iter().filter(|e| e["decision"] == d).count();
     assert_eq!(count("invalid"), 1);
-    assert_eq!(count("throttled"), 19);
+    // the first refusal and the 19 early retries before the 20th boxes
+    assert_eq!(count("throttled"), 20);
     assert_eq!(count("boxed"), 1);
     assert_eq!(count("conflict"), 1);
     assert_eq!(count("locked_out"), 1);

@@ -107,6 +107,18 @@ _M.kong = {
             return ngx.status
         end,
     },
+    service = {
+        request = {
+            set_header = function(name, value)
+                phase_check("kong.service.request.set_header", EXIT)
+                ngx.req.set_header(name, value)
+            end,
+            clear_header = function(name)
+                phase_check("kong.service.request.clear_header", EXIT)
+                ngx.req.clear_header(name)
+            end,
+        },
+    },
     log = {
         warn = function(...)
             ngx.log(ngx.WARN, "[kong] ", ...)
@@ -157,6 +169,13 @@ local function fill(field, value)
     end
     if value == nil and field.type ~= "record" then
         return ngx.null
+    end
+    -- Kong runs a field's custom validator on the value it stores
+    if field.custom_validator then
+        local ok, err = field.custom_validator(value)
+        if not ok then
+            error("schema violation: " .. tostring(err), 0)
+        end
     end
     if field.type == "record" then
         value = value or {}

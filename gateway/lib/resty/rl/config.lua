@@ -22,6 +22,19 @@ _M.defaults = {
         timeout_ms = 20,
         pool_size = 64,
         keepalive_ms = 60000,
+        -- single (host, port) | cluster (nodes: seeds "host:port"; the
+        -- slot map in the lua_shared_dict `dict`) | sentinel (sentinels:
+        -- "host:port" list; the primary named master_name)
+        mode = "single",
+        nodes = nil,
+        sentinels = nil,
+        master_name = "mymaster",
+        sentinel_password = nil,
+        dict = "rl_redis",
+        -- cluster: at most one slot map refresh per nginx node this often;
+        -- sentinel: the primary's address asked again this often (and at
+        -- once after a connection error or a READONLY reply)
+        refresh_ms = 1000,
     },
     -- Every Redis key starts with this prefix, then a hash tag per tenant.
     key_prefix = "rl",
@@ -45,6 +58,10 @@ _M.defaults = {
     http_date_after = 3600,
     -- Status of a manual box (enterprise level 3: no time to come back).
     manual_box_status = 403,
+    -- The edge deny cache (resty.rl.deny): boxed keys answered by the node
+    -- until the box ends; a release is seen within `poll` seconds of
+    -- INCR <key_prefix>:deny:version.
+    deny_cache = { dict = "rl_deny", poll = 1, manual_ttl = 60 },
     -- Who is calling: the API key header and a key -> identity table.
     -- `key_id` names the key in Redis keys and logs (never the key itself).
     identity = {
@@ -93,9 +110,9 @@ _M.defaults = {
             leases = {
                 -- one reconcile per ledger; a second one gets 409 Conflict
                 { name = "reconcile-ledger", scope = "arg", arg = "ledger_id", max = 1,
-                  status = 409, ttl = 300 },
+                  status = 409, ttl = 300, expected = 5 },
                 -- per tenant: tier.concurrency.reconcile
-                { name = "reconcile", scope = "tenant", status = 429, ttl = 300 },
+                { name = "reconcile", scope = "tenant", status = 429, ttl = 300, expected = 5 },
             },
         },
         {
@@ -103,7 +120,7 @@ _M.defaults = {
             -- a range (arguments from/to, YYYY-MM-DD) beyond 90 days costs 50
             range = { from_arg = "from", to_arg = "to", max_days = 90, cost = 50 },
             leases = {
-                { name = "export", scope = "tenant", status = 429, ttl = 600 },
+                { name = "export", scope = "tenant", status = 429, ttl = 600, expected = 30 },
             },
         },
         { method = "POST", template = "/v1/auth/token", auth = true, critical = true },
@@ -267,7 +284,84 @@ local function validate_route(i, r, tiers)
         end
         l.status = l.status or 429
         l.ttl = l.ttl or 300
+        check(l.expected == nil or type(l.expected) == "number" and l.expected > 0,
+            "routes[%d].leases[%d]: expected must be seconds > 0", i, j)
     end
+end
+
+-- The general options every configuration shares (Redis, fallback, ...).
+-- A list of "host:port" strings.
+local function addr_list(v)
+    if type(v) ~= "table" or #v == 0 then
+        return false
+    end
+    for _, a in ipairs(v) do
+        if type(a) ~= "string" or not a:match("^[^:]+:%d+$") then
+            return false
+        end
+    end
+    return true
+end
+
+local function validate_general(conf)
+    local r = conf.redis
+    check(r.mode == "single" or r.mode == "cluster" or r.mode == "sentinel",
+        "redis.mode must be single, cluster or sentinel")
+    if r.mode == "cluster" then
+        r.nodes = r.nodes or { r.host .. ":" .. r.port }
+        check(addr_list(r.nodes), "redis.nodes must be a list of \"host:port\" (cluster seeds)")
+        check(r.database == nil or r.database == 0, "redis.database: a cluster has only database 0")
+        r.database = nil
+        check(type(r.dict) == "string" and ngx.shared[r.dict] ~= nil,
+            "redis.dict: lua_shared_dict %s (the cluster's slot map) is not declared", tostring(r.dict))
+    elseif r.mode == "sentinel" then
+        check(addr_list(r.sentinels), "redis.sentinels must be a list of \"host:port\"")
+        check(type(r.master_name) == "string" and r.master_name ~= "",
+            "redis.master_name must be a string")
+    end
+    check(type(r.refresh_ms) == "number" and r.refresh_ms > 0, "redis.refresh_ms must be > 0")
+    -- the cluster's redirection counters go where the other counters go
+    r.metrics_dict = conf.metrics_dict
+    check(positive_int(conf.redis.port), "redis.port must be an integer")
+    check(type(conf.redis.timeout_ms) == "number" and conf.redis.timeout_ms > 0,
+        "redis.timeout_ms must be > 0")
+    check(type(conf.fallback_ratio) == "number" and conf.fallback_ratio > 0
+        and conf.fallback_ratio <= 1, "fallback_ratio must be in (0, 1]")
+    check(positive_int(conf.fallback_entries), "fallback_entries must be an integer >= 1")
+    check(positive_int(conf.fail_closed_retry_after),
+        "fail_closed_retry_after must be an integer >= 1 (seconds)")
+    check(type(conf.http_date_after) == "number" and conf.http_date_after >= 0,
+        "http_date_after must be >= 0 (seconds)")
+    local dc = conf.deny_cache
+    check(type(dc) == "table" and type(dc.dict) == "string", "deny_cache.dict must be a string")
+    check(type(dc.poll) == "number" and dc.poll > 0, "deny_cache.poll must be seconds > 0")
+    check(type(dc.manual_ttl) == "number" and dc.manual_ttl > 0,
+        "deny_cache.manual_ttl must be seconds > 0")
+end
+
+--- A rule policy (a configuration with `rules`): the general options over
+--- the defaults, the user's tiers and routes only (the sample tiers and
+--- routes are those of the tier form), then resty.rl.rules.
+function _M.build_rules(conf, user)
+    validate_general(conf)
+    conf.tiers = deep_copy(user.tiers or {})
+    conf.routes = deep_copy(user.routes or {})
+    conf.identity = deep_copy(user.identity or {})
+    conf.auth = nil
+    for name, t in pairs(conf.tiers) do
+        check(type(name) == "string" and name:match("^[%w_%-]+$"),
+            "tier name %q: letters, digits, - and _ only", tostring(name))
+        check(type(t) == "table", "tier %s must be a table", name)
+    end
+    for i, r in ipairs(conf.routes) do
+        r.cost = r.cost or 1
+        check(r.leases == nil and not r.auth, "routes[%d]: leases and auth belong to rules in a "
+            .. "rule policy", i)
+        validate_route(i, r, {})
+    end
+    conf.default_route.name = conf.default_route.template
+    conf.default_route.critical = conf.default_route.critical and true or false
+    return require("resty.rl.rules").compile(conf)
 end
 
 --- Builds a complete, validated configuration from `user` (a partial
@@ -285,16 +379,10 @@ function _M.build(user)
         conf.routes = deep_copy(user.routes)
     end
     check(type(conf.redis.host) == "string", "redis.host must be a string")
-    check(positive_int(conf.redis.port), "redis.port must be an integer")
-    check(type(conf.redis.timeout_ms) == "number" and conf.redis.timeout_ms > 0,
-        "redis.timeout_ms must be > 0")
-    check(type(conf.fallback_ratio) == "number" and conf.fallback_ratio > 0
-        and conf.fallback_ratio <= 1, "fallback_ratio must be in (0, 1]")
-    check(positive_int(conf.fallback_entries), "fallback_entries must be an integer >= 1")
-    check(positive_int(conf.fail_closed_retry_after),
-        "fail_closed_retry_after must be an integer >= 1 (seconds)")
-    check(type(conf.http_date_after) == "number" and conf.http_date_after >= 0,
-        "http_date_after must be >= 0 (seconds)")
+    if user.rules ~= nil then
+        return _M.build_rules(conf, user)
+    end
+    validate_general(conf)
     check(next(conf.tiers) ~= nil, "at least one tier is needed")
     for name, t in pairs(conf.tiers) do
         check(name:match("^[%w_%-]+$"), "tier name %q: letters, digits, - and _ only", name)

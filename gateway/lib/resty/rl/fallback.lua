@@ -12,13 +12,19 @@ local _M = {}
 -- builds a new one on every change) takes its cache with it.
 local caches = setmetatable({}, { __mode = "k" })
 
-local function cache_for(conf)
-    local c = caches[conf]
+--- The LRU cache of `conf` in `registry` (a weak-keyed table), made on
+--- first use with conf.fallback_entries entries.
+function _M.lru_for(registry, conf)
+    local c = registry[conf]
     if not c then
         c = assert(lrucache.new(conf.fallback_entries))
-        caches[conf] = c
+        registry[conf] = c
     end
     return c
+end
+
+local function cache_for(conf)
+    return _M.lru_for(caches, conf)
 end
 
 --- The budget of the local limiter for one of a tier's budgets.

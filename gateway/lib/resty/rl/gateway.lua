@@ -27,6 +27,8 @@ local headers = require "resty.rl.headers"
 local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
+local limiters = require "resty.rl.limiters"
+local deny = require "resty.rl.deny"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -41,18 +43,24 @@ local ATTEMPT_POLL_MS = 20
 
 --- A gateway for `user_conf` (a partial configuration over the defaults
 --- of resty.rl.config). Raises an error on an invalid configuration.
+--- A configuration with `rules` (a rule policy) gets resty.rl.engine.
 function _M.new(user_conf)
-    return setmetatable({ conf = config.build(user_conf) }, Gateway)
+    local conf = config.build(user_conf)
+    if conf.rules then
+        return require("resty.rl.engine").new(conf)
+    end
+    return setmetatable({ conf = conf }, Gateway)
 end
 
 --- The rate policies of a tier, in the order of the RL.TAKE buckets.
 local function tier_policies(tier_name, tier, suffix, key_budget, tenant_budget)
     suffix = suffix or ""
+    -- the unit is points (cost-weighted requests): `qu` says so
     return {
         { name = tier_name .. "-key" .. suffix, quota = (key_budget or tier.key).rate,
-          window = tier.period },
+          window = tier.period, unit = "points" },
         { name = tier_name .. "-tenant" .. suffix, quota = (tenant_budget or tier.tenant).rate,
-          window = tier.period },
+          window = tier.period, unit = "points" },
     }
 end
 
@@ -171,10 +179,12 @@ function Gateway:acquire_leases(req, state, ident, tier)
         end
         if not res.granted then
             self:release_now(state)
-            local secs = headers.seconds(res.retry_after_ms)
+            -- from the route's expected duration, never the lease ttl
+            local retry_ms = limiters.lease_retry_ms(spec.ttl, spec.expected, res.retry_after_ms)
+            local secs = headers.seconds(retry_ms)
             state.retry_after = secs
             state.policy = spec.name
-            headers.retry_after(state.headers, res.retry_after_ms, false)
+            headers.retry_after(state.headers, retry_ms, false)
             local per = spec.scope == "arg" and ("per " .. spec.arg) or "per tenant"
             return self:refuse(req, state, spec.status, "concurrency-limit-exceeded", "conflict", {
                 detail = string.format(
@@ -193,8 +203,8 @@ end
 --- are the configured durations of levels 1..3 (tier.box or auth.box).
 function Gateway:boxed(req, state, reply, decision, detail, box_lengths)
     local conf = self.conf
-    local level, retry_ms = reply[6], reply[5]
-    local manual = retry_ms < 0
+    local level, retry_ms = reply.box_level, reply.retry_after_ms
+    local manual = retry_ms == nil
     local secs = not manual and headers.seconds(retry_ms) or nil
     state.retry_after, state.box_level = secs, level
     state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
@@ -220,6 +230,7 @@ end
 --- leases, and refuses the request when the policy says so.
 function Gateway:access(req)
     local conf = self.conf
+    deny.ensure_poller(conf)
     local path = req.path()
     local route = policy.match_route(conf, req.method(), path)
     local state = { route = route, path = path, request_id = req.request_id(), headers = {},
@@ -239,15 +250,29 @@ function Gateway:access(req)
     state.headers["RateLimit-Policy"] = headers.policy(tier_policies(ident.tier, tier))
     state.cost = policy.cost(route, req)
     local key, tenant_key = policy.bucket_keys(conf, ident)
-    local reply, err = store.take(conf, key, tenant_key, tier, state.cost)
-    if not reply then
-        return self:redis_failed(req, state, err, tier, key, tenant_key)
+    -- the edge deny cache: a key known to be boxed is answered here
+    local reply, err
+    local box = deny.get(conf, key)
+    if box then
+        state.deny_cached = true
+        reply = { status = -1, limit = tier.key.burst, remaining = 0, reset_ms = box.retry_ms,
+                  retry_after_ms = box.retry_ms, box_level = box.level, strikes_remaining = 0,
+                  binding = 0 }
+    else
+        reply, err = store.take(conf, key, tenant_key, tier, state.cost)
+        if not reply then
+            return self:redis_failed(req, state, err, tier, key, tenant_key)
+        end
+        if reply.status == -1 then
+            deny.put(conf, key, reply.box_level, reply.retry_after_ms)
+        end
     end
-    local status, binding = reply[1], reply[8] + 1
+    local status, binding = reply.status, reply.binding + 1
     local policies = tier_policies(ident.tier, tier)
-    state.policy, state.strikes_remaining = policies[binding].name, reply[7]
+    state.policy, state.strikes_remaining = policies[binding].name, reply.strikes_remaining
     headers.ratelimit(state.headers, conf, policies, {
-        name = policies[binding].name, limit = reply[2], remaining = reply[3], reset_ms = reply[4],
+        name = policies[binding].name, limit = reply.limit, remaining = reply.remaining,
+        reset_ms = reply.reset_ms,
     })
     if status == 1 or status == 2 then
         return self:acquire_leases(req, state, ident, tier)
@@ -255,12 +280,12 @@ function Gateway:access(req)
     if status == -1 then
         return self:boxed(req, state, reply, "boxed", string.format(
             "Tier %s: this API key is in the penalty box (level %d) after repeated throttling.",
-            ident.tier, reply[6]), tier.box)
+            ident.tier, reply.box_level), tier.box)
     end
-    local secs = headers.seconds(reply[5])
+    local secs = headers.seconds(reply.retry_after_ms)
     state.retry_after = secs
-    headers.retry_after(state.headers, reply[5], false)
-    if reply[7] >= 0 then
+    headers.retry_after(state.headers, reply.retry_after_ms, false)
+    if reply.strikes_remaining then
         state.headers["X-Penalty-Box-Status"] = "Warning"
     end
     local budget = binding == 1 and tier.key or tier.tenant
@@ -271,7 +296,7 @@ function Gateway:access(req)
         retry_after_seconds = secs,
         recommended_backoff = problem.backoff(secs),
         quota_tier = ident.tier,
-        penalty_strikes_remaining = reply[7],
+        penalty_strikes_remaining = reply.strikes_remaining or null,
     })
 end
 
@@ -345,7 +370,7 @@ function Gateway:auth_access(req, state)
     end
     local exhausted = {}
     for i, r in ipairs(replies) do
-        if r[1] == 0 or (r[1] == 1 and r[3] <= 0) then
+        if r.status == 0 or (r.status == 1 and r.remaining <= 0) then
             exhausted[#exhausted + 1] = i
         end
     end
@@ -366,37 +391,39 @@ function Gateway:auth_access(req, state)
     -- the binding window: a boxed one, else the one with fewest failures left
     local b = 1
     for i, r in ipairs(replies) do
-        if r[1] == -1 then
+        if r.status == -1 then
             b = i
             break
         end
-        if r[3] < replies[b][3] then
+        if r.remaining < replies[b].remaining then
             b = i
         end
     end
     local r = replies[b]
     state.policy = policies[b].name
-    headers.ratelimit(state.headers, conf, policies, {
-        name = policies[b].name, limit = r[2], remaining = r[1] == -1 and 0 or r[3],
-        reset_ms = r[4],
-    })
-    if r[1] == -1 or r[1] == 0 then
+    local binding = {
+        name = policies[b].name, limit = r.limit, remaining = r.status == -1 and 0 or r.remaining,
+        reset_ms = r.reset_ms, window = policies[b].window,
+    }
+    state.auth.binding, state.auth.policies = binding, policies
+    headers.ratelimit(state.headers, conf, policies, binding)
+    if r.status == -1 or r.status == 0 then
         -- refused here: nothing to record later
         self:release_now(state)
     end
-    if r[1] == -1 then
+    if r.status == -1 then
         return self:boxed(req, state, r, "locked_out", "Too many failed attempts.", auth.box)
     end
-    if r[1] == 0 then
-        local secs = headers.seconds(r[5])
+    if r.status == 0 then
+        local secs = headers.seconds(r.retry_after_ms)
         state.retry_after = secs
-        headers.retry_after(state.headers, r[5], false)
+        headers.retry_after(state.headers, r.retry_after_ms, false)
         return self:refuse(req, state, 429, "rate-limit-exceeded", "throttled", {
             detail = "Too many failed attempts; retry in " .. secs .. " s.",
             retry_after_seconds = secs,
             recommended_backoff = problem.backoff(secs),
             quota_tier = "auth",
-            penalty_strikes_remaining = r[7],
+            penalty_strikes_remaining = r.strikes_remaining or null,
         })
     end
     state.auth.pending = true
@@ -408,6 +435,16 @@ function Gateway:header_filter(req)
     -- shadow mode is invisible to clients
     if not state or self.conf.shadow then
         return
+    end
+    local auth = state.auth
+    if auth and auth.pending and auth.binding and self.conf.auth.fail_set[req.status()] then
+        -- this failure is recorded after the response: `r` says what the
+        -- next attempt will see, and the failure counts a whole window
+        local b = auth.binding
+        headers.ratelimit(state.headers, self.conf, auth.policies, {
+            name = b.name, limit = b.limit, remaining = math.max(b.remaining - 1, 0),
+            reset_ms = b.window * 1000, window = b.window,
+        })
     end
     for k, v in pairs(state.headers) do
         req.set_header(k, v)
@@ -466,6 +503,7 @@ function Gateway:log(req)
             box_level = state.box_level,
             strikes_remaining = state.strikes_remaining,
             redis_error = state.redis_error,
+            deny_cache = state.deny_cached,
             -- token endpoint: who was refused (a client id is no secret)
             subject = state.auth and state.auth.subject,
             client_ip = state.auth and state.auth.ip,

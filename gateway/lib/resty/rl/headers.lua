@@ -20,9 +20,44 @@ local function sf_string(s)
     return '"' .. s:gsub('[\\"]', "\\%0") .. '"'
 end
 
---- One quota policy item: "name";q=quota;w=window.
+--- One quota policy item: "name";q=quota[;qu="unit"][;w=window]: `qu`
+--- when the unit is not requests (points, cents, concurrent-requests),
+--- no `w` for a concurrency limit.
 function _M.policy_item(p)
-    return sf_string(p.name) .. ";q=" .. p.quota .. ";w=" .. p.window
+    local s = sf_string(p.name) .. ";q=" .. p.quota
+    if p.unit and p.unit ~= "requests" then
+        s = s .. ";qu=" .. sf_string(p.unit)
+    end
+    if p.window then
+        s = s .. ";w=" .. p.window
+    end
+    return s
+end
+
+--- Sets the RateLimit field (and the legacy triple with legacy_headers)
+--- for `b` = {name, limit, remaining, reset_ms, window, clamp, boxed}: `r`
+--- whole units left, `t` seconds until the quota is back; with `clamp` (a
+--- window or quota) at most the window `w` (a sliding window can take up to
+--- two windows to count nothing); a bucket's `t` is its time to be full
+--- again, which may exceed its refill period. No `t` for a box.
+function _M.ratelimit_field(out, conf, b)
+    local r = math.max(b.remaining or 0, 0)
+    local v = sf_string(b.name) .. ";r=" .. r
+    -- a box has no reset within the window: Retry-After says when it ends
+    local t = not b.boxed and b.reset_ms and _M.seconds(b.reset_ms)
+    if t and b.clamp and b.window then
+        t = math.min(t, math.ceil(b.window))
+    end
+    if t then
+        v = v .. ";t=" .. t
+    end
+    out["RateLimit"] = v
+    if conf.legacy_headers then
+        out["RateLimit-Limit"] = tostring(b.limit)
+        out["RateLimit-Remaining"] = tostring(r)
+        out["RateLimit-Reset"] = t and tostring(t) or nil
+    end
+    return out
 end
 
 --- The RateLimit-Policy field value: the policies that apply, each
@@ -37,21 +72,28 @@ end
 
 --- Sets the rate-limit fields in `out` (a header table).
 --- `policies`: the policies that apply, each {name, quota, window};
---- `binding`: {name, limit, remaining, reset_ms} for the policy that binds
---- (reset_ms -1 or nil: no reset time, as in a manual box).
+--- `binding`: {name, limit, remaining, reset_ms, window} for the policy
+--- that binds (reset_ms -1 or nil: no reset time, as in a manual box; `t`
+--- is at most `window` when given: a window or quota, not a bucket, whose
+--- time to be full again may be longer than its refill period).
 function _M.ratelimit(out, conf, policies, binding)
     out["RateLimit-Policy"] = _M.policy(policies)
     local rl = sf_string(binding.name) .. ";r=" .. math.max(binding.remaining, 0)
     local has_reset = binding.reset_ms and binding.reset_ms >= 0
+    -- t is at most the window w (a sliding window may take two to be empty)
+    local t = has_reset and _M.seconds(binding.reset_ms)
+    if t and binding.window then
+        t = math.min(t, math.ceil(binding.window))
+    end
     if has_reset then
-        rl = rl .. ";t=" .. _M.seconds(binding.reset_ms)
+        rl = rl .. ";t=" .. t
     end
     out["RateLimit"] = rl
     if conf.legacy_headers then
         out["RateLimit-Limit"] = tostring(binding.limit)
         out["RateLimit-Remaining"] = tostring(math.max(binding.remaining, 0))
         if has_reset then
-            out["RateLimit-Reset"] = tostring(_M.seconds(binding.reset_ms))
+            out["RateLimit-Reset"] = tostring(t)
         end
     end
     return out

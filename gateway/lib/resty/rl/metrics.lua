@@ -3,6 +3,7 @@
 --
 --   rl_gateway_requests_total{decision, route, tier}
 --   rl_gateway_redis_errors_total{kind}      (timeout, refused, error)
+--   rl_gateway_redis_redirects_total{kind}   (moved, ask: Redis Cluster)
 --
 -- decision is one of: allowed, invalid, throttled, boxed, locked_out, conflict,
 -- unauthenticated, degraded_allowed, degraded_throttled, failed_closed,
@@ -39,6 +40,15 @@ function _M.redis_error(conf, err)
     d:incr("err" .. SEP .. kind, 1, 0)
 end
 
+--- Counts one cluster redirection (kind "MOVED" or "ASK"); `conf` is
+--- a configuration or its `redis` table (both carry metrics_dict).
+function _M.redirect(conf, kind)
+    local d = dict(conf)
+    if d then
+        d:incr("redir" .. SEP .. kind:lower(), 1, 0)
+    end
+end
+
 local function label(v)
     return (v:gsub('[\\"\n]', { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
 end
@@ -47,7 +57,7 @@ end
 --- the shared dict `dict_name`.
 function _M.render(dict_name)
     local d = ngx.shared[dict_name]
-    local req, err = {}, {}
+    local req, err, redir = {}, {}, {}
     if d then
         for _, k in ipairs(d:get_keys(0)) do
             local v = d:get(k) or 0
@@ -59,6 +69,9 @@ function _M.render(dict_name)
                 req[#req + 1] = string.format(
                     'rl_gateway_requests_total{decision="%s",route="%s",tier="%s"} %d',
                     label(parts[2]), label(parts[3]), label(parts[4]), v)
+            elseif parts[1] == "redir" then
+                redir[#redir + 1] = string.format('rl_gateway_redis_redirects_total{kind="%s"} %d',
+                    label(parts[2]), v)
             elseif parts[1] == "err" then
                 err[#err + 1] = string.format('rl_gateway_redis_errors_total{kind="%s"} %d',
                     label(parts[2]), v)
@@ -67,6 +80,7 @@ function _M.render(dict_name)
     end
     table.sort(req)
     table.sort(err)
+    table.sort(redir)
     return table.concat({
         "# HELP rl_gateway_requests_total Rate-limit decisions of the gateway.",
         "# TYPE rl_gateway_requests_total counter",
@@ -74,6 +88,9 @@ function _M.render(dict_name)
         "# HELP rl_gateway_redis_errors_total Failed or too slow calls to Redis.",
         "# TYPE rl_gateway_redis_errors_total counter",
         table.concat(err, "\n"),
+        "# HELP rl_gateway_redis_redirects_total Redis Cluster redirections followed.",
+        "# TYPE rl_gateway_redis_redirects_total counter",
+        table.concat(redir, "\n"),
     }, "\n"):gsub("\n\n+", "\n") .. "\n"
 end
 

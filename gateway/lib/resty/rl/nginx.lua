@@ -75,6 +75,14 @@ _M.adapter = {
     set_header = function(name, value)
         ngx.header[name] = value
     end,
+    -- a request header for the upstream (nil: removed)
+    set_upstream_header = function(name, value)
+        ngx.req.set_header(name, value)
+    end,
+    -- bytes of the response body sent (log phase): egress quotas
+    bytes_sent = function()
+        return tonumber(ngx.var.body_bytes_sent)
+    end,
     status = function()
         return ngx.status
     end,

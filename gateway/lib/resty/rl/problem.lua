@@ -9,6 +9,9 @@ local _M = {}
 
 _M.CONTENT_TYPE = "application/problem+json"
 
+--- The backoff problem bodies recommend (the ledger design's wording).
+_M.RECOMMENDED_BACKOFF = "exponential_with_full_jitter"
+
 local TITLES = {
     ["rate-limit-exceeded"] = "Rate limit exceeded",
     ["penalty-box-active"] = "Penalty box active",
@@ -16,24 +19,117 @@ local TITLES = {
     ["rate-limiter-unavailable"] = "Rate limiter unavailable",
     ["unauthenticated"] = "Unknown or missing API key",
     ["ambiguous-argument"] = "Ambiguous request argument",
+    ["quota-exceeded"] = "Quota exceeded",
+    ["challenge-required"] = "Re-authentication required",
 }
+
+-- The machine-readable `$error` of a refusal, by problem type.
+local ERRORS = {
+    ["rate-limit-exceeded"] = "RATE_LIMIT_EXCEEDED",
+    ["penalty-box-active"] = "RATE_LIMIT_EXCEEDED",
+    ["concurrency-limit-exceeded"] = "CONCURRENCY_LIMIT_EXCEEDED",
+    ["quota-exceeded"] = "QUOTA_EXCEEDED",
+    ["challenge-required"] = "REAUTH_REQUIRED",
+    ["rate-limiter-unavailable"] = "RATE_LIMITER_UNAVAILABLE",
+    ["unauthenticated"] = "UNAUTHENTICATED",
+    ["ambiguous-argument"] = "INVALID_ARGUMENT",
+}
+
+
+-- Replaces "$name" strings inside a template (recursively) by vars[name]
+-- (typed: a number stays a number, a missing value is null).
+local function fill(template, vars)
+    if type(template) == "table" then
+        local out = {}
+        for k, v in pairs(template) do
+            out[k] = fill(v, vars)
+        end
+        return out
+    end
+    if type(template) == "string" then
+        local name = template:match("^%$([%w_]+)$")
+        if name then
+            local v = vars[name]
+            if v == nil then
+                return ngx.null
+            end
+            return v
+        end
+        return (template:gsub("%$([%w_]+)", function(n)
+            local v = vars[n]
+            return (v == nil or v == ngx.null) and "" or tostring(v)
+        end))
+    end
+    return template
+end
+
+--- The body of a rule policy's refusal: (content type, body). `vars`:
+--- status, type, message, retry_after, policy, tier, strikes, level,
+--- ends_at, block_type, upgrade_url, challenge, concurrency_limit,
+--- instance, request_id, error; `fields` a rule's own extra members.
+--- Format "problem" (default): application/problem+json with the ledger
+--- design's members; format "json": conf.body.template filled with vars.
+function _M.render(conf, vars, boxed, fields)
+    local body
+    if vars.error == nil or vars.error == ngx.null then
+        vars.error = ERRORS[vars.type] or "RATE_LIMIT_EXCEEDED"
+    end
+    if conf.body.format == "json" then
+        body = fill(conf.body.template, vars)
+        for k, v in pairs(fields or {}) do
+            body[k] = fill(v, vars)
+        end
+        local json = cjson.encode(body) or "{}"
+        return "application/json", (json:gsub("\\/", "/"))
+    end
+    body = {
+        type = conf.problem_base .. "/" .. vars.type,
+        title = TITLES[vars.type] or vars.type,
+        status = vars.status,
+        detail = vars.message,
+        instance = vars.instance,
+        request_id = vars.request_id,
+    }
+    if vars.status == 429 or vars.status == 403 or vars.status == 409 or vars.status == 401
+        and vars.type == "challenge-required" or vars.status == 503 then
+        body.retry_after_seconds = vars.retry_after
+        body.recommended_backoff = (vars.retry_after == nil or vars.retry_after == ngx.null)
+            and "none" or _M.RECOMMENDED_BACKOFF
+        body.quota_tier = vars.tier
+        body.policy = vars.policy
+    end
+    if vars.strikes ~= nil and vars.strikes ~= ngx.null then
+        body.penalty_strikes_remaining = vars.strikes
+    end
+    if boxed then
+        body.penalty_level = vars.level
+        body.lockout_ends_at = vars.ends_at
+    end
+    for _, k in ipairs({ "block_type", "upgrade_url", "challenge", "concurrency_limit" }) do
+        if vars[k] ~= nil and vars[k] ~= ngx.null then
+            body[k] = vars[k]
+        end
+    end
+    for k, v in pairs(fields or {}) do
+        body[k] = fill(v, vars)
+    end
+    local json = cjson.encode(body) or "{}"
+    return _M.CONTENT_TYPE, (json:gsub("\\/", "/"))
+end
 
 --- The ISO 8601 / RFC 3339 UTC form of a Unix time.
 function _M.timestamp(t)
     return os.date("!%Y-%m-%dT%H:%M:%SZ", math.floor(t))
 end
 
---- A backoff recommendation for a wait of `secs` seconds.
+--- The backoff a client should use after a wait of `secs` seconds: the
+--- ledger design's "exponential_with_full_jitter", or "none" (a manual
+--- box: do not retry).
 function _M.backoff(secs)
     if not secs then
-        return { strategy = "none", detail = "manual review: do not retry" }
+        return "none"
     end
-    return {
-        strategy = "exponential",
-        initial_seconds = math.max(secs, 1),
-        max_seconds = math.max(secs, 60),
-        jitter = "full",
-    }
+    return _M.RECOMMENDED_BACKOFF
 end
 
 --- Encodes a problem of `kind` (a key of TITLES) with `status` and the

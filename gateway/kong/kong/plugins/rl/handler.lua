@@ -4,6 +4,7 @@
 -- kong.log); Redis is reached by the library through lua-resty-redis.
 
 local gateway = require "resty.rl.gateway"
+local cjson = require "cjson.safe"
 
 local RlHandler = {
     -- after authentication plugins (which set the consumer; Kong runs the
@@ -36,7 +37,10 @@ end
 local function get(conf)
     local gw = gateways[conf]
     if not gw then
-        gw = gateway.new(denull(conf))
+        -- a rule policy (the schema's `policy`, JSON) is the whole configuration
+        local rule_policy = conf.policy ~= nil and conf.policy ~= ngx.null
+            and cjson.decode(conf.policy)
+        gw = gateway.new(rule_policy or denull(conf))
         gateways[conf] = gw
     end
     return gw
@@ -76,6 +80,18 @@ local adapter = {
     end,
     set_header = function(name, value)
         kong.response.set_header(name, value)
+    end,
+    -- a request header for the upstream (nil: removed)
+    set_upstream_header = function(name, value)
+        if value == nil then
+            kong.service.request.clear_header(name)
+        else
+            kong.service.request.set_header(name, value)
+        end
+    end,
+    -- bytes of the response body sent (log phase): egress quotas
+    bytes_sent = function()
+        return tonumber(ngx.var.body_bytes_sent)
     end,
     status = function()
         return kong.response.get_status()

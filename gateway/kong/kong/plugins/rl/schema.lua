@@ -4,6 +4,22 @@
 -- take the library's sample policy.
 
 local typedefs = require "kong.db.schema.typedefs"
+local cjson = require "cjson.safe"
+
+-- A rule policy (gateway/README.md, "Policy reference") as JSON: the
+-- same rules as the nginx front end's Lua table, validated by the same
+-- code when Kong checks the plugin configuration (errors name the field).
+local function valid_policy(text)
+    local policy, err = cjson.decode(text)
+    if type(policy) ~= "table" then
+        return nil, "policy is not a JSON object: " .. tostring(err)
+    end
+    local ok, build_err = pcall(require("resty.rl.config").build, policy)
+    if not ok then
+        return nil, tostring(build_err)
+    end
+    return true
+end
 
 -- Field definitions are built by functions: each use gets its own table
 -- (Kong annotates field tables when it loads a schema).
@@ -51,6 +67,8 @@ local lease = {
         { max = { type = "integer", gt = 0 } },
         { status = { type = "integer", default = 429, one_of = { 409, 429 } } },
         { ttl = { type = "number", default = 300, gt = 0 } },
+        -- how long the work usually takes: the Retry-After of a full lease
+        { expected = { type = "number", gt = 0 } },
     },
 }
 
@@ -90,6 +108,8 @@ return {
         { config = {
             type = "record",
             fields = {
+                -- a rule policy (JSON); when set, it is the whole configuration
+                { policy = { type = "string", custom_validator = valid_policy } },
                 { redis = { type = "record", fields = {
                     { host = typedefs.host { default = "127.0.0.1" } },
                     { port = typedefs.port { default = 6379 } },
@@ -98,6 +118,15 @@ return {
                     { timeout_ms = { type = "number", default = 20, gt = 0 } },
                     { pool_size = { type = "integer", default = 64, gt = 0 } },
                     { keepalive_ms = { type = "integer", default = 60000, gt = 0 } },
+                    { mode = { type = "string", default = "single",
+                               one_of = { "single", "cluster", "sentinel" } } },
+                    -- cluster seeds / sentinels, each "host:port"
+                    { nodes = { type = "array", elements = { type = "string" } } },
+                    { sentinels = { type = "array", elements = { type = "string" } } },
+                    { master_name = { type = "string", default = "mymaster" } },
+                    { sentinel_password = { type = "string", referenceable = true, encrypted = true } },
+                    { dict = { type = "string", default = "rl_redis" } },
+                    { refresh_ms = { type = "integer", default = 1000, gt = 0 } },
                 } } },
                 { key_prefix = { type = "string", default = "rl" } },
                 { shadow = { type = "boolean", default = false } },
@@ -108,6 +137,11 @@ return {
                 { fallback_entries = { type = "integer", default = 10000, gt = 0 } },
                 { metrics_dict = { type = "string", default = "rl_metrics" } },
                 { http_date_after = { type = "integer", default = 3600, gt = 0 } },
+                { deny_cache = { type = "record", fields = {
+                    { dict = { type = "string", default = "rl_deny" } },
+                    { poll = { type = "number", default = 1, gt = 0 } },
+                    { manual_ttl = { type = "number", default = 60, gt = 0 } },
+                } } },
                 { manual_box_status = { type = "integer", default = 403, one_of = { 403, 429 } } },
                 { client_ip_header = { type = "string" } },
                 { identity = { type = "record", fields = {

@@ -1,0 +1,115 @@
+-- resty.rl.after: the log phase of a rule policy (resty.rl.engine) and
+-- the work after the response, in a timer (the log phase cannot use
+-- cosockets): failures recorded (count = failures), response bytes
+-- charged (count = response_bytes), leases released, and the alerts of
+-- boxes that reached an alerting level added to the alert stream.
+
+local rules = require "resty.rl.rules"
+local limiters = require "resty.rl.limiters"
+local store = require "resty.rl.store"
+local headers = require "resty.rl.headers"
+local metrics = require "resty.rl.metrics"
+local deny = require "resty.rl.deny"
+local cjson = require "cjson.safe"
+
+local _M = {}
+
+-- The attributes a refused-request log line carries.
+local function log_ident(state)
+    local a = state.ident and state.ident.attrs or {}
+    return a.tenant, a.key_id, a.user, a.brand
+end
+
+-- After the response (a timer): record failures, release leases, add the
+-- alerts of boxes that reached an alerting level.
+local function after_response(_premature, conf, cmds, egress, warn)
+    local res, err = store.pipeline(conf, cmds)
+    if not res then
+        metrics.redis_error(conf, err)
+        warn("rl: after-response work failed: " .. tostring(err))
+    end
+    for _, x in ipairs(egress) do
+        -- the bytes sent, or what is left when they do not fit (the quota
+        -- is then used up: all-or-nothing would count nothing)
+        local cost = math.min(x.bytes, x.e.params.limit)
+        res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
+        local d = res and store.decode(res[1])
+        if d and d.status == 0 and d.remaining > 0 then
+            res, err = store.pipeline(conf,
+                { limiters.KINDS[x.e.params.kind].command(x.e, d.remaining, true) })
+        end
+        if not res then
+            metrics.redis_error(conf, err)
+            warn("rl: response bytes not counted: " .. tostring(err))
+        end
+    end
+end
+
+--- The alert of a box reached by `e` (XADD to the alert stream), or nil
+--- when its level does not alert or this node sent it already.
+local function alert(conf, state, e)
+    local al, o = e.rule.alerts, e.outcome
+    if not al or (o.level or 0) < al.from_level then
+        return nil
+    end
+    local ident = state.ident or { attrs = {} }
+    local action = o.level >= 3 and rules.resolve(al.level3, ident) or "notify"
+    if not deny.once(conf, e.key .. ":" .. o.level, o.retry_ms and o.retry_ms / 1000 or 3600) then
+        return nil
+    end
+    local tenant, key_id, user, brand = log_ident(state)
+    return { "XADD", conf.alerts.stream, "MAXLEN", "~", conf.alerts.maxlen, "*",
+        "level", o.level, "action", action, "policy", e.name, "tier", state.tier_name or "",
+        "tenant", tenant or "", "key_id", key_id or "", "user", user or "", "brand", brand or "",
+        "route", state.route.name, "box_seconds", o.retry_ms and headers.seconds(o.retry_ms) or -1,
+        "request_id", state.request_id }
+end
+
+--- Log phase of a rule policy: counters, one structured line per
+--- refusal, and the work after the response (in a timer).
+function _M.log(conf, req)
+    local state = req.ctx().rl
+    if not state then
+        return
+    end
+    local status = req.status()
+    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    if state.decision ~= "allowed" and state.decision ~= "degraded_allowed" then
+        local tenant, key_id, user, brand = log_ident(state)
+        req.warn("rl_event " .. (cjson.encode({
+            request_id = state.request_id, decision = state.decision, would_be = state.would_be,
+            route = state.route.name, tenant = tenant, key_id = key_id, user = user,
+            brand = brand, tier = state.tier_name, status = status, policy = state.policy,
+            retry_after = state.retry_after, box_level = state.box_level,
+            strikes_remaining = state.strikes_remaining, redis_error = state.redis_error,
+            deny_cache = state.deny_cached,
+        }) or "{}"):gsub("\\/", "/"))
+    end
+    local cmds, egress = {}, {}
+    if state.admitted then
+        for _, e in ipairs(state.entries) do
+            if e.rule.count == "failures" and e.rule.fail_set[status] then
+                cmds[#cmds + 1] = limiters.KINDS.window.command(e, e.cost, true)
+            elseif e.rule.count == "response_bytes" then
+                local bytes = req.bytes_sent()
+                if bytes and bytes > 0 then
+                    egress[#egress + 1] = { e = e, bytes = bytes }
+                end
+            end
+        end
+    end
+    for _, l in ipairs(state.leases) do
+        cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", l.key, l.id }
+    end
+    for _, e in ipairs(state.boxed or {}) do
+        cmds[#cmds + 1] = alert(conf, state, e)
+    end
+    if #cmds > 0 or #egress > 0 then
+        local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn)
+        if not ok then
+            req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
+        end
+    end
+end
+
+return _M

@@ -1,0 +1,574 @@
+-- resty.rl.engine: a rule policy applied to requests (configurations with
+-- `rules`; resty.rl.gateway hands them here). Per request:
+--   1. the route and the caller (resty.rl.identity);
+--   2. every rule that matches and whose scope the caller has;
+--   3. the edge deny cache: a rule key known to be boxed answers at once;
+--   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
+--      RL.QUOTA, RL.LEASE ACQUIRE; a probe for rules that count failures),
+--      pipelined (each command atomic on its own), decoded by
+--      resty.rl.limiters; when the request is refused, a second round
+--      trip gives back what the admitted rules took (resty.rl.limiters.compensate);
+--   5. the strictest outcome wins (a box without end, then the longest
+--      Retry-After; a soft block only when nothing refuses); its action
+--      answers (reject, quota, challenge) or marks the request (soft);
+--   6. after the response (log phase, in a timer): failures recorded,
+--      leases released, level-2/3 box alerts added to the alert stream.
+
+local identity = require "resty.rl.identity"
+local rules = require "resty.rl.rules"
+local limiters = require "resty.rl.limiters"
+local policy = require "resty.rl.policy"
+local store = require "resty.rl.store"
+local headers = require "resty.rl.headers"
+local problem = require "resty.rl.problem"
+local fallback = require "resty.rl.fallback"
+local metrics = require "resty.rl.metrics"
+local deny = require "resty.rl.deny"
+local after = require "resty.rl.after"
+
+local _M = {}
+
+local Engine = {}
+Engine.__index = Engine
+
+local null = ngx.null
+
+--- An engine for a compiled rule policy (resty.rl.config.build).
+function _M.new(conf)
+    if conf.trusted_proxies then
+        conf.trusted = identity.trust(conf.trusted_proxies)
+    end
+    return setmetatable({ conf = conf }, Engine)
+end
+
+-- Does `rule` match the request?
+local function matches(rule, route, req)
+    local m = rule.match
+    if m.route_set and not m.route_set[route.name] then
+        return false
+    end
+    if m.method then
+        local method = req.method()
+        if method ~= m.method and not (method == "HEAD" and m.method == "GET") then
+            return false
+        end
+    end
+    if m.pattern and not req.path():match(m.pattern) then
+        return false
+    end
+    for name, want in pairs(m.header or {}) do
+        local v = policy.header(req, name)
+        if want == true and v == nil or want ~= true and v ~= want then
+            return false
+        end
+    end
+    for name, want in pairs(m.arg or {}) do
+        local v = policy.arg(req, name)
+        if want == true and v == nil or want ~= true and v ~= want then
+            return false
+        end
+    end
+    return true
+end
+
+-- Resolves every reference inside `v` for the caller.
+local function resolve_deep(v, ident)
+    if type(v) ~= "table" then
+        return v
+    end
+    if v.path then
+        return resolve_deep(rules.resolve(v, ident), ident)
+    end
+    local out = {}
+    for k, x in pairs(v) do
+        out[k] = resolve_deep(x, ident)
+    end
+    return out
+end
+
+-- The Redis key of `name` for the scope values: one hash tag per value
+-- of the rule's tag attribute, so that a rule's ALSO keys share a slot.
+local function rule_key(conf, tag_attr, values, name, scope)
+    local parts = { conf.key_prefix, ":{", tag_attr, ":", policy.key_part(values[tag_attr]),
+                    "}:", (name:gsub("[{}]", "")) }
+    for _, a in ipairs(scope) do
+        if a ~= tag_attr then
+            parts[#parts + 1] = ":" .. a .. "=" .. policy.key_part(values[a])
+        end
+    end
+    return table.concat(parts)
+end
+
+--- One entry (a rule applied to this request), nil when the rule does
+--- not apply (an attribute of its scope, or its cost argument, missing),
+--- or nil, "ambiguous", argument name.
+function Engine:entry(req, state, rule, ident)
+    local conf = self.conf
+    local values = {}
+    for _, a in ipairs(rule.scope) do
+        local v, err = identity.attr(conf, req, ident, a, state.route)
+        if err then
+            return nil, err, a
+        end
+        if v == nil then
+            return nil
+        end
+        values[a] = v
+    end
+    local params = resolve_deep(rule.limiter, ident)
+    local cost = rule.cost
+    if cost == "route" then
+        cost = policy.cost(state.route, req)
+    elseif type(cost) == "table" then
+        local v, err = policy.arg(req, cost.arg)
+        if err then
+            return nil, err, cost.arg
+        end
+        if v == nil then
+            return nil
+        end
+        local n = tonumber(v)
+        if not n or n < 0 or n ~= n or n == math.huge then
+            return nil, "invalid", cost.arg
+        end
+        cost = math.ceil(n * (rule.cost.scale or 1))
+    end
+    local tier = ident.attrs.tier or "none"
+    -- failures and response bytes are probed now, charged after the response
+    local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
+                name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {} }
+    e.key = rule_key(conf, rule.tag, values, rule.name, rule.scope)
+    for i, a in ipairs(params.also or {}) do
+        local avals = { [rule.tag] = values[rule.tag] }
+        for _, attr in ipairs(a.scope) do
+            local v = identity.attr(conf, req, ident, attr, state.route)
+            if v == nil then
+                return nil
+            end
+            avals[attr] = v
+        end
+        e.also_names[i] = a.name:gsub("{tier}", tier)
+        e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
+    end
+    return e
+end
+
+-- Interval of the one_in_flight lease polls.
+local ATTEMPT_POLL_MS = 20
+
+--- One attempt in flight per scope (`one_in_flight` of a rule counting
+--- failures, e.g. logins per subject): the attempt lease `<key>:attempt`,
+--- held until this attempt's failure is recorded after the response, so
+--- that parallel guesses cannot all pass the probe before the first
+--- failure counts. An attempt waits (polling) up to wait_ms for the
+--- previous one. Returns nil (granted), a refusal entry, or nil, error.
+function Engine:one_in_flight(state, e)
+    local f = e.rule.one_in_flight
+    local key = e.key .. ":attempt"
+    state.leases[#state.leases + 1] = { key = key, id = state.request_id }
+    local waited = 0
+    while true do
+        local res, err = store.acquire(self.conf, key, 1, f.ttl, state.request_id)
+        if not res then
+            return nil, err
+        end
+        if res.granted then
+            return nil
+        end
+        if waited >= f.wait_ms then
+            break
+        end
+        ngx.sleep(ATTEMPT_POLL_MS / 1000)
+        waited = waited + ATTEMPT_POLL_MS
+    end
+    -- not ours: nothing to release
+    state.leases[#state.leases] = nil
+    return { rule = e.rule, name = e.name, params = { kind = "lease", max = 1 }, cost = e.cost,
+             outcome = { state = "refused", retry_ms = f.retry_after * 1000, concurrency = 1,
+                         binding = { name = e.name, limit = 1, remaining = 0 } } }
+end
+
+-- Ranks a hard refusal: a box without end first, then the longest wait.
+local function severity(o)
+    return o.retry_ms or math.huge
+end
+
+--- The strictest outcome of `entries` (a hard refusal, else a soft block,
+--- else nil when everything was admitted).
+local function strictest(entries)
+    local hard, soft
+    for _, e in ipairs(entries) do
+        local o = e.outcome
+        if o and (o.state == "refused" or o.state == "boxed") then
+            if e.rule.on_refusal.action == "soft" then
+                soft = soft or e
+            elseif not hard or severity(o) > severity(hard.outcome) then
+                hard = e
+            end
+        end
+    end
+    return hard or soft
+end
+
+-- The RateLimit binding of an admitted request: the rate entry with the
+-- smallest share of its limit left.
+local function tightest(entries)
+    local best, share
+    for _, e in ipairs(entries) do
+        local b = e.outcome and e.outcome.binding
+        if b and e.params.kind ~= "lease" then
+            local s = b.remaining / math.max(b.limit, 1)
+            if not share or s < share then
+                best, share = e, s
+            end
+        end
+    end
+    return best
+end
+
+-- Sets RateLimit-Policy (every entry that applied) and RateLimit.
+function Engine:rate_headers(state, binding_entry)
+    local items = {}
+    for _, e in ipairs(state.entries) do
+        for _, p in ipairs(limiters.KINDS[e.params.kind].policies(e)) do
+            items[#items + 1] = p
+        end
+    end
+    if #items > 0 then
+        state.headers["RateLimit-Policy"] = headers.policy(items)
+    end
+    local b = binding_entry and binding_entry.outcome and binding_entry.outcome.binding
+    if b then
+        state.binding = b
+        state.binding_entry = binding_entry
+        headers.ratelimit_field(state.headers, self.conf, b)
+    end
+end
+
+-- The `detail`/`message` of a refusal.
+local function message(e, o, secs)
+    local a = e.rule.on_refusal
+    if a.message then
+        return a.message
+    end
+    if o.state == "boxed" then
+        return string.format("%s: locked (level %d) after repeated refusals; %s.", e.name,
+            o.level or 0, secs and ("retry in " .. secs .. " s") or "until a manual review")
+    end
+    if e.params.kind == "lease" then
+        return string.format("%s: at most %d concurrent request(s); retry in %d s.", e.name,
+            e.params.max, secs or 1)
+    end
+    return string.format("%s: %d %s per %s s exhausted (this request: %d); %s.", e.name,
+        o.binding.limit, e.rule.unit, tostring(o.binding.window), e.cost,
+        secs and ("retry in " .. secs .. " s") or "it never fits")
+end
+
+--- Answers the winning refusal `e` (or lets it through in shadow mode),
+--- counted as `decision_as` when given.
+function Engine:refuse_with(req, state, e, decision_as)
+    local conf = self.conf
+    local o, a = e.outcome, e.rule.on_refusal
+    local secs = o.retry_ms and headers.seconds(o.retry_ms) or nil
+    state.policy, state.retry_after, state.box_level = e.name, secs, o.level ~= 0 and o.level or nil
+    state.strikes_remaining = o.strikes
+    local kind, decision = a.type, "throttled"
+    if o.state == "boxed" then
+        kind, decision = "penalty-box-active", "boxed"
+        state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
+        local len = e.params.box and e.params.box[o.level] or 0
+        headers.retry_after(state.headers, o.retry_ms, len >= conf.http_date_after)
+    else
+        if e.params.kind == "lease" then
+            kind, decision = "concurrency-limit-exceeded", "conflict"
+        elseif a.action == "quota" then
+            decision = "quota_exceeded"
+        elseif a.action == "challenge" then
+            decision = "challenged"
+        end
+        if o.strikes and e.params.strikes then
+            state.headers["X-Penalty-Box-Status"] = "Warning"
+        end
+        headers.retry_after(state.headers, o.retry_ms, false)
+    end
+    for k, v in pairs(a.headers or {}) do
+        state.headers[k] = v
+    end
+    local status = a.status
+    if o.state == "boxed" and not o.retry_ms then
+        status = conf.manual_box_status
+    end
+    local vars = {
+        status = status, type = kind, message = message(e, o, secs), retry_after = secs or null,
+        policy = e.name, tier = state.tier_name or null, strikes = o.strikes or null,
+        level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
+        upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
+        concurrency_limit = o.concurrency or null, instance = state.path,
+        request_id = state.request_id, error = a.error or null,
+        ends_at = (o.state == "boxed" and o.retry_ms)
+            and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
+    }
+    decision = decision_as or decision
+    state.status_would_be = status
+    if conf.shadow then
+        state.decision, state.would_be, state.headers = "shadow_allowed", decision, {}
+        return
+    end
+    state.decision = decision
+    local ctype, body = problem.render(conf, vars, o.state == "boxed", a.fields)
+    state.headers["Content-Type"] = ctype
+    return req.exit(status, body, state.headers)
+end
+
+-- A refusal that is not a rule's (401, 400): a problem body.
+function Engine:refuse_plain(req, state, status, kind, decision, detail)
+    state.status_would_be = status
+    if self.conf.shadow then
+        state.decision, state.would_be, state.headers = "shadow_allowed", decision, {}
+        return
+    end
+    state.decision = decision
+    local ctype, body = problem.render(self.conf, { status = status, type = kind,
+        message = detail, instance = state.path, request_id = state.request_id,
+        tier = state.tier_name or null }, false)
+    state.headers["Content-Type"] = ctype
+    return req.exit(status, body, state.headers)
+end
+
+--- Redis failed: fail closed (503) when a rule says so (or the route is
+--- critical and the rule does not say otherwise); else each bucket and
+--- window rule runs on the local per-worker limiter at fallback_ratio,
+--- and quota and lease rules let the request through.
+function Engine:redis_failed(req, state, err)
+    local conf = self.conf
+    metrics.redis_error(conf, err)
+    state.redis_error = err
+    local entries = state.entries or {}
+    local closed = state.route.critical and #entries == 0
+    for _, e in ipairs(entries) do
+        local mode = rules.resolve(e.rule.on_redis_failure, state.ident)
+            or (state.route.critical and "closed" or "local")
+        closed = closed or mode == "closed"
+    end
+    if closed then
+        local wait = conf.fail_closed_retry_after
+        state.headers = { ["Retry-After"] = tostring(wait) }
+        state.retry_after = wait
+        return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
+            "The rate limiter is unavailable and this route fails closed; retry in "
+            .. wait .. " s.")
+    end
+    state.decision = "degraded_allowed"
+    for _, e in ipairs(state.entries or {}) do
+        local p, mode = e.params, rules.resolve(e.rule.on_redis_failure, state.ident) or "local"
+        if mode == "local" and (p.kind == "bucket" or p.kind == "window") and not e.probe then
+            local cap = math.max(math.floor((p.burst or p.limit) * conf.fallback_ratio), 1)
+            local rate = math.max(math.floor((p.rate or p.limit) * conf.fallback_ratio), 1)
+            local ok, _, remaining, wait_ms = fallback.take(conf,
+                { { name = e.key, rate = rate, burst = cap } }, p.period or p.window,
+                math.min(e.cost, cap))
+            e.name = e.name .. "-degraded"
+            e.outcome = { state = ok and "allowed" or "refused", retry_ms = wait_ms,
+                binding = { name = e.name, limit = cap, remaining = remaining,
+                            window = p.period or p.window, unit = e.rule.unit } }
+        end
+    end
+    local win = strictest(state.entries or {})
+    self:rate_headers(state, win or tightest(state.entries or {}))
+    if win and win.rule.on_refusal.action ~= "soft" then
+        return self:refuse_with(req, state, win, "degraded_throttled")
+    end
+end
+
+--- Access phase (see the file comment).
+function Engine:access(req)
+    local conf = self.conf
+    deny.ensure_poller(conf)
+    local path = req.path()
+    local route = policy.match_route(conf, req.method(), path)
+    local state = { route = route, path = path, request_id = req.request_id(), headers = {},
+                    leases = {}, decision = "allowed", entries = {}, engine = true }
+    req.ctx().rl = state
+    for _, rule in ipairs(conf.rules) do
+        if rule.on_refusal.action == "soft" then
+            -- a client cannot send the mark itself
+            req.set_upstream_header(rule.on_refusal.mark_header, nil)
+        end
+    end
+    local ident, err = identity.resolve(conf, req)
+    if not ident then
+        -- the identity store is away and nothing is cached: the caller is
+        -- unknown (not refused); the rules of its other attributes apply
+        metrics.redis_error(conf, err)
+        state.redis_error = err
+        ident = { attrs = {}, overrides = {}, store_failed = true,
+                  tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
+        ident.attrs.tier = conf.default_tier
+    end
+    state.ident, state.tier_name = ident, ident.attrs.tier
+    if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
+        and not ident.store_failed) then
+        return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
+            ident.revoked and "This API key is revoked." or "Send valid credentials.")
+    end
+    for _, rule in ipairs(conf.rules) do
+        if matches(rule, route, req) then
+            local e, why, arg = self:entry(req, state, rule, ident)
+            if why then
+                return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
+                    "The argument " .. arg .. " is missing a single valid value (repeated, "
+                    .. "different in the query string and the body, or not a number).")
+            end
+            state.entries[#state.entries + 1] = e
+        end
+    end
+    local entries = state.entries
+    -- the edge deny cache: a known box answers without Redis
+    for _, e in ipairs(entries) do
+        local box = e.params.strikes and deny.get(conf, e.key)
+        if box then
+            e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
+                          strikes = 0, cached = true,
+                          binding = { name = e.name, limit = limiters.capacity(e), remaining = 0,
+                                      boxed = true } }
+            state.deny_cached = true
+            self:rate_headers(state, e)
+            return self:refuse_with(req, state, e)
+        end
+    end
+    for _, e in ipairs(entries) do
+        if e.rule.one_in_flight then
+            local busy, ferr = self:one_in_flight(state, e)
+            if ferr then
+                return self:redis_failed(req, state, ferr)
+            end
+            if busy then
+                self:rate_headers(state, busy)
+                return self:refuse_with(req, state, busy)
+            end
+        end
+    end
+    local cmds, sent = {}, {}
+    for _, e in ipairs(entries) do
+        local kind = limiters.KINDS[e.params.kind]
+        if e.params.kind ~= "lease" and e.cost > limiters.capacity(e) then
+            -- above the capacity: it never fits (the module would refuse the call)
+            e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
+                limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
+                window = e.params.window or e.params.period } }
+        else
+            cmds[#cmds + 1] = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+            sent[#sent + 1] = e
+            if e.params.kind == "lease" then
+                -- recorded before the call: a timed-out ACQUIRE may have been granted
+                state.leases[#state.leases + 1] = { key = e.key, id = state.request_id }
+            end
+        end
+    end
+    local res
+    res, err = store.pipeline(conf, cmds)
+    if not res then
+        return self:redis_failed(req, state, err)
+    end
+    res = limiters.strike_every_refusal(conf, sent, cmds, res)
+    local bad
+    for i, e in ipairs(sent) do
+        local oerr
+        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        bad = bad or oerr
+    end
+    if bad then
+        -- an error reply (a slot moved, ...): the others give back their charge
+        limiters.compensate(conf, state, sent)
+        return self:redis_failed(req, state, bad)
+    end
+    local record = {}
+    for _, e in ipairs(sent) do
+        if e.probe and e.outcome.state == "refused" and e.params.strikes then
+            -- no failure left: this attempt counts as one, which trips the box
+            record[#record + 1] = e
+        end
+    end
+    if #record > 0 then
+        local rc = {}
+        for i, e in ipairs(record) do
+            rc[i] = limiters.KINDS.window.command(e, e.cost, true)
+        end
+        res, err = store.pipeline(conf, rc)
+        if not res then
+            return self:redis_failed(req, state, err)
+        end
+        res = store.strike_first_refusals(conf, rc, res, function(i)
+            return record[i].params.strikes.threshold
+        end)
+        for i, e in ipairs(record) do
+            local o = limiters.KINDS.window.outcome(e, res[i])
+            if o and o.state == "boxed" then
+                e.outcome = o
+            end
+        end
+    end
+    for _, e in ipairs(entries) do
+        local o = e.outcome
+        if o.state == "boxed" and not o.cached and e.params.strikes then
+            deny.put(conf, e.key, o.level, o.retry_ms)
+            state.boxed = state.boxed or {}
+            state.boxed[#state.boxed + 1] = e
+        end
+    end
+    local win = strictest(entries)
+    self:rate_headers(state, win or tightest(entries))
+    if win and win.rule.on_refusal.action == "soft" then
+        local a = win.rule.on_refusal
+        state.decision, state.policy = "soft_blocked", win.name
+        req.set_upstream_header(a.mark_header, a.mark_value)
+        for k, v in pairs(a.headers or {}) do
+            state.headers[k] = v
+        end
+    elseif win then
+        limiters.compensate(conf, state, sent)
+        return self:refuse_with(req, state, win)
+    end
+    state.admitted = true
+    for name, v in pairs(conf.upstream_headers) do
+        -- what the upstream needs to know of the caller (its tier's priority, ...)
+        local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
+        req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
+    end
+    for _, e in ipairs(entries) do
+        if e.outcome.state == "delayed" and e.outcome.retry_ms then
+            -- shaping (limiter.delay): the points are reserved; wait for them
+            state.delayed_ms = (state.delayed_ms or 0) + e.outcome.retry_ms
+            ngx.sleep(e.outcome.retry_ms / 1000)
+        end
+    end
+end
+
+--- Header filter: the fields decided in the access phase. A rule that
+--- counts failures, binding RateLimit, shows the failure this response
+--- is about to record (r consistent with the next decision).
+function Engine:header_filter(req)
+    local state = req.ctx().rl
+    if not state or self.conf.shadow then
+        return
+    end
+    local e, b = state.binding_entry, state.binding
+    if state.admitted and e and b and e.rule.count == "failures" and e.rule.fail_set[req.status()] then
+        -- the failure being recorded counts for a whole window from now
+        local next_binding = { name = b.name, limit = b.limit,
+                        remaining = math.max(b.remaining - e.cost, 0),
+                        reset_ms = b.window * 1000, window = b.window, clamp = true }
+        headers.ratelimit_field(state.headers, self.conf, next_binding)
+    end
+    for k, v in pairs(state.headers) do
+        req.set_header(k, v)
+    end
+end
+
+--- Log phase: counters, one structured line per refusal, and the work
+--- after the response (resty.rl.after).
+function Engine:log(req)
+    return after.log(self.conf, req)
+end
+
+return _M

@@ -1,0 +1,314 @@
+-- resty.rl.limiters: per limiter kind of a rule policy, the module command
+-- it sends, the RateLimit-Policy items it lists and how its reply becomes
+-- an outcome. The extension point for a new kind ("distinct members",
+-- RL.DISTINCT, once the module has it): one entry in KINDS here, with
+-- command, policies and outcome, and its option validation in
+-- resty.rl.rules (KINDS).
+--
+-- A kind's command(e, cost, record, request_id, refund): the command
+-- charging `cost` (record: a failure recorded after the response, with
+-- its strikes), or with `refund` the one giving `cost` points back to
+-- every bucket of the rule (`REFUND`, no penalty options): the
+-- compensation of a request another rule refused. A lease has no refund
+-- (it is released).
+--
+-- An entry `e` (built by resty.rl.engine for one rule and one request):
+--   e.rule, e.params (the limiter's options resolved for the caller),
+--   e.key, e.also_keys, e.cost, e.name and e.also_names (policy names),
+--   e.probe (count = failures: probe now, charge after the response).
+-- An outcome: {state = "allowed" | "delayed" | "refused" | "boxed",
+--   retry_ms (nil: no time to come back), level, strikes, binding =
+--   {name, limit, remaining, reset_ms, window}}.
+
+local store = require "resty.rl.store"
+local metrics = require "resty.rl.metrics"
+
+local _M = {}
+
+local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
+
+--- Seconds of the current calendar period (UTC): DAY, WEEK or MONTH.
+function _M.period_seconds(period)
+    if period == "DAY" then
+        return 86400
+    elseif period == "WEEK" then
+        return 7 * 86400
+    end
+    local d = os.date("!*t", ngx.time())
+    local days = MONTH_DAYS[d.month]
+    if d.month == 2 and (d.year % 4 == 0 and (d.year % 100 ~= 0 or d.year % 400 == 0)) then
+        days = 29
+    end
+    return days * 86400
+end
+
+-- The penalty options of a rate command (strikes, box, offenses, jitter).
+local function penalty(args, p, probe)
+    if p.strikes and not probe then
+        args[#args + 1] = "STRIKES"
+        args[#args + 1] = p.strikes.threshold
+        args[#args + 1] = p.strikes.window
+        if p.box then
+            args[#args + 1] = "BOX"
+            for i = 1, 3 do
+                args[#args + 1] = p.box[i]
+            end
+        end
+        if p.offenses_ttl then
+            args[#args + 1] = "OFFENSES"
+            args[#args + 1] = p.offenses_ttl
+        end
+    end
+    if p.jitter and p.jitter > 0 and not probe then
+        args[#args + 1] = "JITTER"
+        args[#args + 1] = p.jitter
+    end
+    return args
+end
+
+-- The "window" (w) of a bucket, window or quota for the headers.
+local function window_of(kind, p)
+    if kind == "bucket" then
+        return p.period
+    elseif kind == "window" then
+        return p.window
+    end
+    return _M.period_seconds(p.period)
+end
+
+-- The error of a reply that is not the expected one (an error reply of a
+-- pipelined or scripted command comes back as {false, "ERR ..."}).
+local function bad_reply(raw)
+    return "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
+end
+
+-- A rate outcome from a decoded 8-integer reply.
+local function rate_outcome(e, raw)
+    local d = store.decode(raw)
+    if not d then
+        return nil, bad_reply(raw)
+    end
+    local kind = e.params.kind
+    local b = d.binding
+    local bp = b == 0 and e.params or e.params.also[b]
+    local out = {
+        strikes = d.strikes_remaining, level = d.box_level,
+        binding = { name = b == 0 and e.name or e.also_names[b], limit = d.limit,
+                    remaining = d.remaining, reset_ms = d.reset_ms,
+                    window = window_of(kind, bp), unit = e.rule.unit, clamp = kind ~= "bucket" },
+    }
+    if d.status == 1 then
+        out.state = "allowed"
+        if e.probe and d.remaining < e.cost then
+            -- count = failures: no failure left; the window frees at the latest by its reset
+            out.state, out.retry_ms = "refused", math.min(d.reset_ms or 0, out.binding.window * 1000)
+        end
+    elseif d.status == 2 then
+        out.state, out.retry_ms = "delayed", d.retry_after_ms
+    elseif d.status == 0 then
+        out.state, out.retry_ms = "refused", d.retry_after_ms
+    else
+        out.state, out.retry_ms = "boxed", d.retry_after_ms
+        out.binding.remaining, out.binding.boxed = 0, true
+    end
+    return out
+end
+
+-- The rate policies (RateLimit-Policy items) of an entry.
+local function rate_policies(e)
+    local kind, p = e.params.kind, e.params
+    local items = { { name = e.name, quota = p.rate or p.limit, window = window_of(kind, p),
+                      unit = e.rule.unit } }
+    for i, a in ipairs(p.also or {}) do
+        items[#items + 1] = { name = e.also_names[i], quota = a.rate or a.limit,
+                              window = window_of(kind, a), unit = e.rule.unit }
+    end
+    return items
+end
+
+-- Appends the ALSO clauses of an entry, each with `fields` of its options.
+local function also(args, e, fields)
+    for i, a in ipairs(e.params.also or {}) do
+        args[#args + 1] = "ALSO"
+        args[#args + 1] = e.also_keys[i]
+        for _, f in ipairs(fields) do
+            args[#args + 1] = a[f]
+        end
+    end
+    return args
+end
+
+--- The capacity every bucket of an entry has (a cost above it never fits).
+function _M.capacity(e)
+    local p = e.params
+    local cap = p.burst or p.limit
+    for _, a in ipairs(p.also or {}) do
+        cap = math.min(cap, a.burst or a.limit)
+    end
+    return cap
+end
+
+--- The Retry-After (ms) of a full lease: the earliest holder's expected
+--- end, `expected` seconds (default 1) after it started (the lease that
+--- expires first was taken first: it started `ttl - earliest_left` ago),
+--- at least 1 s, at most the earliest expiry; never the ttl itself.
+function _M.lease_retry_ms(ttl, expected, earliest_left)
+    local elapsed = ttl * 1000 - earliest_left
+    local retry = (expected or 1) * 1000 - elapsed
+    if retry < 1000 then
+        retry = 1000
+    end
+    return math.min(retry, math.max(earliest_left, 1000))
+end
+
+_M.KINDS = {
+    bucket = {
+        command = function(e, cost, _record, _request_id, refund)
+            local p = e.params
+            local args = { "RL.TAKE", e.key, p.burst, p.rate, p.period,
+                           refund and "REFUND" or "COST", cost }
+            also(args, e, { "burst", "rate", "period" })
+            if refund then
+                return args
+            end
+            penalty(args, p, e.probe)
+            if p.delay then
+                args[#args + 1] = "DELAY"
+                args[#args + 1] = p.delay
+            end
+            return args
+        end,
+        policies = rate_policies,
+        outcome = rate_outcome,
+    },
+    window = {
+        command = function(e, cost, record, _request_id, refund)
+            local p = e.params
+            local args = { "RL.WINDOW", e.key, p.limit, p.window, refund and "REFUND" or "COST", cost }
+            also(args, e, { "limit", "window" })
+            if p.mode == "exact" then
+                args[#args + 1] = "EXACT"
+            elseif p.mode == "fixed" then
+                args[#args + 1] = "FIXED"
+            end
+            if refund then
+                return args
+            end
+            return penalty(args, p, e.probe and not record)
+        end,
+        policies = rate_policies,
+        outcome = rate_outcome,
+    },
+    quota = {
+        command = function(e, cost, _record, _request_id, refund)
+            local p = e.params
+            local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
+            also(args, e, { "limit", "period" })
+            if refund then
+                return args
+            end
+            return penalty(args, p, e.probe)
+        end,
+        policies = rate_policies,
+        outcome = rate_outcome,
+    },
+    lease = {
+        command = function(e, _cost, _record, request_id)
+            return { "RL.LEASE", "ACQUIRE", e.key, e.params.max, e.params.ttl, "ID", request_id }
+        end,
+        policies = function(e)
+            return { { name = e.name, quota = e.params.max, unit = "concurrent-requests" } }
+        end,
+        -- A full lease: Retry-After from the declared expected duration
+        -- (`expected`, default 1 s) of the earliest holder (the lease that
+        -- expires first was taken first: elapsed = ttl - its time left),
+        -- never the ttl; at least 1 s, at most the earliest expiry.
+        outcome = function(e, raw)
+            local d = store.decode_lease(raw)
+            if not d then
+                return nil, bad_reply(raw)
+            end
+            local p = e.params
+            local out = { binding = { name = e.name, limit = p.max, remaining = p.max - d.in_use,
+                                      unit = "concurrent-requests" }, concurrency = p.max }
+            if d.granted then
+                out.state = "allowed"
+                return out
+            end
+            out.state, out.retry_ms = "refused", _M.lease_retry_ms(p.ttl, p.expected, d.retry_after_ms)
+            out.binding.remaining = 0
+            return out
+        end,
+    },
+}
+
+--- Rules with `strikes.every_refusal` (block on exceeding: the velocity
+--- design's "5 a minute, then blocked 5 minutes"): their first refusal is
+--- a strike too (the module strikes only a retry before Retry-After), so
+--- their refused commands are sent once more as their own early retry
+--- (resty.rl.store.strike_first_refusals). `cmds[i]` is the command of
+--- `sent[i]`, `res[i]` its reply; returns the replies.
+function _M.strike_every_refusal(conf, sent, cmds, res)
+    local sub_cmds, sub_res, at = {}, {}, {}
+    for i, e in ipairs(sent) do
+        local s = e.params.strikes
+        if s and s.every_refusal and not e.probe then
+            sub_cmds[#sub_cmds + 1], sub_res[#sub_res + 1], at[#at + 1] = cmds[i], res[i], i
+        end
+    end
+    if #at == 0 then
+        return res
+    end
+    sub_res = store.strike_first_refusals(conf, sub_cmds, sub_res, function(j)
+        return sent[at[j]].params.strikes.threshold
+    end)
+    for j, i in ipairs(at) do
+        res[i] = sub_res[j]
+    end
+    return res
+end
+
+--- A request refused (or a reply unusable) after every rule's command
+--- ran: gives back what the admitted rules of `sent` took, in a second
+--- pipelined round trip (only refused requests pay it): REFUND of their
+--- cost for buckets, windows and quotas (never above full), RL.LEASE
+--- RELEASE for the leases granted. The rules that refused keep their
+--- charge (their strikes and boxes count). Not atomic with the first
+--- round trip: in between, a concurrent request may see these points
+--- spent (it can be refused, never admitted beyond a bound). A failed
+--- round trip is counted as a Redis error; its leases are released
+--- again after the response.
+function _M.compensate(conf, state, sent)
+    local cmds, released = {}, {}
+    for _, e in ipairs(sent) do
+        local o = e.outcome
+        if o and (o.state == "allowed" or o.state == "delayed") then
+            if e.params.kind == "lease" then
+                cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", e.key, state.request_id }
+                released[e.key] = true
+            elseif not e.probe and e.cost > 0 then
+                cmds[#cmds + 1] = _M.KINDS[e.params.kind].command(e, e.cost, false, nil, true)
+            end
+        end
+    end
+    local res, err = store.pipeline(conf, cmds)
+    for _, r in ipairs(res or {}) do
+        if type(r) == "table" and r[1] == false then
+            res, err = nil, r[2]
+        end
+    end
+    if not res then
+        metrics.redis_error(conf, err)
+        state.redis_error = "refund: " .. tostring(err)
+        return
+    end
+    local kept = {}
+    for _, l in ipairs(state.leases) do
+        if not released[l.key] then
+            kept[#kept + 1] = l
+        end
+    end
+    state.leases = kept
+end
+
+return _M

@@ -1,0 +1,255 @@
+-- resty.rl.redis: how the gateway reaches Redis, by `redis.mode`:
+--   single    one server (host, port);
+--   sentinel  the primary named `master_name`, discovered from the
+--             `sentinels` (lua-resty-redis-connector's sentinel module)
+--             and followed across failovers;
+--   cluster   Redis Cluster (resty.rl.cluster: the slot map, one pool per
+--             node, MOVED and ASK).
+-- One entry point, run(rconf, cmds): the commands (each a list: command
+-- name, then its arguments) in one pipelined round trip per node, within
+-- the time budget `timeout_ms` for the whole call. Any connection error, a
+-- timeout included, closes that connection (a half-read reply must never
+-- go back into the pool).
+
+local ok_resty, driver = pcall(require, "resty.redis")
+if not ok_resty then
+    -- Debian's lua-nginx-redis ships lua-resty-redis as nginx.redis
+    driver = require "nginx.redis"
+end
+
+local _M = { driver = driver }
+
+--- The key a command names (what routes it in a cluster): its first
+--- argument, the second for RL.LEASE (a subcommand comes first).
+function _M.key_of(cmd)
+    local name = cmd[1]
+    if name == "RL.LEASE" or name == "rl.lease" then
+        return cmd[3]
+    end
+    return cmd[2]
+end
+
+--- A flat key/value array (an HGETALL reply, a RESP2 map) as a table.
+function _M.flat_map(arr)
+    local t = {}
+    for i = 1, #arr - 1, 2 do
+        t[arr[i]] = arr[i + 1]
+    end
+    return t
+end
+
+--- A deadline `timeout_ms` from now (ms since the epoch). ngx.now() is
+--- the time the event loop last woke up: refreshed first, or the budget
+--- would start in the past.
+function _M.deadline(rconf)
+    ngx.update_time()
+    return ngx.now() * 1000 + rconf.timeout_ms
+end
+
+-- What is left of the budget (ms), nil when nothing is.
+local function left(deadline)
+    ngx.update_time()
+    local ms = deadline - ngx.now() * 1000
+    if ms < 1 then
+        return nil
+    end
+    return ms
+end
+
+--- A pooled connection to host:port (one pool per node and database),
+--- authenticated and on its database at first use; nil and an error.
+function _M.connect(rconf, host, port, deadline, database)
+    local ms = left(deadline)
+    if not ms then
+        return nil, "timeout (no budget left to connect)"
+    end
+    local red, err = driver:new()
+    if not red then
+        return nil, err
+    end
+    red:set_timeout(ms)
+    local ok
+    ok, err = red:connect(host, port, {
+        pool = "rl:" .. host .. ":" .. port .. ":" .. (database or 0),
+        pool_size = rconf.pool_size,
+    })
+    if not ok then
+        return nil, "connect " .. host .. ":" .. port .. ": " .. tostring(err)
+    end
+    if red:get_reused_times() == 0 then
+        if rconf.password then
+            ok, err = red:auth(rconf.password)
+            if not ok then
+                red:close()
+                return nil, "auth: " .. tostring(err)
+            end
+        end
+        if database then
+            ok, err = red:select(database)
+            if not ok then
+                red:close()
+                return nil, "select: " .. tostring(err)
+            end
+        end
+    end
+    ms = left(deadline)
+    if not ms then
+        red:close()
+        return nil, "timeout (connect used the budget)"
+    end
+    red:set_timeout(ms)
+    return red
+end
+
+--- Back into the pool (or closed when the pool refuses it).
+function _M.keepalive(red, rconf)
+    local ok = red:set_keepalive(rconf.keepalive_ms, rconf.pool_size)
+    if not ok then
+        red:close()
+    end
+end
+
+--- Sends `cmds` on `red` in one pipeline; `asking[i]` sends ASKING
+--- before command i (its OK is not returned). Returns one reply per
+--- command (an error reply is {false, "ERR ..."} in its place), or nil
+--- and an error (the connection is then closed).
+function _M.send(red, cmds, asking)
+    red:init_pipeline()
+    for i, c in ipairs(cmds) do
+        if asking and asking[i] then
+            red:asking()
+        end
+        red[c[1]](red, unpack(c, 2))
+    end
+    local res, err = red:commit_pipeline()
+    if not res then
+        red:close()
+        return nil, err
+    end
+    if not asking then
+        return res
+    end
+    local out, j = {}, 1
+    for i = 1, #cmds do
+        if asking[i] then
+            j = j + 1
+        end
+        out[i] = res[j]
+        j = j + 1
+    end
+    return out
+end
+
+-- One round trip to host:port.
+local function on_node(rconf, host, port, cmds, deadline, database)
+    local red, err = _M.connect(rconf, host, port, deadline, database)
+    if not red then
+        return nil, err
+    end
+    local res
+    res, err = _M.send(red, cmds)
+    if not res then
+        return nil, err
+    end
+    _M.keepalive(red, rconf)
+    return res
+end
+
+-- Sentinel mode: the primary's address per worker, asked again from the
+-- sentinels after refresh_ms, at once after a connection error or a
+-- READONLY reply (the old primary, now a replica).
+local primaries = {}
+
+local sentinel_mod
+local function sentinel_module()
+    if not sentinel_mod then
+        -- lua-resty-redis-connector (Debian: lua-nginx-redis-connector)
+        local ok, m = pcall(require, "resty.redis.sentinel")
+        if not ok then
+            m = require "nginx.redis.sentinel"
+        end
+        driver.add_commands("sentinel")
+        sentinel_mod = m
+    end
+    return sentinel_mod
+end
+
+--- Splits "host:port" into host, port (a number).
+function _M.addr(s)
+    local host, port = s:match("^(.+):(%d+)$")
+    return host, tonumber(port)
+end
+
+--- The current primary of a sentinel configuration: host, port, or nil
+--- and an error (no sentinel answered, or none knows the primary).
+function _M.primary(rconf, deadline)
+    local ns = rconf.master_name .. "@" .. rconf.sentinels[1]
+    local p = primaries[ns]
+    if p and ngx.now() * 1000 < p.expires then
+        return p.host, p.port
+    end
+    local get_master = sentinel_module().get_master
+    local errs = {}
+    for _, s in ipairs(rconf.sentinels) do
+        local host, port = _M.addr(s)
+        local red, err = _M.connect({ pool_size = rconf.pool_size, password = rconf.sentinel_password },
+            host, port, deadline)
+        if red then
+            local m
+            m, err = get_master(red, rconf.master_name)
+            if m then
+                _M.keepalive(red, rconf)
+                primaries[ns] = { host = m.host, port = tonumber(m.port),
+                                  expires = ngx.now() * 1000 + rconf.refresh_ms }
+                return m.host, tonumber(m.port)
+            end
+            red:close()
+        end
+        errs[#errs + 1] = s .. ": " .. tostring(err or "no primary")
+    end
+    return nil, "sentinels: " .. table.concat(errs, "; ")
+end
+
+-- Forgets the primary (the next call asks the sentinels).
+local function forget_primary(rconf)
+    primaries[rconf.master_name .. "@" .. rconf.sentinels[1]] = nil
+end
+
+local cluster
+
+--- Runs `cmds` (see the file comment). Returns one reply per command (an
+--- error reply in its place, as {false, "ERR ..."}: in cluster mode a
+--- node that cannot be reached answers such an error for its commands),
+--- or nil and an error when no reply came at all.
+function _M.run(rconf, cmds)
+    if #cmds == 0 then
+        return {}
+    end
+    local deadline = _M.deadline(rconf)
+    local mode = rconf.mode
+    if mode == "cluster" then
+        cluster = cluster or require "resty.rl.cluster"
+        return cluster.run(rconf, cmds, deadline)
+    elseif mode == "sentinel" then
+        local host, port = _M.primary(rconf, deadline)
+        if not host then
+            return nil, port
+        end
+        local res, err = on_node(rconf, host, port, cmds, deadline, rconf.database)
+        if not res then
+            forget_primary(rconf)
+            return nil, err
+        end
+        for _, r in ipairs(res) do
+            if type(r) == "table" and r[1] == false and tostring(r[2]):find("^READONLY") then
+                -- a failover demoted it: nothing was written; ask again
+                forget_primary(rconf)
+                return nil, "primary " .. host .. ":" .. port .. " is a replica now"
+            end
+        end
+        return res
+    end
+    return on_node(rconf, rconf.host, rconf.port, cmds, deadline, rconf.database)
+end
+
+return _M

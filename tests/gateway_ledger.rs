@@ -1,0 +1,374 @@
+//! End to end: the shipped rule policy of the payments ledger design
+//! (`gateway/examples/ledger.lua`), loaded as shipped by a real nginx (the Redis port comes through
+//! `RL_REDIS_PORT`, as the examples read it) against redis-server with the
+//! module, driven with real HTTP. See gateway/README.md ("Policy
+//! reference" and "The examples").
+
+mod common;
+#[path = "common/gateway.rs"]
+mod gateway;
+#[path = "common/gateway_dates.rs"]
+mod gateway_dates;
+#[path = "common/gateway_policy.rs"]
+mod gateway_policy;
+
+use std::time::Duration;
+
+use common::{int, ints, Server};
+use gateway::{agent, get, leases, poll, post, post_form, problem, ratelimit, Resp};
+use gateway_policy::{alerts, example, hset, key_record, start};
+
+/// Long enough for a log-phase timer, an identity cache entry (2 s) or a
+/// deny cache poll (1 s) on a loaded machine.
+const ASYNC: Duration = Duration::from_secs(10);
+
+/// Sends GETs until one is boxed (at most `max`); returns it.
+fn until_boxed(a: &ureq::Agent, url: &str, key: (&str, &str), max: usize) -> Resp {
+    for _ in 0..max {
+        let r = get(a, url, &[key]);
+        if r.status != 200 && r.status != 429
+            || r.header("X-Penalty-Box-Status") == Some("Active-Lockout")
+        {
+            return r;
+        }
+    }
+    panic!("not boxed after {max} requests");
+}
+
+#[test]
+fn ledger_example_runs_every_rule_of_its_design() {
+    let redis = Server::start(&[]);
+    let mut con = redis.client();
+    let gw = start(redis.port, &[example("ledger")], &[]).expect("start");
+    let a = agent();
+    let base = gw.url(0);
+    let growth = ("X-Api-Key", "demo-growth-key");
+    let sandbox = ("X-Api-Key", "demo-sandbox-key");
+
+    // tiers as data, both buckets named, points as the unit
+    let r = get(&a, &format!("{base}/v1/ledgers"), &[growth]);
+    assert_eq!(r.status, 200, "{r:#?}");
+    assert_eq!(
+        r.must("RateLimit-Policy"),
+        r#""growth-key";q=3000;qu="points";w=60, "growth-tenant";q=6000;qu="points";w=60"#
+    );
+    assert_eq!(ratelimit(&r), ("growth-key".into(), 2999, Some(1)));
+    let r = post(
+        &a,
+        &format!("{base}/v1/ledgers/reconcile?ledger_id=L1"),
+        &[growth],
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+    assert_eq!(ratelimit(&r).1, 2989, "reconcile costs 10");
+    assert!(r
+        .must("RateLimit-Policy")
+        .contains(r#""reconcile-tenant";q=2;qu="concurrent-requests""#));
+    let r = get(&a, &format!("{base}/v1/ledgers"), &[]);
+    problem(&r, 401, "unauthenticated");
+
+    // one reconcile per ledger: 409 with Retry-After from the declared
+    // duration (5 s), not the lease ttl (300 s); free again once done
+    let held = {
+        let a = agent();
+        let url = format!("{base}/v1/ledgers/reconcile?ledger_id=L9&hold=2");
+        std::thread::spawn(move || post(&a, &url, &[sandbox]))
+    };
+    let ledger_lease = "ledger:{tenant:t-100}:reconcile-ledger:arg:ledger_id=L9";
+    poll(ASYNC, "the first reconcile holds its lease", || {
+        leases(&mut con, ledger_lease) == 1
+    });
+    let r = post(
+        &a,
+        &format!("{base}/v1/ledgers/reconcile?ledger_id=L9"),
+        &[sandbox],
+    );
+    let b = problem(&r, 409, "concurrency-limit-exceeded");
+    let retry: u64 = r.must("Retry-After").parse().expect("seconds");
+    assert!((1..=5).contains(&retry), "{retry}");
+    assert_eq!(b["recommended_backoff"], "exponential_with_full_jitter");
+    assert_eq!(b["concurrency_limit"], 1);
+    assert_eq!(held.join().expect("holder").status, 200);
+    poll(ASYNC, "released after the response", || {
+        leases(&mut con, ledger_lease) == 0
+    });
+    let r = post(
+        &a,
+        &format!("{base}/v1/ledgers/reconcile?ledger_id=L9"),
+        &[sandbox],
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+
+    // exports: 25 points, 50 beyond 90 days; 2 an hour for sandbox
+    let key_bucket = "ledger:{tenant:t-100}:tier-key:key_id=k-1";
+    let export_lease = "ledger:{tenant:t-100}:export-tenant";
+    let left = |con: &mut redis::Connection| {
+        ints(con, &format!("RL.TAKE {key_bucket} 300 300 60 COST 0"))[2]
+    };
+    let before = left(&mut con);
+    let r = get(
+        &a,
+        &format!("{base}/v1/reports/audit-export?from=2020-01-01&to=2020-12-31"),
+        &[sandbox],
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+    let spent = before - left(&mut con);
+    assert!(
+        (49..=50).contains(&spent),
+        "a year costs 50 (1 may have refilled): {spent}"
+    );
+    poll(ASYNC, "export lease released", || {
+        leases(&mut con, export_lease) == 0
+    });
+    let r = get(
+        &a,
+        &format!("{base}/v1/reports/audit-export?from=2020-01-01&to=2020-02-01"),
+        &[sandbox],
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+    poll(ASYNC, "export lease released", || {
+        leases(&mut con, export_lease) == 0
+    });
+    let before = left(&mut con);
+    let r = get(
+        &a,
+        &format!("{base}/v1/reports/audit-export?from=2020-01-01&to=2020-02-01"),
+        &[sandbox],
+    );
+    let b = problem(&r, 429, "rate-limit-exceeded");
+    assert_eq!(b["policy"], "export-hourly");
+    assert!(
+        left(&mut con) >= before,
+        "a refused export spends no points"
+    );
+
+    // failed logins: 5 per subject, the 6th is locked out for 15 minutes
+    let token = format!("{base}/v1/auth/token");
+    for i in 0..5 {
+        let r = post_form(
+            &a,
+            &token,
+            &[],
+            &[("client_id", "bob"), ("client_secret", "x")],
+        );
+        assert_eq!(r.status, 401, "attempt {i}: {r:#?}");
+        // r is what the next attempt will see: this failure counted
+        assert_eq!(ratelimit(&r), ("auth-subject".into(), 4 - i, Some(900)));
+        poll(ASYNC, "the failure is recorded", || {
+            ints(
+                &mut con,
+                "RL.WINDOW ledger:{subject:bob}:auth-subject 5 900 COST 0 EXACT",
+            )[2] == 4 - i
+        });
+    }
+    let r = post_form(
+        &a,
+        &token,
+        &[],
+        &[("client_id", "bob"), ("client_secret", "right")],
+    );
+    let b = problem(&r, 429, "penalty-box-active");
+    assert_eq!(r.must("Retry-After"), "900");
+    assert_eq!(b["penalty_level"], 1);
+    let r = post_form(
+        &a,
+        &token,
+        &[],
+        &[("client_id", "alice"), ("client_secret", "right")],
+    );
+    assert_eq!(r.status, 200, "another subject: {r:#?}");
+
+    // the identity store: a key, a tier change and a revocation take
+    // effect within seconds, without a reload
+    let rec = key_record("ledger", "store-key");
+    hset(
+        &mut con,
+        &rec,
+        &[("key_id", "s-9"), ("tenant", "t-9"), ("tier", "sandbox")],
+    );
+    let store_key = ("X-Api-Key", "store-key");
+    let r = get(&a, &format!("{base}/v1/ledgers"), &[store_key]);
+    assert_eq!(ratelimit(&r).0, "sandbox-key", "{r:#?}");
+    hset(&mut con, "ledger:id:tenant:t-9", &[("tier", "growth")]);
+    poll(ASYNC, "the tier change applies", || {
+        ratelimit(&get(&a, &format!("{base}/v1/ledgers"), &[store_key])).0 == "growth-key"
+    });
+    hset(&mut con, &rec, &[("revoked", "1")]);
+    poll(ASYNC, "the revocation applies", || {
+        get(&a, &format!("{base}/v1/ledgers"), &[store_key]).status == 401
+    });
+
+    // boxes: a small budget for one sandbox tenant (per-tenant overrides)
+    let rec = key_record("ledger", "sb-key");
+    hset(
+        &mut con,
+        &rec,
+        &[("key_id", "b-1"), ("tenant", "t-sb"), ("tier", "sandbox")],
+    );
+    hset(
+        &mut con,
+        "ledger:id:tenant:t-sb",
+        &[
+            ("key_burst", "5"),
+            ("key_rate", "1"),
+            ("tenant_burst", "10"),
+            ("tenant_rate", "1"),
+        ],
+    );
+    let sb = ("X-Api-Key", "sb-key");
+    let url = format!("{base}/v1/ledgers");
+    let r = until_boxed(&a, &url, sb, 30);
+    let b = problem(&r, 429, "penalty-box-active");
+    assert_eq!(
+        (b["penalty_level"].as_i64(), r.must("Retry-After")),
+        (Some(1), "300")
+    );
+    // the edge deny cache answers now: no more RL.TAKE reaches Redis
+    let calls = redis
+        .info_get("rl", "rl_take_calls")
+        .expect("rl_take_calls");
+    for _ in 0..5 {
+        problem(&get(&a, &url, &[sb]), 429, "penalty-box-active");
+    }
+    assert_eq!(
+        redis.info_get("rl", "rl_take_calls").as_deref(),
+        Some(calls.as_str())
+    );
+    // a release is seen once the release version moves (within a second)
+    let boxed_key = "ledger:{tenant:t-sb}:tier-key:key_id=b-1";
+    assert_eq!(int(&mut con, &format!("RL.BOX RELEASE {boxed_key}")), 1);
+    std::thread::sleep(Duration::from_millis(1500));
+    problem(&get(&a, &url, &[sb]), 429, "penalty-box-active");
+    int(&mut con, "INCR ledger:deny:version");
+    poll(ASYNC, "the release reaches the edge", || {
+        get(&a, &url, &[sb]).json()["type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("/rate-limit-exceeded"))
+    });
+    // level 2 alerts (notify); level 3 suspends a sandbox key (manual box)
+    let r = until_boxed(&a, &url, sb, 30);
+    assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 2);
+    int(&mut con, &format!("RL.BOX RELEASE {boxed_key}"));
+    int(&mut con, "INCR ledger:deny:version");
+    poll(ASYNC, "released again", || {
+        get(&a, &url, &[sb]).header("X-Penalty-Box-Status") == Some("Warning")
+    });
+    let r = until_boxed(&a, &url, sb, 30);
+    let b = problem(&r, 403, "penalty-box-active");
+    assert_eq!(
+        (b["penalty_level"].as_i64(), r.header("Retry-After")),
+        (Some(3), None)
+    );
+    poll(ASYNC, "alerts", || {
+        alerts(&mut con, "ledger:alerts").len() >= 2
+    });
+    let al = alerts(&mut con, "ledger:alerts");
+    let pick = |level: &str| {
+        al.iter()
+            .find(|m| m["level"] == level)
+            .cloned()
+            .expect("alert")
+    };
+    assert_eq!(
+        (pick("2")["action"].as_str(), pick("2")["tenant"].as_str()),
+        ("notify", "t-sb")
+    );
+    assert_eq!(
+        (pick("3")["action"].as_str(), pick("3")["key_id"].as_str()),
+        ("suspend", "b-1")
+    );
+
+    // Enterprise level 3 pages instead of suspending: a 1-hour box
+    let rec = key_record("ledger", "ent-key");
+    hset(
+        &mut con,
+        &rec,
+        &[
+            ("key_id", "e-9"),
+            ("tenant", "t-ent"),
+            ("tier", "enterprise"),
+        ],
+    );
+    hset(
+        &mut con,
+        "ledger:id:tenant:t-ent",
+        &[
+            ("key_burst", "5"),
+            ("key_rate", "1"),
+            ("tenant_burst", "10"),
+            ("tenant_rate", "1"),
+        ],
+    );
+    let ent_key = "ledger:{tenant:t-ent}:tier-key:key_id=e-9";
+    for _ in 0..2 {
+        // two earlier offenses
+        ints(&mut con, &format!("RL.BOX TRIP {ent_key} 1 0.5"));
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let r = until_boxed(&a, &url, ("X-Api-Key", "ent-key"), 120);
+    let b = problem(&r, 429, "penalty-box-active");
+    assert_eq!(b["penalty_level"], 3);
+    let until = gateway_dates::http_date(r.must("Retry-After")).expect("an HTTP-date for 1 hour");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        (now + 3590..=now + 3610).contains(&until),
+        "{until} vs {now}"
+    );
+    poll(ASYNC, "the page alert", || {
+        alerts(&mut con, "ledger:alerts")
+            .iter()
+            .any(|m| m["action"] == "page" && m["tier"] == "enterprise")
+    });
+    assert!(
+        gw.nginx.lua_errors().is_empty(),
+        "{:?}",
+        gw.nginx.lua_errors()
+    );
+}
+
+#[test]
+fn ledger_example_concurrent_failed_logins_do_not_exceed_the_limit() {
+    let redis = Server::start(&[]);
+    let gw = start(redis.port, &[example("ledger")], &[]).expect("start");
+    let url = format!("{}/v1/auth/token?hold=0.1", gw.url(0));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let a = agent();
+                (0..10)
+                    .map(|_| {
+                        post_form(
+                            &a,
+                            &url,
+                            &[],
+                            &[("client_id", "carol"), ("client_secret", "x")],
+                        )
+                        .status
+                    })
+                    .collect::<Vec<u16>>()
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = workers
+        .into_iter()
+        .flat_map(|w| w.join().expect("worker"))
+        .collect();
+    let upstream = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        upstream <= 5,
+        "{upstream} guesses reached the upstream: {statuses:?}"
+    );
+    assert!(upstream >= 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| [401, 429].contains(s)),
+        "{statuses:?}"
+    );
+    let mut con = redis.client();
+    assert_eq!(
+        leases(&mut con, "ledger:{subject:carol}:auth-subject:attempt"),
+        0
+    );
+}
