@@ -1,12 +1,8 @@
 //! End-to-end harness for the gateway (`gateway/`): a real nginx (Debian's
 //! `nginx-extras` with the Lua module, or OpenResty) in front of a local
 //! upstream, talking to a real `redis-server` with the module, driven with
-//! real HTTP.
-//!
-//! Included by the gateway test files with
-//! `#[path = "common/gateway.rs"] mod gateway;` (next to `mod common;`).
-//!
-//! One [`Nginx`] runs one master and two workers with a generated
+//! real HTTP. Included by the gateway test files with `#[path =
+//! "common/gateway.rs"] mod gateway;` (next to `mod common;`). One [`Nginx`] runs one master and two workers with a generated
 //! configuration in a fresh temp directory, on free loopback ports:
 //! * `main`: the nginx front end (`resty.rl.nginx`) with the test policy
 //!   (`gateway/test/policy.lua`);
@@ -17,9 +13,7 @@
 //! * `upstream`: `gateway/test/upstream.lua`.
 //!
 //! Dropping it stops nginx (TERM to the process group, then KILL) and
-//! removes the directory (unless `RL_KEEP_TEST_DIRS` is set).
-//!
-//! Environment: `NGINX` (binary, default `nginx`), `NGINX_MODULES`
+//! removes the directory (unless `RL_KEEP_TEST_DIRS` is set). Environment: `NGINX` (binary, default `nginx`), `NGINX_MODULES`
 //! (directory of `ngx_http_lua_module.so`, default `/usr/lib/nginx/modules`;
 //! when it is not there, the Lua module is assumed to be built in, as in
 //! OpenResty).
@@ -532,16 +526,12 @@ pub fn counter(agent: &ureq::Agent, base: &str, decision: &str, route: &str) -> 
         .sum()
 }
 
-/// Polls `cond` every 20 ms until true; panics with `what` after `timeout`.
+/// Polls `cond` every 20 ms until true (the kit's one bounded wait loop);
+/// panics with `what` after `timeout`.
 pub fn poll(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?}: {what}"
-        );
-        sleep(Duration::from_millis(20));
-    }
+    let step = Duration::from_millis(20);
+    let polled = crate::common::poll_for(timeout, step, || cond().then_some(()));
+    assert!(polled.is_some(), "timed out after {timeout:?}: {what}");
 }
 
 // ---------------------------------------------------------------------------

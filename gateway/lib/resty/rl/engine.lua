@@ -286,7 +286,9 @@ function Engine:refuse_with(req, state, e, decision_as)
         elseif a.action == "challenge" then
             decision = "challenged"
         end
-        if o.strikes and e.params.strikes then
+        -- A warning once strikes count (an early retry), not on a refusal
+        -- that only announces its Retry-After.
+        if o.strikes and e.params.strikes and o.strikes < e.params.strikes.threshold then
             state.headers["X-Penalty-Box-Status"] = "Warning"
         end
         headers.retry_after(state.headers, o.retry_ms, false)

@@ -285,7 +285,9 @@ function Gateway:access(req)
     local secs = headers.seconds(reply.retry_after_ms)
     state.retry_after = secs
     headers.retry_after(state.headers, reply.retry_after_ms, false)
-    if reply.strikes_remaining then
+    -- A warning once strikes count (an early retry), not on a refusal
+    -- that only announces its Retry-After.
+    if reply.strikes_remaining and reply.strikes_remaining < tier.strikes.threshold then
         state.headers["X-Penalty-Box-Status"] = "Warning"
     end
     local budget = binding == 1 and tier.key or tier.tenant
