@@ -4,8 +4,9 @@
 //! prunes each written record where it lives, sets the key's absolute
 //! expiry, signals the modification, replicates the *effect* as one
 //! command for all the keys of the call (`RL.APPLY key payload <at-ms |
-//! PERSIST> [key payload <at-ms | PERSIST>]...`; `DEL key` for a key
-//! deleted), never the time-dependent command, so replicas and AOF replays
+//! PERSIST> [key payload <at-ms | PERSIST>]...`, each payload a whole
+//! record or a patch of the parts the call reached, see
+//! [`crate::core::patch`]; `DEL key` for a key deleted), never the time-dependent command, so replicas and AOF replays
 //! reach the same bytes, and announces a trip or a release.
 
 use std::cell::RefCell;
@@ -22,7 +23,8 @@ use super::rtype::{from_raw, into_raw, rl_type};
 use super::stats;
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
-use crate::core::record::{Record, Retention};
+use crate::core::patch;
+use crate::core::record::{PartMask, Record, Retention};
 use crate::core::take::KeySet;
 use crate::core::time::Millis;
 
@@ -323,10 +325,11 @@ impl Call {
     /// deleted replicates as `DEL`), and announce `event` on the first key.
     pub fn commit(&mut self, written: KeySet, event: Option<Event>) {
         let (ctx, now) = (self.ctx, self.now);
-        let written = written.union(std::mem::take(&mut self.replaced));
+        let replaced = std::mem::take(&mut self.replaced);
+        let written = written.union(replaced);
         with_buffer(|payloads| {
             let mut applied = AppliedKeys::new();
-            for (_, key) in self
+            for (i, key) in self
                 .keys
                 .iter_mut()
                 .enumerate()
@@ -350,7 +353,19 @@ impl Call {
                     Retention::Forever => None,
                 };
                 let start = payloads.len();
-                codec::encode_append(record, payloads);
+                // A record new to the replica goes whole; otherwise the
+                // parts the call did not reach stay the replica's own.
+                let unchanged = if key.created || replaced.contains(i) {
+                    PartMask::NONE
+                } else {
+                    record.untouched_present()
+                };
+                if unchanged.is_empty() {
+                    codec::encode_append(record, payloads);
+                } else {
+                    patch::encode_patch_append(record, unchanged, now, payloads);
+                }
+                record.clear_touched();
                 // A call has at most MAX_BUCKETS keys, so this always fits.
                 let _ = applied.try_push((key.name, start..payloads.len(), at));
                 match at {

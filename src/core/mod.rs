@@ -11,6 +11,7 @@ pub mod lease;
 pub mod limiter;
 pub mod limits;
 pub mod part;
+pub mod patch;
 pub mod penalty;
 pub mod quota;
 pub mod record;

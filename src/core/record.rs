@@ -62,6 +62,17 @@ macro_rules! parts {
             /// The other parts; `None` when all of them are (never an
             /// allocation holding nothing).
             others: Option<Box<Others>>,
+            /// The other parts reached for writing since the last commit.
+            touched: Touched,
+        }
+
+        /// The position of each part in encoding order (its bit in a
+        /// [`PartMask`]).
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy)]
+        enum PartIndex {
+            $($iname,)*
+            $($oname,)*
         }
 
         /// The parts of a [`Record`] that only some keys hold.
@@ -96,9 +107,11 @@ macro_rules! parts {
                     self.others.as_ref()?.$oname.as_ref()
                 }
                 fn slot(&mut self) -> Option<&mut Option<$oty>> {
+                    self.touched.0.insert(PartIndex::$oname as u32);
                     self.others.as_deref_mut().map(|o| &mut o.$oname)
                 }
                 fn set(&mut self, part: Option<$oty>) {
+                    self.touched.0.insert(PartIndex::$oname as u32);
                     match (self.others.as_deref_mut(), part) {
                         (Some(others), part) => others.$oname = part,
                         (None, None) => {}
@@ -194,6 +207,89 @@ macro_rules! parts {
                 fields.end()
             }
 
+            /// The other parts present and not reached for writing since
+            /// [`Record::clear_touched`]: a patch may leave them unchanged.
+            /// (The inline parts are plain fields, so never in it.)
+            pub(crate) fn untouched_present(&self) -> PartMask {
+                let mut mask = PartMask::NONE;
+                if let Some(o) = self.others.as_deref() {
+                    $(if o.$oname.is_some() && !self.touched.0.contains(PartIndex::$oname as u32) {
+                        mask.insert(PartIndex::$oname as u32);
+                    })*
+                }
+                mask
+            }
+
+            /// Write a patch body as a MessagePack array: `version`,
+            /// `now`, the `unchanged` mask, then the parts `version` lays
+            /// out, each unchanged one as nil.
+            pub(crate) fn serialize_patch<S: Serializer>(
+                &self,
+                version: u8,
+                now: Millis,
+                unchanged: PartMask,
+                serializer: S,
+            ) -> Result<S::Ok, S::Error> {
+                let mut fields = serializer.serialize_tuple(3 + Record::parts_in(version))?;
+                fields.serialize_element(&version)?;
+                fields.serialize_element(&now)?;
+                fields.serialize_element(&unchanged.0)?;
+                $(if $iver <= version {
+                    let sent = !unchanged.contains(PartIndex::$iname as u32);
+                    fields.serialize_element(&self.$iname.as_ref().filter(|_| sent))?;
+                })*
+                $(if $over <= version {
+                    let sent = !unchanged.contains(PartIndex::$oname as u32);
+                    fields.serialize_element(&Holds::<$oty>::get(self).filter(|_| sent))?;
+                })*
+                fields.end()
+            }
+
+            /// Read a patch body written by [`Record::serialize_patch`]:
+            /// `(version, now, unchanged, the parts sent)`.
+            pub(crate) fn deserialize_patch<'de, D: Deserializer<'de>>(
+                deserializer: D,
+            ) -> Result<(u8, Millis, PartMask, Record), D::Error> {
+                struct PatchVisitor;
+                impl<'de> Visitor<'de> for PatchVisitor {
+                    type Value = (u8, Millis, PartMask, Record);
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a patch of record parts")
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                        let version: u8 = required(&mut seq)?;
+                        let now: Millis = required(&mut seq)?;
+                        let unchanged = PartMask(required(&mut seq)?);
+                        let mut record = Record::default();
+                        $(if $iver <= version {
+                            record.$iname = required::<Option<$ity>, _>(&mut seq)?;
+                        })*
+                        $(if $over <= version {
+                            let part = required::<Option<$oty>, _>(&mut seq)?;
+                            Holds::<$oty>::set(&mut record, part);
+                        })*
+                        if seq.next_element::<de::IgnoredAny>()?.is_some() {
+                            return Err(de::Error::custom("more parts than the version has"));
+                        }
+                        record.clear_touched();
+                        Ok((version, now, unchanged, record))
+                    }
+                }
+                deserializer.deserialize_seq(PatchVisitor)
+            }
+
+            /// Take the `unchanged` parts from `base` (a part `base` lacks
+            /// stays absent); the others stay as they are.
+            pub(crate) fn keep_unchanged(&mut self, mut base: Record, unchanged: PartMask) {
+                $(if unchanged.contains(PartIndex::$iname as u32) {
+                    self.$iname = base.$iname.take();
+                })*
+                let mut others = base.others.take().map(|o| *o).unwrap_or_default();
+                $(if unchanged.contains(PartIndex::$oname as u32) {
+                    Holds::<$oty>::set(self, others.$oname.take());
+                })*
+            }
+
             /// Read the parts of a payload (a shorter array, from an older
             /// version, leaves the later parts empty).
             pub(crate) fn deserialize_parts<'de, D: Deserializer<'de>>(
@@ -234,6 +330,62 @@ parts! {
         window: WindowState = 3,
         quota: QuotaState = 4,
     }
+}
+
+/// A set of parts of a [`Record`], by their position in encoding order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartMask(u32);
+
+impl PartMask {
+    /// No part.
+    pub const NONE: PartMask = PartMask(0);
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    fn contains(self, index: u32) -> bool {
+        index < 32 && self.0 & (1 << index) != 0
+    }
+
+    fn insert(&mut self, index: u32) {
+        if index < 32 {
+            self.0 |= 1 << index;
+        }
+    }
+
+    /// The mask of these bits (bit `i`: the `i`-th part in encoding order).
+    pub fn from_bits(bits: u32) -> PartMask {
+        PartMask(bits)
+    }
+
+    /// The mask's bits (bit `i`: the `i`-th part in encoding order).
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}
+
+/// Which other parts were reached for writing ([`Holds::slot`],
+/// [`Holds::set`], [`Record::leases_or_insert`]) since the last commit:
+/// bookkeeping, not state, so records that differ only in it are equal.
+#[derive(Clone, Copy, Debug, Default)]
+struct Touched(PartMask);
+
+impl PartialEq for Touched {
+    fn eq(&self, _: &Touched) -> bool {
+        true
+    }
+}
+
+impl Eq for Touched {}
+
+/// The next element of a sequence, which must be there.
+fn required<'de, T: serde::Deserialize<'de>, A: SeqAccess<'de>>(
+    seq: &mut A,
+) -> Result<T, A::Error> {
+    seq.next_element()?
+        .ok_or_else(|| de::Error::custom("a patch shorter than its version"))
 }
 
 /// [`Part::retain`] on an optional part, removing it when nothing is left.
@@ -278,6 +430,7 @@ impl Record {
     /// The leases to change in place, an empty set first when there are
     /// none: [`Record::prune`] removes the set if it stays empty.
     pub fn leases_or_insert(&mut self) -> &mut Leases {
+        self.touched.0.insert(PartIndex::leases as u32);
         let others = self.others.get_or_insert_with(Box::default);
         others.leases.get_or_insert_with(Box::default)
     }
@@ -293,6 +446,12 @@ impl Record {
             (Some(slot), true) => *slot = penalty,
             (_, live) => self.penalty = live.then(|| Box::new(penalty)),
         }
+    }
+
+    /// Forget which parts were reached for writing: the record as
+    /// committed (and replicated) is the base of the next patch.
+    pub fn clear_touched(&mut self) {
+        self.touched = Touched::default();
     }
 
     fn drop_empty_others(&mut self) {

@@ -188,6 +188,10 @@ pub fn mutate(bases: &[Vec<u8>], total: usize, seed: u64) -> Vec<(Mutation, Vec<
 /// The payload version rl writes today.
 pub const PAYLOAD_VERSION: u8 = 5;
 
+/// The first byte of a patch payload (the parts a call reached; applied
+/// onto a key's own record, so not stored verbatim).
+pub const PATCH_MARKER: u8 = 0xD0;
+
 /// The bytes a payload is stored as: the same, except that a payload of
 /// version 4 (the layout of version 5 when no refusal's retry is recorded)
 /// is stored again under version 5.

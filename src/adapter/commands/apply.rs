@@ -6,6 +6,14 @@
 //! internal: accepted only over the replication link or while an AOF is
 //! being loaded, so no client can overwrite its own limiter state (and,
 //! say, empty its penalty box).
+//!
+//! A payload is a whole record ([`codec`]) or a patch ([`patch`]: the
+//! parts the master's call reached, the others kept from the key's own
+//! record). A patch for a key that holds no RL record here (which cannot
+//! happen while the replica follows the master) is applied onto an empty
+//! record: the key gets the parts the patch carries. Every payload is
+//! checked before any key is written; one that does not decode is refused
+//! with an error and nothing is written.
 
 use std::os::raw::c_int;
 
@@ -16,9 +24,9 @@ use crate::adapter::args::{is, parse_integer, Cursor};
 use crate::adapter::errors::{self, ArgError};
 use crate::adapter::ffi::{context_flags, now_ms, reply_error, reply_simple, Arg, Ctx};
 use crate::adapter::store::{apply_replicated, Access, ReplicatedExpiry, RlKey};
-use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
 use crate::core::record::Record;
+use crate::core::{codec, patch};
 
 /// One key of the command: positions of the key and its payload, and the
 /// expiry.
@@ -65,6 +73,14 @@ fn expiry<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>) -> Result<ReplicatedExpiry, Arg
         })
 }
 
+/// A decoded payload of `RL.APPLY`.
+enum Payload {
+    /// A whole record.
+    Whole(Record),
+    /// The parts a call reached.
+    Patch(patch::Patch),
+}
+
 /// Run `RL.APPLY`: every payload is checked before any key is written.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
@@ -75,15 +91,32 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
         Ok(applied) => applied,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let mut records: ArrayVec<Record, MAX_BUCKETS> = ArrayVec::new();
+    let now = now_ms(ctx);
+    let mut payloads: ArrayVec<Payload, MAX_BUCKETS> = ArrayVec::new();
     for &(_, payload, _) in &applied {
-        match codec::decode_loaded(args[payload].as_ref(), now_ms(ctx)) {
-            Ok(record) => records.push(record),
+        let bytes = args[payload].as_ref();
+        let decoded = if patch::is_patch(bytes) {
+            patch::decode_patch(bytes, now).map(Payload::Patch)
+        } else {
+            codec::decode_loaded(bytes, now).map(Payload::Whole)
+        };
+        match decoded {
+            Ok(payload) => payloads.push(payload),
             Err(_) => return reply_error(ctx, errors::BAD_PAYLOAD),
         }
     }
-    for (&(key, _, expiry), record) in applied.iter().zip(records) {
+    for (&(key, _, expiry), payload) in applied.iter().zip(payloads) {
         let mut key = RlKey::open(ctx, args[key], Access::Write);
+        let record = match payload {
+            Payload::Whole(record) => record,
+            Payload::Patch(patch) => {
+                let base = match key.record_mut() {
+                    Ok(Some(own)) => std::mem::take(own),
+                    _ => Record::default(),
+                };
+                patch.apply_onto(base)
+            }
+        };
         apply_replicated(ctx, &mut key, record, expiry);
     }
     reply_simple(ctx, c"OK")
