@@ -14,6 +14,11 @@
 #   take_also  take with one ALSO bucket (a stored tenant bucket)
 #   take_plain RL.TAKE k 3000 3000 60 COST 1 (no STRIKES: the work of
 #              CL.THROTTLE)
+#   take_debt, take_partial, take_reserve
+#              take_plain with DEBT, PARTIAL, RESERVE 0 20 (compare with
+#              take_plain)
+#   take_refund, take_charge_live
+#              REFUND 1 / COST 1 on stored, half-spent buckets
 #   throttle   CL.THROTTLE k 2999 3000 60 1 (rl's redis-cell command)
 #   window     RL.WINDOW k 3000 60 COST 1 (sliding) on stored windows
 #   lease      RL.LEASE ACQUIRE k 1000 1 on random keys
@@ -188,6 +193,13 @@ workload() {
         pipe_keys "RL.TAKE rl:{t:{I}}:tenant 100000 100000 3600 COST 50000" "$KEYS" 1
         CMD="RL.TAKE rl:{ka:__rand_int__} 3000 3000 60 COST 1 ALSO rl:{t:__rand_int__}:tenant 100000 100000 3600 $P" ;;
     take_plain) CMD="RL.TAKE rl:{kp:__rand_int__} 3000 3000 60 COST 1" ;;
+    take_debt) CMD="RL.TAKE rl:{kd:__rand_int__} 3000 3000 60 COST 1 DEBT" ;;
+    take_partial) CMD="RL.TAKE rl:{kpa:__rand_int__} 3000 3000 60 COST 1 PARTIAL" ;;
+    take_reserve) CMD="RL.TAKE rl:{kr:__rand_int__} 3000 3000 60 COST 1 RESERVE 0 20" ;;
+    take_refund) stored "RL.TAKE rl:{kf:{I}} 3000 3000 3600 COST 2000" \
+        "RL.TAKE rl:{kf:__rand_int__} 3000 3000 3600 REFUND 1" ;;
+    take_charge_live) stored "RL.TAKE rl:{kc:{I}} 3000 3000 3600 COST 2000" \
+        "RL.TAKE rl:{kc:__rand_int__} 3000 3000 3600 COST 1" ;;
     throttle) CMD="CL.THROTTLE rl:{c:__rand_int__} 2999 3000 60 1"; STAT=cl.throttle ;;
     window) stored "RL.WINDOW rl:{ws:{I}} 3000 60 COST 1" "RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"
         STAT=rl.window ;;
