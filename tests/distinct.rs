@@ -167,13 +167,7 @@ fn bad_input_is_an_error_that_writes_nothing() {
 fn trip_boxes_the_key_for_every_limiter_and_announces_it() {
     let server = Server::start(&["--notify-keyspace-events", "KEd"]);
     let mut sub_con = server.client();
-    let mut pubsub = sub_con.as_pubsub();
-    pubsub
-        .psubscribe("__keyevent@0__:rl.*")
-        .expect("PSUBSCRIBE");
-    pubsub
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .expect("timeout");
+    let mut pubsub = rl_events(&mut sub_con);
     let mut con = server.client();
     let line = |m: &str| format!("RL.DISTINCT sub:alice {m} 2 600 TRIP 2 300");
     assert_eq!(decide(&mut con, &line("10.0.0.1")).status, ALLOWED);
