@@ -273,28 +273,17 @@ fn check_state(con: &mut Connection, name: &str, key: &str) {
 }
 
 /// A stored `DUMP` as this build writes it back: the corpus was written
-/// with payload version 4, whose layout version 5 keeps (a penalty with no
-/// retry recorded has the same bytes), so only the version byte and the
-/// checksum differ.
+/// with payload version 4, whose layout today's keeps for its parts
+/// ([`as_current`]), so the payload is the same stored under the current
+/// version with the later parts empty (and the checksum follows).
 /// `rdb_version` is the server's own (Valkey's RDB version is not Redis
 /// 7.0's): a DUMP's trailer carries it.
 fn as_current_dump(dump: &[u8], rdb_version: &[u8]) -> Vec<u8> {
     let (body, _) = split_dump(dump);
-    let mut body = body.to_vec();
-    // type (1 byte), module id (0x81 + 8 bytes), string opcode, then the
-    // payload's RDB length: 1, 2 or 5 bytes by its top two bits.
-    let len_at = 11;
-    let len_bytes = match body.get(len_at).map(|b| b >> 6) {
-        Some(0) => 1,
-        Some(1) => 2,
-        _ => 5,
+    let Some((head, payload)) = unframe(body) else {
+        return dump.to_vec();
     };
-    if let Some(v) = body.get_mut(len_at + len_bytes) {
-        if *v == PAYLOAD_VERSION - 1 {
-            *v = PAYLOAD_VERSION;
-        }
-    }
-    with_trailer(&body, rdb_version)
+    with_trailer(&frame(head, &as_current(payload)), rdb_version)
 }
 
 /// The key's `DUMP` and `PEXPIRETIME` match the stored state.

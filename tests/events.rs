@@ -10,13 +10,7 @@ use common::*;
 fn a_subscriber_sees_trips_and_releases() {
     let server = Server::start(&["--notify-keyspace-events", "KEd"]);
     let mut sub_con = server.client();
-    let mut pubsub = sub_con.as_pubsub();
-    pubsub
-        .psubscribe("__keyevent@0__:rl.*")
-        .expect("PSUBSCRIBE");
-    pubsub
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
+    let mut pubsub = rl_events(&mut sub_con);
 
     let mut con = server.client();
     let line = "RL.TAKE ip:203.0.113.9 1 1 100 STRIKES 1 60";

@@ -15,52 +15,6 @@ fn text(r: &Resp) -> String {
     format!("{r:?}")
 }
 
-/// Appends Redis's RDB length encoding of `n` (the minimal form).
-fn rdb_len(n: usize, out: &mut Vec<u8>) {
-    if n < 64 {
-        out.push(n as u8);
-    } else if n < 16384 {
-        out.extend_from_slice(&[0x40 | (n >> 8) as u8, n as u8]);
-    } else {
-        out.push(0x80);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    }
-}
-
-/// A `DUMP` body of a module value: type 7, the 9-byte module id, one
-/// string (opcode 5) holding `payload` uncompressed, module EOF (0).
-fn frame(type_and_id: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut v = type_and_id.to_vec();
-    v.push(0x05);
-    rdb_len(payload.len(), &mut v);
-    v.extend_from_slice(payload);
-    v.push(0x00);
-    v
-}
-
-/// The inverse of [`frame`]: (type and module id, payload).
-fn unframe(body: &[u8]) -> Option<(&[u8], &[u8])> {
-    if body.len() < 13 || body[0] != 7 || body[1] != 0x81 || body[10] != 0x05 {
-        return None;
-    }
-    let (len, at) = match body[11] >> 6 {
-        0 => (usize::from(body[11] & 0x3f), 12),
-        1 => (
-            (usize::from(body[11] & 0x3f) << 8) | usize::from(body[12]),
-            13,
-        ),
-        2 if body[11] == 0x80 && body.len() >= 16 => (
-            u32::from_be_bytes(body[12..16].try_into().ok()?) as usize,
-            16,
-        ),
-        _ => return None,
-    };
-    if body.len() != at + len + 1 || body[at + len] != 0 {
-        return None;
-    }
-    Some((&body[..10], &body[at..at + len]))
-}
-
 /// The commands run on every accepted value: none may fail.
 const PROBES: &[&str] = &[
     "RL.BOX STATUS {k}",

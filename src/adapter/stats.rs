@@ -70,6 +70,26 @@ impl Outcomes {
     }
 }
 
+/// `RL.DISTINCT` calls and outcomes.
+pub struct DistinctOutcomes {
+    /// Calls answered with a decision.
+    pub calls: Counter,
+    /// Status 1: the count was at most the limit.
+    pub allowed: Counter,
+    /// The count was above the limit (status 0, or -1 when it tripped).
+    pub over: Counter,
+    /// Boxes tripped by `TRIP` (also counted in [`TRIPS`]).
+    pub trips: Counter,
+}
+
+/// `RL.DISTINCT` outcomes.
+pub static DISTINCT: DistinctOutcomes = DistinctOutcomes {
+    calls: Counter::new(),
+    allowed: Counter::new(),
+    over: Counter::new(),
+    trips: Counter::new(),
+};
+
 /// `RL.TAKE` outcomes.
 pub static TAKE: Outcomes = Outcomes::new();
 /// `RL.WINDOW` outcomes.
@@ -161,6 +181,10 @@ pub(crate) extern "C" fn info(
             (c"throttle_calls", &THROTTLE.calls),
             (c"throttle_allowed", &THROTTLE.allowed),
             (c"throttle_limited", &THROTTLE.throttled),
+            (c"distinct_calls", &DISTINCT.calls),
+            (c"distinct_allowed", &DISTINCT.allowed),
+            (c"distinct_over", &DISTINCT.over),
+            (c"distinct_trips", &DISTINCT.trips),
             (c"lease_granted", &LEASES_GRANTED),
             (c"lease_denied", &LEASES_DENIED),
             (c"lease_released", &LEASES_RELEASED),

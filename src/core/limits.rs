@@ -34,3 +34,8 @@ pub const MAX_LEASE_ID_LEN: usize = 128;
 /// most one entry per point it counts, so this bounds its length (and its
 /// encoding, a few bytes per entry).
 pub const MAX_EXACT_LIMIT: u64 = 10_000;
+
+/// Largest `limit` accepted by `RL.DISTINCT`: a key keeps at most
+/// `limit + 1` members (16 bytes each in its payload), so this bounds its
+/// memory and its encoding (about 190 KB).
+pub const MAX_DISTINCT_LIMIT: u64 = 10_000;

@@ -7,6 +7,7 @@ pub mod bucket;
 pub mod cell;
 pub mod codec;
 pub mod decision;
+pub mod distinct;
 pub mod lease;
 pub mod limiter;
 pub mod limits;
@@ -23,6 +24,8 @@ pub mod window;
 mod bucket_proptests;
 #[cfg(test)]
 mod codec_proptests;
+#[cfg(test)]
+mod distinct_proptests;
 #[cfg(test)]
 mod penalty_proptests;
 #[cfg(test)]

@@ -12,6 +12,7 @@ use serde::ser::SerializeTuple;
 use serde::{Deserializer, Serializer};
 
 use super::bucket::Bucket;
+use super::distinct::DistinctState;
 use super::lease::Leases;
 use super::part::Part;
 use super::penalty::{Penalty, MANUAL};
@@ -329,6 +330,7 @@ parts! {
         leases: Box<Leases> = 2,
         window: WindowState = 3,
         quota: QuotaState = 4,
+        distinct: Box<DistinctState> = 6,
     }
 }
 

@@ -135,3 +135,16 @@ pub fn snapshot(con: &mut Connection) -> BTreeMap<String, (Vec<u8>, i64)> {
         })
         .collect()
 }
+
+/// A subscriber on `con` to the module's keyspace events
+/// (`__keyevent@0__:rl.*`), waiting at most 5 s for each message.
+pub fn rl_events(con: &mut Connection) -> redis::PubSub<'_> {
+    let mut pubsub = con.as_pubsub();
+    pubsub
+        .psubscribe("__keyevent@0__:rl.*")
+        .expect("PSUBSCRIBE");
+    pubsub
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    pubsub
+}

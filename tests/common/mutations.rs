@@ -186,19 +186,85 @@ pub fn mutate(bases: &[Vec<u8>], total: usize, seed: u64) -> Vec<(Mutation, Vec<
 }
 
 /// The payload version rl writes today.
-pub const PAYLOAD_VERSION: u8 = 5;
+pub const PAYLOAD_VERSION: u8 = 6;
 
 /// The first byte of a patch payload (the parts a call reached; applied
 /// onto a key's own record, so not stored verbatim).
 pub const PATCH_MARKER: u8 = 0xD0;
 
-/// The bytes a payload is stored as: the same, except that a payload of
-/// version 4 (the layout of version 5 when no refusal's retry is recorded)
-/// is stored again under version 5.
+/// How many parts a payload of [`PAYLOAD_VERSION`] holds.
+pub const PAYLOAD_PARTS: u8 = 6;
+
+/// The oldest payload version whose parts have today's bytes: versions 4
+/// and 5 hold the first five parts as version 6 does (a penalty with no
+/// retry recorded has the same bytes in both).
+pub const SAME_LAYOUT_SINCE: u8 = 4;
+
+/// The bytes a payload is stored as: the same, except that an older
+/// payload with the same layout (from [`SAME_LAYOUT_SINCE`]) is stored
+/// again under the current version, the parts it lacks empty: its version
+/// byte becomes [`PAYLOAD_VERSION`], its array header counts
+/// [`PAYLOAD_PARTS`], and one MessagePack nil (`0xc0`) per missing part
+/// follows.
 pub fn as_current(payload: &[u8]) -> Vec<u8> {
     let mut p = payload.to_vec();
-    if p.first() == Some(&(PAYLOAD_VERSION - 1)) {
-        p[0] = PAYLOAD_VERSION;
+    let older = (SAME_LAYOUT_SINCE..PAYLOAD_VERSION).contains(&p.first().copied().unwrap_or(0));
+    match p.get(1).copied() {
+        Some(header @ 0x90..=0x9f) if older && header & 0x0f <= PAYLOAD_PARTS => {
+            p[0] = PAYLOAD_VERSION;
+            p[1] = 0x90 | PAYLOAD_PARTS;
+            p.extend(std::iter::repeat_n(
+                0xc0,
+                usize::from(PAYLOAD_PARTS - (header & 0x0f)),
+            ));
+        }
+        _ => {}
     }
     p
+}
+
+/// Appends Redis's RDB length encoding of `n` (the minimal form).
+pub fn rdb_len(n: usize, out: &mut Vec<u8>) {
+    if n < 64 {
+        out.push(n as u8);
+    } else if n < 16384 {
+        out.extend_from_slice(&[0x40 | (n >> 8) as u8, n as u8]);
+    } else {
+        out.push(0x80);
+        out.extend_from_slice(&(n as u32).to_be_bytes());
+    }
+}
+
+/// A `DUMP` body of a module value: type 7, the 9-byte module id, one
+/// string (opcode 5) holding `payload` uncompressed, module EOF (0).
+pub fn frame(type_and_id: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut v = type_and_id.to_vec();
+    v.push(0x05);
+    rdb_len(payload.len(), &mut v);
+    v.extend_from_slice(payload);
+    v.push(0x00);
+    v
+}
+
+/// The inverse of [`frame`]: (type and module id, payload).
+pub fn unframe(body: &[u8]) -> Option<(&[u8], &[u8])> {
+    if body.len() < 13 || body[0] != 7 || body[1] != 0x81 || body[10] != 0x05 {
+        return None;
+    }
+    let (len, at) = match body[11] >> 6 {
+        0 => (usize::from(body[11] & 0x3f), 12),
+        1 => (
+            (usize::from(body[11] & 0x3f) << 8) | usize::from(body[12]),
+            13,
+        ),
+        2 if body[11] == 0x80 && body.len() >= 16 => (
+            u32::from_be_bytes(body[12..16].try_into().ok()?) as usize,
+            16,
+        ),
+        _ => return None,
+    };
+    if body.len() != at + len + 1 || body[at + len] != 0 {
+        return None;
+    }
+    Some((&body[..10], &body[at..at + len]))
 }

@@ -10,6 +10,7 @@
 mod acl;
 pub mod apply;
 pub mod box_cmd;
+pub mod distinct;
 pub mod lease;
 pub mod limiter_call;
 pub mod quota;
@@ -49,6 +50,7 @@ entry!(take_entry, take::run);
 entry!(window_entry, window::run);
 entry!(quota_entry, quota::run);
 entry!(throttle_entry, throttle::run);
+entry!(distinct_entry, distinct::run);
 entry!(apply_entry, apply::run);
 entry!(box_status_entry, box_cmd::status);
 entry!(box_trip_entry, box_cmd::trip);
@@ -150,6 +152,14 @@ const COMMANDS: &[Spec] = &[
         c"write deny-oom fast",
         [1, 1, 1],
         "write fast",
+    ),
+    // key member limit window [PEEK] [TRIP level duration]
+    spec(
+        c"rl.distinct",
+        Some(distinct_entry),
+        c"write deny-oom",
+        [1, 1, 1],
+        "write",
     ),
     // key payload expiry [key payload expiry]...
     spec(

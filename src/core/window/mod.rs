@@ -246,8 +246,8 @@ fn fmix64(mut h: u64) -> u64 {
     h ^ (h >> 33)
 }
 
-/// The 64-bit FNV-1a hash.
-fn fnv1a_64(bytes: &[u8]) -> u64 {
+/// The 64-bit FNV-1a hash (also what `RL.DISTINCT` keeps a member as).
+pub(crate) fn fnv1a_64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
