@@ -22,6 +22,8 @@
 #   throttle   CL.THROTTLE k 2999 3000 60 1 (rl's redis-cell command)
 #   window     RL.WINDOW k 3000 60 COST 1 (sliding) on stored windows
 #   lease      RL.LEASE ACQUIRE k 1000 1 on random keys
+#   distinct   RL.DISTINCT k member 100 3600 on stored keys, random members
+#              (compare with window)
 #   incr       INCR on random keys
 #   lua        the Lua baseline (bench/baseline.lua) via EVALSHA
 # The peers (bench/peers.sh builds them into target/peers/):
@@ -204,6 +206,8 @@ workload() {
     window) stored "RL.WINDOW rl:{ws:{I}} 3000 60 COST 1" "RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"
         STAT=rl.window ;;
     lease) CMD="RL.LEASE ACQUIRE rl:{l:__rand_int__} 1000 1"; STAT="rl.lease|acquire" ;;
+    distinct) stored "RL.DISTINCT rl:{ds:{I}} seed 100 3600" \
+        "RL.DISTINCT rl:{ds:__rand_int__} m:__rand_int__ 100 3600"; STAT=rl.distinct ;;
     incr) CMD="INCR bench:n:__rand_int__"; STAT=incr SO=- ;;
     lua)
         CMD="EVALSHA $SHA 4 lua:{__rand_int__}:b lua:{__rand_int__}:x lua:{__rand_int__}:s lua:{__rand_int__}:o 3000 3000 60 1 20 60 300 3600 86400 86400"
