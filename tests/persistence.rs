@@ -115,14 +115,6 @@ fn copy_and_restore_round_trip() {
     assert!(usage > 0 && usage < 300, "MEMORY USAGE {usage}");
 }
 
-/// A DUMP payload with `body` (type byte + value) and a valid trailer.
-fn with_trailer(body: &[u8], version: &[u8]) -> Vec<u8> {
-    let mut out = body.to_vec();
-    out.extend_from_slice(version);
-    out.extend_from_slice(&crc64(&out).to_le_bytes());
-    out
-}
-
 #[test]
 fn corrupt_and_truncated_restore_payloads_are_errors_not_crashes() {
     assert_eq!(crc64(b"123456789"), 0xe9c6_d914_c4b8_d9ca);
