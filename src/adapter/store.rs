@@ -98,11 +98,6 @@ impl RlKey {
         self.value()
     }
 
-    /// Whether this call created the key's record (the key did not exist).
-    pub fn is_new(&self) -> bool {
-        self.created
-    }
-
     /// The record to change in place and then commit: the key's own, or
     /// a new empty one put in the key (opened for writing).
     pub fn edit(&mut self) -> Result<&mut Record, WrongType> {
