@@ -136,9 +136,11 @@ fn a_login_lockout_counts_only_failures() {
         0,
         "a probe writes nothing"
     );
+    let mut resets = Vec::new();
     for left in (0..5).rev() {
         let d = decide(&mut con, failure);
         assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 5, left));
+        resets.push(d.reset_ms);
     }
     let d = decide(&mut con, probe);
     assert_eq!(
@@ -148,12 +150,28 @@ fn a_login_lockout_counts_only_failures() {
     );
     let d = decide(&mut con, failure);
     assert_eq!(d.status, THROTTLED, "the sixth failure is refused");
+    // The five failures weigh 5 until their sub-window ends, then
+    // ceil(5 × (window − e) / window), which is 4 once e ≥ 0.2 window: so
+    // the retry is at most 1.2 windows away.
     near(
         d.retry_after_ms,
         1,
-        900_000,
+        1_080_000,
         "until the sliding count admits one more",
     );
+    resets.push(d.reset_ms);
+    // `reset_ms` (the end of the sub-window after the last point) only
+    // falls while the calls stay in one sub-window; unless a boundary
+    // passed during these milliseconds, the retry is exactly 0.2 window
+    // into the next sub-window, 0.8 window before `reset_ms`.
+    if resets.windows(2).all(|w| w[1] <= w[0]) {
+        near(
+            d.retry_after_ms,
+            d.reset_ms - 720_000 - 1,
+            d.reset_ms - 720_000 + 1,
+            "five points of one sub-window weigh 4 after 0.2 window",
+        );
+    }
     let d = decide(&mut con, failure);
     assert_eq!(
         (d.status, d.retry_after_ms, d.box_level),
