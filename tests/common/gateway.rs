@@ -109,6 +109,7 @@ pub fn http_common() -> String {
     lua_shared_dict rl_metrics 1m;
     lua_shared_dict rl_deny 1m;
     lua_shared_dict rl_redis 1m;
+    lua_shared_dict rl_usage 1m;
     lua_socket_log_errors off;
 "#
     )
