@@ -17,7 +17,8 @@
 --     in the log phase of ordinary requests by count(): one `incr` per
 --     admitted request (per key and second, kept 61 s), two per refused
 --     one (the second per key, reason and minute, kept 11 minutes).
---     Ordinary requests send nothing more to Redis.
+--     Ordinary requests send nothing more to Redis. Usage reports are
+--     capped per key and node (usage.reports_per_second, one more incr).
 
 local identity = require "resty.rl.identity"
 local policy = require "resty.rl.policy"
@@ -64,28 +65,30 @@ function _M.count(conf, state)
     end
     local now = ngx.time()
     local admitted = ADMITTED[state.decision]
-    d:incr((admitted and "a" or "r") .. SEP .. key_id .. SEP .. now, 1, 0, SERIES + 1)
+    local who = conf.key_prefix .. SEP .. key_id .. SEP
+    d:incr((admitted and "a" or "r") .. SEP .. who .. now, 1, 0, SERIES + 1)
     if not admitted then
-        d:incr("x" .. SEP .. key_id .. SEP .. state.decision .. SEP .. math.floor(now / 60), 1, 0,
+        d:incr("x" .. SEP .. who .. state.decision .. SEP .. math.floor(now / 60), 1, 0,
             (REFUSAL_MINUTES + 1) * 60)
     end
 end
 
--- The node's counters of `key_id`: the per-second series (oldest first)
--- and the refusals of the last minutes by reason.
-local function counters(d, key_id, now)
+-- The node's counters of `key_id` (under `prefix`): the per-second
+-- series (oldest first) and the refusals of the last minutes by reason.
+local function counters(d, prefix, key_id, now)
     local admitted, refused = {}, {}
+    local who = prefix .. SEP .. key_id .. SEP
     for i = 1, SERIES do
         local t = now - SERIES + i
-        admitted[i] = d:get("a" .. SEP .. key_id .. SEP .. t) or 0
-        refused[i] = d:get("r" .. SEP .. key_id .. SEP .. t) or 0
+        admitted[i] = d:get("a" .. SEP .. who .. t) or 0
+        refused[i] = d:get("r" .. SEP .. who .. t) or 0
     end
     local by_reason, total = {}, 0
     local minute = math.floor(now / 60)
     for _, reason in ipairs(_M.REASONS) do
         local n = 0
         for m = minute - REFUSAL_MINUTES + 1, minute do
-            n = n + (d:get("x" .. SEP .. key_id .. SEP .. reason .. SEP .. m) or 0)
+            n = n + (d:get("x" .. SEP .. who .. reason .. SEP .. m) or 0)
         end
         if n > 0 then
             by_reason[reason] = n
@@ -326,7 +329,7 @@ function _M.report(gw, req, ident)
     local sec = math.floor(now)
     local admitted_60s = 0
     if d and a.key_id then
-        local admitted, refused, by_reason, total = counters(d, a.key_id, sec)
+        local admitted, refused, by_reason, total = counters(d, conf.key_prefix, a.key_id, sec)
         local live = sum(admitted, SERIES - LIVE + 1) + sum(refused, SERIES - LIVE + 1)
         admitted_60s = sum(admitted, 1)
         out.rate = { requests_per_second = live / LIVE, window_seconds = LIVE,
@@ -341,10 +344,14 @@ function _M.report(gw, req, ident)
     local burst = tightest(policies, "bucket")
     out.burst = burst and { policy = burst.name, limit = burst.limit, used = burst.used,
                             left = burst.left } or cjson.null
+    for _, p in ipairs(policies) do
+        if p.kind == "quota" then
+            predict(p, admitted_60s, now)
+        end
+    end
     local quota = tightest(policies, "quota", function(p) return p.period == "MONTH" end)
         or tightest(policies, "quota")
     if quota then
-        predict(quota, admitted_60s, now)
         out.quota = { policy = quota.name, period = quota.period, limit = quota.limit,
                       used = quota.used, left = quota.left, resets_at = quota.resets_at,
                       seconds_to_exhaustion = quota.seconds_to_exhaustion or cjson.null,
@@ -369,6 +376,17 @@ function _M.serve(gw, req)
     local ident, status, kind, detail = _M.caller(conf, req)
     if not ident then
         return refuse(conf, req, status, kind, detail)
+    end
+    -- reports cost Redis round trips: at most reports_per_second per key and node
+    local d, key_id = dict(conf), ident.attrs.key_id
+    if d and key_id then
+        local n = d:incr("u" .. SEP .. conf.key_prefix .. SEP .. key_id .. SEP .. ngx.time(), 1, 0, 2)
+        if n and n > conf.usage.reports_per_second then
+            return req.exit(429, problem.encode(conf, "rate-limit-exceeded", 429, {
+                detail = "At most " .. conf.usage.reports_per_second .. " usage reports a second.",
+                retry_after_seconds = 1 }), { ["Content-Type"] = problem.CONTENT_TYPE,
+                ["Retry-After"] = "1", ["Cache-Control"] = "no-store" })
+        end
     end
     local out, err = _M.report(gw, req, ident)
     if not out then
