@@ -21,11 +21,12 @@ use gateway::{agent, get, Resp};
 use gateway_policy::{start, Front, PolicyGateway};
 use gateway_usage::{chromium_dom, chromium_screenshot, commandstats, element, info_int};
 use serde_json::Value;
+use std::time::Duration;
 
 /// The policy under test: a monthly quota per tenant, a bucket per key
 /// (burst 20, refilled 1 an hour: counts are exact; strikes counted, box
-/// far away), and a window per client IP, which is not the key's own and
-/// is never shown.
+/// far away) with the tenant's bucket (burst 30) in the same command, and
+/// a window per client IP, which is not the key's own and is never shown.
 const POLICY: &str = r#"return {
     redis = { port = tonumber(os.getenv("RL_REDIS_PORT")), timeout_ms = 1000 },
     key_prefix = "use",
@@ -38,9 +39,11 @@ const POLICY: &str = r#"return {
     rules = {
         { name = "{tier}-monthly", scope = { "tenant" },
           limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH" } },
-        { name = "{tier}-burst", scope = { "key_id" },
+        { name = "{tier}-key", scope = { "tenant", "key_id" },
           limiter = { kind = "bucket", rate = "tier.rate", burst = "tier.burst", period = 3600,
-                      strikes = { threshold = 100, window = 60 } } },
+                      strikes = { threshold = 100, window = 60 },
+                      also = { { name = "{tier}-tenant", scope = { "tenant" }, rate = 1,
+                                 burst = 30, period = 3600 } } } },
         { name = "per-ip", scope = { "ip" }, limiter = { kind = "window", limit = 10000, window = 60 } },
     },
 }"#;
@@ -88,6 +91,32 @@ fn traffic(gw: &PolicyGateway, key: &str, n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// The sum of a per-second series of a report (`admitted`, `refused`).
+fn series_total(u: &Value, which: &str) -> u64 {
+    u["rate"]["series"][which]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_u64).sum())
+        .unwrap_or(0)
+}
+
+/// The report of `key` once this node's counters show `admitted` and
+/// `refused` requests (they are written in the log phase, just after each
+/// response is sent), polled within 5 s (below the report cap).
+fn settled(gw: &PolicyGateway, key: &str, admitted: u64, refused: u64) -> Value {
+    let mut last = Value::Null;
+    let got = common::poll_for(Duration::from_secs(5), Duration::from_millis(150), || {
+        let r = usage(gw, Some(key), "");
+        assert_eq!(r.status, 200, "{}", r.body);
+        last = r.json();
+        let seen = (
+            series_total(&last, "admitted"),
+            series_total(&last, "refused"),
+        );
+        (seen == (admitted, refused)).then(|| last.clone())
+    });
+    got.unwrap_or_else(|| panic!("the counters never showed {admitted} + {refused}: {last}"))
+}
+
 fn policy_names(u: &Value) -> Vec<String> {
     u["policies"]
         .as_array()
@@ -109,31 +138,37 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
     assert_eq!(st.iter().filter(|s| **s == 200).count(), 20, "{st:?}");
     assert_eq!(st.iter().filter(|s| **s == 429).count(), 5, "{st:?}");
 
+    let u = settled(&gw, "key-a", 20, 5);
     let r = usage(&gw, Some("key-a"), "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.must("Cache-Control"), "no-store");
-    let u = r.json();
+    assert_eq!(r.must("Content-Type"), "application/json");
     assert_eq!(u["key_id"], "a1");
     assert_eq!(u["tenant"], "ta");
     assert_eq!(u["tier"], "dev");
     // the per-IP window is not the key's: not shown
-    assert_eq!(policy_names(&u), ["dev-monthly", "dev-burst"], "{u}");
+    assert_eq!(
+        policy_names(&u),
+        ["dev-monthly", "dev-key", "dev-tenant"],
+        "{u}"
+    );
+    // each bucket of the command probed on its own
+    assert_eq!(
+        (&u["policies"][2]["used"], &u["policies"][2]["left"]),
+        (&Value::from(20), &Value::from(10)),
+        "{u}"
+    );
     // all 25 within the last 10 s (they took well under 9 s)
     assert_eq!(u["rate"]["requests_per_second"].as_f64(), Some(2.5), "{u}");
     assert_eq!(u["rate"]["window_seconds"], 10);
     assert_eq!(u["rate"]["node"], true);
+    // (settled: the series holds the 20 admitted and 5 refused)
     let series = &u["rate"]["series"];
-    let total = |k: &str| -> u64 {
-        series[k]
-            .as_array()
-            .expect("series")
-            .iter()
-            .map(|v| v.as_u64().unwrap_or(0))
-            .sum()
-    };
     assert_eq!(series["admitted"].as_array().map(Vec::len), Some(60));
-    assert_eq!((total("admitted"), total("refused")), (20, 5), "{series}");
-    assert_eq!(u["burst"]["policy"], "dev-burst");
+    assert_eq!(series["refused"].as_array().map(Vec::len), Some(60));
+    assert_eq!(series["seconds"], 60);
+    // the tightest bucket: the key's (0 of 20 left), not the tenant's (10 of 30)
+    assert_eq!(u["burst"]["policy"], "dev-key");
     assert_eq!(
         (
             &u["burst"]["limit"],
@@ -170,7 +205,10 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
     );
     assert_eq!(u["box"]["state"], "none");
     assert_eq!(u["box"]["level"], 0);
-    assert_eq!(u["box"]["policy"], "dev-burst");
+    assert_eq!(u["box"]["policy"], "dev-key");
+    // the penalty state is the rule's first key's
+    assert_eq!(u["policies"][1]["box"]["state"], "none", "{u}");
+    assert!(u["policies"][2]["box"].is_null(), "{u}");
 
     // key B (another tenant) sees its own, untouched numbers, never A's,
     // whatever it asks for in the query string
@@ -207,7 +245,7 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
     let mut con = redis.client();
     let _: Value = redis::cmd("RL.BOX")
         .arg("TRIP")
-        .arg("use:{key_id:c1}:tier-burst")
+        .arg("use:{tenant:tc}:tier-key:key_id=c1")
         .arg(2)
         .arg(600)
         .query::<redis::Value>(&mut con)
@@ -276,11 +314,11 @@ fn ordinary_requests_send_only_their_rules_commands_and_usage_writes_nothing() {
         info_int(&redis, "replication", "master_repl_offset"),
         offset
     );
-    // the probes did run: 5 reports, one bucket, one quota, one box status each
+    // the probes did run: 5 reports, two buckets, one quota, one box status each
     let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
     assert_eq!(
         (delta("rl.take"), delta("rl.quota"), delta("rl.box")),
-        (5, 5, 5)
+        (10, 5, 5)
     );
     assert!(
         gw.nginx.lua_errors().is_empty(),
@@ -295,7 +333,7 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
     let gw = gateway(&redis);
     let st = traffic(&gw, "key-a", 23);
     assert_eq!(st.iter().filter(|s| **s == 429).count(), 3, "{st:?}");
-    let before = usage(&gw, Some("key-a"), "").json();
+    let before = settled(&gw, "key-a", 20, 3);
     // the key in the fragment: never sent to the server, dropped from the address bar
     let url = format!("{}/_rl/dashboard#key=key-a", gw.url(0));
     let dom = chromium_dom(&url);
@@ -325,15 +363,15 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
     assert_eq!(val("burst-used").as_deref(), Some("20"));
     assert_eq!(val("quota-used").as_deref(), Some("20"));
     assert_eq!(val("refusals-total").as_deref(), Some("3"));
-    // the live rate: one of the reports read just before and just after
+    // the live rate: the traffic has stopped (reports are not counted), so
+    // what the page read lies between the reports just before and after
     let rps = val("rps").expect("rps shown");
     let shown: f64 = rps.parse().expect("rps is a number");
-    let near = [&before, &after].iter().any(|u| {
-        u["rate"]["requests_per_second"]
-            .as_f64()
-            .is_some_and(|x| (x - shown).abs() < 1e-9)
-    });
-    assert!(near, "rps {rps} vs {before} / {after}");
+    let rate = |u: &Value| u["rate"]["requests_per_second"].as_f64().expect("rate");
+    assert!(
+        rate(&after) <= shown && shown <= rate(&before),
+        "rps {rps} vs {before} / {after}"
+    );
     assert_eq!(txt("rps"), Some(format!("{shown:.2}")));
     assert!(
         dom.contains("data-reason=\"throttled\" data-value=\"3\""),
@@ -354,8 +392,9 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
         .collect();
     assert_eq!(ys.len(), 60, "{points}");
     assert!(ys.iter().any(|y| *y < 180.0), "a non-zero point: {points}");
-    // the policies table lists the key's two policies, not the IP's
-    assert!(dom.contains("data-policy=\"dev-burst\""), "{dom}");
+    // the policies table lists the key's policies, not the IP's
+    assert!(dom.contains("data-policy=\"dev-key\""), "{dom}");
+    assert!(dom.contains("data-policy=\"dev-tenant\""), "{dom}");
     assert!(!dom.contains("data-policy=\"per-ip\""), "{dom}");
 
     // with a wrong key the page says so and shows no numbers

@@ -274,7 +274,7 @@ end
 function _M.report(gw, req, ident)
     local conf = gw.conf
     local state = { route = conf.default_route }
-    local entries, cmds, at = {}, {}, {}
+    local entries, cmds = {}, {}
     for _, rule in ipairs(conf.rules) do
         local own = true
         for _, a in ipairs(rule.scope) do
@@ -295,7 +295,6 @@ function _M.report(gw, req, ident)
             for _, cmd in ipairs(c) do
                 cmds[#cmds + 1] = cmd
             end
-            at[#at + 1] = #cmds
         end
     end
     local res, err = store.pipeline(conf, cmds)
@@ -307,6 +306,7 @@ function _M.report(gw, req, ident)
     -- an empty list is a JSON array where the encoder can say so (OpenResty's cjson)
     local policies, box = setmetatable({}, cjson.empty_array_mt), nil
     for _, x in ipairs(entries) do
+        local own_first = #policies + 1
         for i, k in ipairs(x.keys) do
             local p, perr = policy_report(x.e, k, res[x.first + i - 1], now)
             if not p then
@@ -319,7 +319,8 @@ function _M.report(gw, req, ident)
             if b and (not box or b.level > box.level or b.manual) then
                 box = b
             end
-            policies[#policies].box = b
+            -- the penalty state lives on the rule's first key
+            policies[own_first].box = b
         end
     end
     local a = ident.attrs
@@ -394,7 +395,8 @@ function _M.serve(gw, req)
         return refuse(conf, req, 503, "rate-limiter-unavailable",
             "The rate limiter is unavailable; retry later.")
     end
-    return answer(req, 200, (cjson.encode(out) or "{}"):gsub("\\/", "/"))
+    local json = (cjson.encode(out) or "{}"):gsub("\\/", "/")
+    return answer(req, 200, json)
 end
 
 local page
