@@ -411,6 +411,60 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
     );
 }
 
+#[test]
+fn the_tier_form_reports_its_key_and_tenant_buckets() {
+    let redis = Server::start(&[]);
+    let nginx = gateway::Nginx::start(redis.port);
+    let base = nginx.url(nginx.ports.main);
+    let a = agent();
+    for _ in 0..5 {
+        let r = get(
+            &a,
+            &format!("{base}/v1/ledgers"),
+            &[("X-Api-Key", "k-growth")],
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let report = |key: &str| {
+        let r = get(&a, &format!("{base}/_rl/usage"), &[("X-Api-Key", key)]);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    // the counters are written just after each response
+    let mut u = Value::Null;
+    let counted = common::poll_for(Duration::from_secs(5), Duration::from_millis(150), || {
+        u = report("k-growth");
+        (series_total(&u, "admitted") == 5).then_some(())
+    });
+    assert!(counted.is_some(), "{u}");
+    assert_eq!(
+        (&u["key_id"], &u["tenant"], &u["tier"]),
+        (&"g1".into(), &"acme".into(), &"growth".into())
+    );
+    assert_eq!(policy_names(&u), ["growth-key", "growth-tenant"], "{u}");
+    assert_eq!(u["policies"][0]["used"], 5, "{u}");
+    assert_eq!(u["policies"][0]["left"], 95, "{u}");
+    assert_eq!(u["policies"][1]["used"], 5, "{u}");
+    assert_eq!(u["policies"][0]["unit"], "points");
+    assert_eq!(u["burst"]["policy"], "growth-key");
+    assert!(u["quota"].is_null(), "{u}");
+    assert_eq!(u["box"]["state"], "none");
+    assert_eq!(u["box"]["threshold"], 20);
+    assert_eq!(u["rate"]["requests_per_second"].as_f64(), Some(0.5), "{u}");
+    // the tenant's other key: its own key bucket untouched, the shared tenant's 5
+    let other = report("k-growth-2");
+    assert_eq!(other["key_id"], "g2");
+    assert_eq!(other["policies"][0]["used"], 0, "{other}");
+    assert_eq!(other["policies"][1]["used"], 5, "{other}");
+    assert_eq!(other["rate"]["requests_per_second"].as_f64(), Some(0.0));
+    for key in [None, Some("nope")] {
+        let headers: Vec<(&str, &str)> = key.map(|k| ("X-Api-Key", k)).into_iter().collect();
+        let r = get(&a, &format!("{base}/_rl/usage"), &headers);
+        assert_eq!(r.status, 401, "{}", r.body);
+    }
+    assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
+}
+
 fn val_of(dom: &str, id: &str) -> Option<String> {
     element(dom, id).map(|(v, _)| v)
 }

@@ -161,6 +161,7 @@ fn nginx_conf(ports: Ports, redis_port: u16) -> String {
         location = /metrics {{
             content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
         }}
+        location = /_rl/usage {{ content_by_lua_block {{ require("resty.rl.nginx").usage("{name}") }} }}
         location / {{
             # which worker answered (the local limiter is per worker)
             add_header X-Worker $pid always;

@@ -1,5 +1,6 @@
--- resty.rl.usage: the usage dashboard of a rule policy, for the calling
--- API key and never another's.
+-- resty.rl.usage: the usage dashboard of the calling API key, never
+-- another's (a rule policy's rules scoped by the key's attributes; the
+-- tier form's key and tenant buckets).
 --
 --   GET /_rl/usage      JSON: live requests per second, burst used and
 --                       left, the monthly quota used and its limit, the
@@ -50,6 +51,11 @@ local ADMITTED = { allowed = true, degraded_allowed = true, soft_blocked = true,
 -- not the key's own and is not shown.
 local KEY_ATTRS = { key_id = true, tenant = true, tier = true, brand = true, user = true }
 
+-- The API key header: a rule policy's identity.api_key, the tier form's identity.
+local function key_header(conf)
+    return conf.rules and conf.identity.api_key.header or conf.identity.header
+end
+
 local function dict(conf)
     local u = conf.usage
     return u and ngx.shared[u.dict]
@@ -58,9 +64,10 @@ end
 --- Log phase of an ordinary request: counts it for its key (one shared
 --- dict `incr` when admitted, one more when refused; no Redis).
 function _M.count(conf, state)
-    local d = dict(conf)
-    local key_id = d and state.ident and state.ident.attrs.key_id
-    if not key_id then
+    local d, ident = dict(conf), state.ident
+    -- a rule policy's identity has attrs; the tier form's is flat
+    local key_id = d and ident and (ident.attrs and ident.attrs.key_id or ident.key_id)
+    if type(key_id) ~= "string" then
         return
     end
     local now = ngx.time()
@@ -247,10 +254,19 @@ end
 --- the adapter handed to the identity has no other header),
 --- or nil, status, problem kind, detail.
 function _M.caller(conf, req)
-    local hname = conf.identity.api_key.header
+    local tier_form = not conf.rules
+    local hname = key_header(conf)
     local key = policy.header(req, hname)
     if not key then
         return nil, 401, "unauthenticated", "Send your API key in " .. hname .. "."
+    end
+    if tier_form then
+        -- the static key table of the tier form
+        local id = conf.identity.keys[key]
+        if not id then
+            return nil, 401, "unauthenticated", "Unknown API key."
+        end
+        return { attrs = { key_id = id.key_id, tenant = id.tenant, tier = id.tier } }
     end
     local only_key = setmetatable({ header = function(name)
         if name:lower() == hname:lower() then
@@ -270,11 +286,11 @@ function _M.caller(conf, req)
     return ident
 end
 
---- The usage report of the caller `ident` under engine `gw`, or nil, error.
-function _M.report(gw, req, ident)
-    local conf = gw.conf
+-- The entries of a rule policy's caller: its rules scoped by key
+-- attributes only, as resty.rl.engine builds them (probe cost aside).
+local function rule_entries(gw, req, ident)
+    local conf, entries = gw.conf, {}
     local state = { route = conf.default_route }
-    local entries, cmds = {}, {}
     for _, rule in ipairs(conf.rules) do
         local own = true
         for _, a in ipairs(rule.scope) do
@@ -290,11 +306,38 @@ function _M.report(gw, req, ident)
             ident)
         if e then
             e.rule = rule
-            local keys, c = probes(e)
-            entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1 }
-            for _, cmd in ipairs(c) do
-                cmds[#cmds + 1] = cmd
-            end
+            entries[#entries + 1] = e
+        end
+    end
+    return entries
+end
+
+-- The entry of a tier-form caller: its key bucket with the tenant's in
+-- ALSO (resty.rl.store.take), the penalty box on the key.
+local function tier_entries(conf, ident)
+    local a = ident.attrs
+    local tier = conf.tiers[a.tier]
+    local key, tenant_key = policy.bucket_keys(conf, { tenant = a.tenant, key_id = a.key_id })
+    return { {
+        key = key, name = a.tier .. "-key", rule = { unit = "points", count = "requests" },
+        also_keys = { tenant_key }, also_names = { a.tier .. "-tenant" },
+        params = { kind = "bucket", burst = tier.key.burst, rate = tier.key.rate,
+                   period = tier.period, strikes = tier.strikes,
+                   also = { { burst = tier.tenant.burst, rate = tier.tenant.rate,
+                              period = tier.period } } },
+    } }
+end
+
+--- The usage report of the caller `ident` under gateway `gw` (a rule
+--- policy's engine or the tier form), or nil, error.
+function _M.report(gw, req, ident)
+    local conf = gw.conf
+    local cmds, entries = {}, {}
+    for _, e in ipairs(conf.rules and rule_entries(gw, req, ident) or tier_entries(conf, ident)) do
+        local keys, c = probes(e)
+        entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1 }
+        for _, cmd in ipairs(c) do
+            cmds[#cmds + 1] = cmd
         end
     end
     local res, err = store.pipeline(conf, cmds)
@@ -367,8 +410,7 @@ end
 --- content_by_lua of GET /_rl/usage: the caller's usage as JSON.
 function _M.serve(gw, req)
     local conf = gw.conf
-    if not conf.usage or not gw.entry then
-        -- disabled, or the tier form (no rule policy): nothing to report
+    if not conf.usage then
         return refuse(conf, req, 404, "not-found", "No usage report on this gateway.")
     end
     if req.method() ~= "GET" and req.method() ~= "HEAD" then
@@ -405,7 +447,7 @@ local page
 --- it; its script asks for the key and sends it in the API key header).
 function _M.dashboard(gw, req)
     local conf = gw.conf
-    if not conf.usage or not gw.entry then
+    if not conf.usage then
         return refuse(conf, req, 404, "not-found", "No usage dashboard on this gateway.")
     end
     if not page then
@@ -418,7 +460,7 @@ function _M.dashboard(gw, req)
         f:close()
     end
     -- the header name as a JS string literal (a replacement string: % doubled)
-    local header = (cjson.encode(conf.identity.api_key.header) or '"X-Api-Key"'):gsub("%%", "%%%%")
+    local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")
     local html = page:gsub("__API_KEY_HEADER__", header)
     return req.exit(200, html, {
         ["Content-Type"] = "text/html; charset=utf-8",
