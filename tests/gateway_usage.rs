@@ -48,20 +48,28 @@ const POLICY: &str = r#"return {
     },
 }"#;
 
-/// The policy with `usage` set to `usage` (Lua) and its own key prefix.
-fn variant(usage: &str) -> Front {
+/// The policy with `usage` set to `usage` (Lua) and the key prefix `prefix`.
+fn variant(usage: &str, prefix: &str) -> Front {
     Front::Nginx(format!(
         "(function() local p = dofile(DIR .. \"/usage_policy.lua\"); p.usage = {usage}; \
-         p.key_prefix = \"off\"; return p end)()"
+         p.key_prefix = \"{prefix}\"; return p end)()"
     ))
 }
 
-/// Front end 0: the policy; 1: the same with `usage = false`.
+/// Front end 0: the policy; 1: the same with `usage = false`; 2: with a
+/// counters dict that is not declared.
 fn gateway(redis: &Server) -> PolicyGateway {
     let front = Front::Nginx("dofile(DIR .. \"/usage_policy.lua\")".into());
     start(
         redis.port,
-        &[front, variant("false")],
+        &[
+            front,
+            variant("false", "off"),
+            variant(
+                "{ dict = \"undeclared\", reports_per_second = 10 }",
+                "nodict",
+            ),
+        ],
         &[("usage_policy.lua", POLICY)],
     )
     .expect("nginx starts")
@@ -76,19 +84,18 @@ fn usage(gw: &PolicyGateway, key: Option<&str>, query: &str) -> Resp {
     )
 }
 
-/// `n` ordinary requests of `key`, their statuses.
-fn traffic(gw: &PolicyGateway, key: &str, n: usize) -> Vec<u16> {
+/// `n` ordinary requests of `key` on front end `front`, their statuses.
+fn traffic_on(gw: &PolicyGateway, front: usize, key: &str, n: usize) -> Vec<u16> {
     let a = agent();
+    let url = format!("{}/v1/things", gw.url(front));
     (0..n)
-        .map(|_| {
-            get(
-                &a,
-                &format!("{}/v1/things", gw.url(0)),
-                &[("X-Api-Key", key)],
-            )
-            .status
-        })
+        .map(|_| get(&a, &url, &[("X-Api-Key", key)]).status)
         .collect()
+}
+
+/// `n` ordinary requests of `key` on the policy's front end.
+fn traffic(gw: &PolicyGateway, key: &str, n: usize) -> Vec<u16> {
+    traffic_on(gw, 0, key, n)
 }
 
 /// The sum of a per-second series of a report (`admitted`, `refused`).
@@ -260,6 +267,48 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
     assert!((590..=600).contains(&left), "{c}");
     assert!(c["box"]["ends_at"].is_string(), "{c}");
     assert_eq!(c["policies"][1]["boxed"], true, "{c}");
+
+    // reports are capped per key and node: 10 a second
+    let a = agent();
+    let url = format!("{}/_rl/usage", gw.url(0));
+    let burst: Vec<Resp> = (0..25)
+        .map(|_| get(&a, &url, &[("X-Api-Key", "key-c")]))
+        .collect();
+    assert!(burst.iter().all(|r| r.status == 200 || r.status == 429));
+    let capped: Vec<&Resp> = burst.iter().filter(|r| r.status == 429).collect();
+    assert!(!capped.is_empty(), "25 reports in a burst, none capped");
+    assert_eq!(capped[0].must("Retry-After"), "1");
+
+    // usage = false: no endpoint, the policy itself unchanged
+    for page in ["usage", "dashboard"] {
+        let r = get(
+            &a,
+            &format!("{}/_rl/{page}", gw.url(1)),
+            &[("X-Api-Key", "key-a")],
+        );
+        assert_eq!(r.status, 404, "{page}: {}", r.body);
+    }
+    assert_eq!(traffic_on(&gw, 1, "key-a", 1), [200]);
+    // no counters dict: the Redis numbers only, rate and refusals null
+    assert_eq!(traffic_on(&gw, 2, "key-a", 1), [200]);
+    let r = get(
+        &a,
+        &format!("{}/_rl/usage", gw.url(2)),
+        &[("X-Api-Key", "key-a")],
+    );
+    let n = r.json();
+    assert_eq!(r.status, 200, "{n}");
+    assert!(n["rate"].is_null() && n["refusals"].is_null(), "{n}");
+    assert_eq!(n["burst"]["used"], 1, "{n}");
+    // a bad `usage` stops nginx with the option named
+    let err = start(
+        redis.port,
+        &[variant("{ dict = 5 }", "bad")],
+        &[("usage_policy.lua", POLICY)],
+    )
+    .err()
+    .expect("a bad usage option is refused");
+    assert!(err.contains("usage must be false or"), "{err}");
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",
