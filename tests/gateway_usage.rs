@@ -450,6 +450,17 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
     let dom = chromium_dom(&format!("{}/_rl/dashboard#key=wrong", gw.url(0)));
     assert!(dom.contains("data-error=\"HTTP 401"), "{dom}");
     assert_eq!(val_of(&dom, "burst-used"), Some(String::new()));
+    // another tenant's key sees its own page: nothing of key A's
+    let dom = chromium_dom(&format!("{}/_rl/dashboard#key=key-b", gw.url(0)));
+    assert!(dom.contains("data-loaded=\"1\""), "{dom}");
+    for (id, want) in [
+        ("burst-used", "0"),
+        ("quota-used", "0"),
+        ("refusals-total", "0"),
+    ] {
+        assert_eq!(val_of(&dom, id).as_deref(), Some(want), "{id}");
+    }
+    assert!(dom.contains("key b1, tenant tb"), "{dom}");
 
     let png = chromium_screenshot(&format!("{}/_rl/dashboard#key=key-a", gw.url(0)));
     println!("dashboard screenshot: {}", png.display());
