@@ -109,6 +109,7 @@ pub fn http_common() -> String {
     lua_shared_dict rl_metrics 1m;
     lua_shared_dict rl_deny 1m;
     lua_shared_dict rl_redis 1m;
+    lua_shared_dict rl_usage 1m;
     lua_socket_log_errors off;
 "#
     )
@@ -160,6 +161,7 @@ fn nginx_conf(ports: Ports, redis_port: u16) -> String {
         location = /metrics {{
             content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
         }}
+        location = /_rl/usage {{ content_by_lua_block {{ require("resty.rl.nginx").usage("{name}") }} }}
         location / {{
             # which worker answered (the local limiter is per worker)
             add_header X-Worker $pid always;

@@ -69,10 +69,18 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
     let mut servers = String::new();
     for (i, f) in fronts.iter().enumerate() {
         let port = ports[i];
+        // the usage dashboard's locations (resty.rl.usage), nginx front ends only
+        let mut usage = String::new();
         let handler = match f {
             Front::Nginx(expr) => {
                 init += &format!("front.configure(\"f{i}\", {expr})\n");
                 let h = |phase: &str| format!("require(\"resty.rl.nginx\").{phase}(\"f{i}\")");
+                for page in ["usage", "dashboard"] {
+                    usage += &format!(
+                        "        location = /_rl/{page} {{ content_by_lua_block {{ {} }} }}\n",
+                        h(page)
+                    );
+                }
                 (h("access"), h("header_filter"), h("log"))
             }
             Front::Kong(expr) => {
@@ -92,7 +100,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
         location = /metrics {{
             content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
         }}
-        location / {{
+{usage}        location / {{
             access_by_lua_block {{ {} }}
             header_filter_by_lua_block {{ {} }}
             log_by_lua_block {{ {} }}

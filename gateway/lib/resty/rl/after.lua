@@ -10,6 +10,7 @@ local store = require "resty.rl.store"
 local headers = require "resty.rl.headers"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
+local usage = require "resty.rl.usage"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -74,6 +75,7 @@ function _M.log(conf, req)
     end
     local status = req.status()
     metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    usage.count(conf, state)
     if state.decision ~= "allowed" and state.decision ~= "degraded_allowed" then
         local tenant, key_id, user, brand = log_ident(state)
         req.warn("rl_event " .. (cjson.encode({

@@ -120,4 +120,14 @@ function _M.log(name)
     return get(name):log(_M.adapter)
 end
 
+--- content_by_lua handler of GET /_rl/usage (resty.rl.usage).
+function _M.usage(name)
+    return require("resty.rl.usage").serve(get(name), _M.adapter)
+end
+
+--- content_by_lua handler of GET /_rl/dashboard (resty.rl.usage).
+function _M.dashboard(name)
+    return require("resty.rl.usage").dashboard(get(name), _M.adapter)
+end
+
 return _M
