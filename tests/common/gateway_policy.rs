@@ -73,7 +73,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
             Front::Nginx(expr) => {
                 init += &format!("front.configure(\"f{i}\", {expr})\n");
                 let h = |phase: &str| format!("require(\"resty.rl.nginx\").{phase}(\"f{i}\")");
-                (h("access"), h("header_filter"), h("log"))
+                (h("access"), h("header_filter"), h("log"), h("body_filter"))
             }
             Front::Kong(expr) => {
                 init += &format!(
@@ -82,7 +82,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
                      require \"kong.plugins.rl.handler\"\n"
                 );
                 let h = |phase: &str| format!("require(\"kong_shim\").run(\"{phase}\")");
-                (h("access"), h("header_filter"), h("log"))
+                (h("access"), h("header_filter"), h("log"), String::new())
             }
         };
         servers += &format!(
@@ -96,10 +96,18 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
             access_by_lua_block {{ {} }}
             header_filter_by_lua_block {{ {} }}
             log_by_lua_block {{ {} }}
+            {}
             proxy_pass http://127.0.0.1:{upstream};
         }}
     }}"#,
-            handler.0, handler.1, handler.2
+            handler.0,
+            handler.1,
+            handler.2,
+            if handler.3.is_empty() {
+                String::new()
+            } else {
+                format!("body_filter_by_lua_block {{ {} }}", handler.3)
+            }
         );
     }
     init += "require \"upstream\"\n";

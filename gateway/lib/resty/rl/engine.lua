@@ -25,6 +25,8 @@ local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local after = require "resty.rl.after"
+local allowance = require "resty.rl.allowance"
+local settle = require "resty.rl.settle"
 
 local _M = {}
 
@@ -151,6 +153,20 @@ function Engine:entry(req, state, rule, ident)
         e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
     end
     return e
+end
+
+--- A rule with `allowance` (resty.rl.allowance): the cost of `e` spent
+--- from the node's allowance (true, the outcome set), else `e.fetch` set:
+--- its command fetches a new allowance.
+function Engine:from_allowance(e)
+    allowance.ensure_sweeper(self.conf, e)
+    local ok, left = allowance.spend(e)
+    if ok then
+        e.outcome = allowance.local_outcome(e, left)
+        return true
+    end
+    e.fetch = true
+    return false
 end
 
 -- Interval of the one_in_flight lease polls.
@@ -458,8 +474,11 @@ function Engine:access(req)
             e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
                 limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
                 window = e.params.window or e.params.period } }
+        elseif e.rule.allowance and e.cost > 0 and self:from_allowance(e) then
+            -- spent from the node's allowance: no Redis call
         else
-            cmds[#cmds + 1] = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+            cmds[#cmds + 1] = e.fetch and allowance.command(e)
+                or kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
             sent[#sent + 1] = e
             if e.params.kind == "lease" then
                 -- recorded before the call: a timed-out ACQUIRE may have been granted
@@ -476,7 +495,8 @@ function Engine:access(req)
     local bad
     for i, e in ipairs(sent) do
         local oerr
-        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        local raw = e.fetch and allowance.keep(e, res[i]) or res[i]
+        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, raw)
         bad = bad or oerr
     end
     if bad then
@@ -551,6 +571,9 @@ end
 --- is about to record (r consistent with the next decision).
 function Engine:header_filter(req)
     local state = req.ctx().rl
+    if state then
+        settle.header_filter(state)
+    end
     if not state or self.conf.shadow then
         return
     end
@@ -564,6 +587,15 @@ function Engine:header_filter(req)
     end
     for k, v in pairs(state.headers) do
         req.set_header(k, v)
+    end
+end
+
+--- Body filter: the usage of post-paid rules read from the response
+--- (resty.rl.settle).
+function Engine:body_filter(req)
+    local state = req.ctx().rl
+    if state and state.usage then
+        settle.body_filter(state)
     end
 end
 

@@ -66,6 +66,20 @@ local function penalty(args, p, probe)
     return args
 end
 
+-- The RESERVE clauses of a bucket command: `reserve` percent of the first
+-- bucket (index 0) and of each `also` bucket (index i) kept for others
+-- (the priority tiers: a fleet bucket that Free calls leave half full).
+local function reserves(args, p)
+    if p.reserve and p.reserve > 0 then
+        args[#args + 1], args[#args + 2], args[#args + 3] = "RESERVE", 0, p.reserve
+    end
+    for i, a in ipairs(p.also or {}) do
+        if a.reserve and a.reserve > 0 then
+            args[#args + 1], args[#args + 2], args[#args + 3] = "RESERVE", i, a.reserve
+        end
+    end
+end
+
 -- The "window" (w) of a bucket, window or quota for the headers.
 local function window_of(kind, p)
     if kind == "bucket" then
@@ -172,6 +186,7 @@ _M.KINDS = {
                 return args
             end
             penalty(args, p, e.probe)
+            reserves(args, p)
             if p.delay then
                 args[#args + 1] = "DELAY"
                 args[#args + 1] = p.delay
@@ -291,12 +306,7 @@ function _M.compensate(conf, state, sent)
             end
         end
     end
-    local res, err = store.pipeline(conf, cmds)
-    for _, r in ipairs(res or {}) do
-        if type(r) == "table" and r[1] == false then
-            res, err = nil, r[2]
-        end
-    end
+    local res, err = store.pipeline_ok(conf, cmds)
     if not res then
         metrics.redis_error(conf, err)
         state.redis_error = "refund: " .. tostring(err)
