@@ -295,3 +295,54 @@ fn lower_tiers_are_refused_first_and_the_top_tier_gets_through() {
     assert!(free < 450 && biz < 450, "both lower tiers were refused");
     gw.nginx.assert_no_lua_errors();
 }
+
+#[test]
+fn bad_reserve_settle_and_allowance_options_stop_nginx_with_the_field_named() {
+    let redis = Server::start(&[]);
+    let bucket = r#"{ kind = "bucket", burst = 100, rate = 1, period = 60 }"#;
+    let cases = [
+        (
+            r#"{ kind = "bucket", burst = 100, rate = 1, reserve = 101 }"#,
+            "",
+            "rules[1] (r).limiter: reserve must be an integer percent from 0 to 100",
+        ),
+        (
+            bucket,
+            r#"settle = { from = "body" },"#,
+            "rules[1] (r): settle.from must be header, usage or bytes",
+        ),
+        (
+            bucket,
+            r#"settle = { from = "header" },"#,
+            "settle.header must name the upstream's response header",
+        ),
+        (
+            r#"{ kind = "window", limit = 100, window = 60 }"#,
+            "allowance = { size = 10 },",
+            "rules[1] (r): allowance needs a bucket limiter without also",
+        ),
+        (
+            bucket,
+            r#"allowance = { size = 10, dict = "nope" },"#,
+            "lua_shared_dict nope (the allowances of the node) is not declared",
+        ),
+    ];
+    for (limiter, extra, want) in cases {
+        let src = format!(
+            r#"return {{
+    redis = {{ port = tonumber(os.getenv("RL_REDIS_PORT")) }},
+    identity = {{ api_key = {{ keys = {{ ["k"] = {{ key_id = "k1" }} }} }} }},
+    rules = {{ {{ name = "r", {extra} limiter = {limiter} }} }},
+}}"#
+        );
+        let err = match start(
+            redis.port,
+            &[Front::Nginx("dofile(DIR .. \"/policy.lua\")".into())],
+            &[("policy.lua", &src)],
+        ) {
+            Ok(_) => panic!("nginx started with {src}"),
+            Err(e) => e,
+        };
+        assert!(err.contains(want), "want {want:?} in:\n{err}");
+    }
+}

@@ -82,6 +82,20 @@ function _M.local_outcome(e, left)
                          window = p.period, unit = e.rule.unit } }
 end
 
+--- The request's cost of `e` spent from the node's allowance: true (the
+--- outcome set, no Redis call), else false and `e.fetch` set (its command
+--- is then the fetch of a new allowance, resty.rl.allowance.command).
+function _M.spent(conf, e)
+    _M.ensure_sweeper(conf, e)
+    local ok, left = _M.spend(e)
+    if ok then
+        e.outcome = _M.local_outcome(e, left)
+        return true
+    end
+    e.fetch = true
+    return false
+end
+
 --- The command fetching an allowance for `e` (its own cost included).
 function _M.command(e)
     local p = e.params

@@ -155,20 +155,6 @@ function Engine:entry(req, state, rule, ident)
     return e
 end
 
---- A rule with `allowance` (resty.rl.allowance): the cost of `e` spent
---- from the node's allowance (true, the outcome set), else `e.fetch` set:
---- its command fetches a new allowance.
-function Engine:from_allowance(e)
-    allowance.ensure_sweeper(self.conf, e)
-    local ok, left = allowance.spend(e)
-    if ok then
-        e.outcome = allowance.local_outcome(e, left)
-        return true
-    end
-    e.fetch = true
-    return false
-end
-
 -- Interval of the one_in_flight lease polls.
 local ATTEMPT_POLL_MS = 20
 
@@ -474,7 +460,7 @@ function Engine:access(req)
             e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
                 limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
                 window = e.params.window or e.params.period } }
-        elseif e.rule.allowance and e.cost > 0 and self:from_allowance(e) then
+        elseif e.rule.allowance and e.cost > 0 and allowance.spent(conf, e) then
             -- spent from the node's allowance: no Redis call
         else
             cmds[#cmds + 1] = e.fetch and allowance.command(e)
