@@ -26,9 +26,15 @@ const ASYNC: Duration = Duration::from_secs(10);
 
 /// Starts nginx with the policy `src` (Lua) against `redis`.
 fn gateway_with(redis: &Server, src: &str) -> PolicyGateway {
+    front_with(redis, src, Front::Nginx)
+}
+
+/// Starts nginx with the policy `src` run by `front` (the nginx front end
+/// or the Kong plugin).
+fn front_with(redis: &Server, src: &str, front: fn(String) -> Front) -> PolicyGateway {
     start(
         redis.port,
-        &[Front::Nginx("dofile(DIR .. \"/policy.lua\")".into())],
+        &[front("dofile(DIR .. \"/policy.lua\")".into())],
         &[("policy.lua", src)],
     )
     .unwrap_or_else(|e| panic!("nginx: {e}"))
@@ -203,6 +209,41 @@ fn openai_usage_settles_from_a_json_body_and_from_a_stream_and_bytes_from_egress
     let r = get(&a, &format!("{}/v1/llm/bytes?bytes=10", gw.url(0)), &k);
     assert_eq!(ratelimit(&r).1, 100000 - 5000 - 1000, "{r:#?}");
     settles_to(&mut con, &window, 100000 - 5010);
+    gw.nginx.assert_no_lua_errors();
+}
+
+#[test]
+fn the_kong_plugin_settles_a_header_and_a_streamed_usage() {
+    let redis = Server::start(&[]);
+    let gw = front_with(&redis, SETTLE_POLICY, Front::Kong);
+    let mut con = redis.client();
+    let a = agent();
+    let k = [("X-Api-Key", "k1")];
+    let r = get(
+        &a,
+        &format!("{}/v1/llm/header?usage_header=250", gw.url(0)),
+        &k,
+    );
+    assert_eq!((r.status, ratelimit(&r).1), (200, 900), "{r:#?}");
+    let bucket = [
+        "RL.TAKE",
+        "pp:{key_id:k1}:upstream-tokens",
+        "1000",
+        "1",
+        "86400",
+    ];
+    settles_to(&mut con, &bucket, 750);
+    let r = get(
+        &a,
+        &format!("{}/v1/llm/chat?tokens=57&stream=1", gw.url(0)),
+        &k,
+    );
+    assert!(
+        r.status == 200 && r.body.ends_with("data: [DONE]\n\n"),
+        "{r:#?}"
+    );
+    let quota = ["RL.QUOTA", "pp:{key_id:k1}:llm-tokens", "1000", "DAY"];
+    settles_to(&mut con, &quota, 1000 - 57);
     gw.nginx.assert_no_lua_errors();
 }
 

@@ -74,8 +74,11 @@ function _M.header_filter(state)
             end
         elseif s and s.from == "usage" and not state.usage then
             local ctype = ngx.header["Content-Type"] or ""
+            local coding = ngx.header["Content-Encoding"]
             state.usage = { sse = ctype:find("text/event-stream", 1, true) ~= nil,
-                            buf = {}, size = 0, max = s.max_body }
+                            buf = {}, size = 0, max = s.max_body,
+                            -- a compressed body is not read: the estimate stands
+                            done = coding ~= nil and coding ~= "identity" }
         end
     end
 end
