@@ -14,7 +14,8 @@
 -- Dict entries, per rule key K: "a:" .. K the points left (>= 0 once every
 -- concurrent spend has settled), "b:" .. K when the allowance was taken
 -- (ngx.now()), "p:" .. K the bucket's "burst rate period max_age" (what a
--- refund needs, written by the worker that fetched).
+-- refund needs, written by the worker that fetched), "g:" .. K what Redis
+-- said was left at the last fetch, "f:" .. K a fetch in flight.
 --
 -- Every spend or drain is an incr: a decrement that leaves the count
 -- negative is undone by the party that made it, so the points taken out
@@ -27,6 +28,9 @@ local _M = {}
 
 -- Tries to drain a busy key this many times per sweep.
 local DRAIN_ATTEMPTS = 5
+-- Seconds a fetch in flight keeps the others of its node from fetching
+-- (its reply ends it sooner; a fetch that got no reply lets it expire).
+local FETCH_LOCK_TTL = 1
 -- The shortest interval between sweeps (seconds).
 local MIN_SWEEP = 0.1
 
@@ -83,8 +87,9 @@ function _M.local_outcome(e, left)
 end
 
 --- The request's cost of `e` spent from the node's allowance: true (the
---- outcome set, no Redis call), else false and `e.fetch` set (its command
---- is then the fetch of a new allowance, resty.rl.allowance.command).
+--- outcome set, no Redis call), else false, with `e.fetch` set when this
+--- request fetches the node's next allowance (its command is then
+--- resty.rl.allowance.command; else the rule's usual command).
 function _M.spent(conf, e)
     _M.ensure_sweeper(conf, e)
     local ok, left = _M.spend(e)
@@ -92,7 +97,10 @@ function _M.spent(conf, e)
         e.outcome = _M.local_outcome(e, left)
         return true
     end
-    e.fetch = true
+    -- one fetch per key and node at a time: the requests that miss meanwhile
+    -- pay their own cost in Redis (as without allowance), so that the node
+    -- holds about one allowance, not one per concurrent request
+    e.fetch = ngx.shared[e.rule.allowance.dict]:add("f:" .. e.key, true, FETCH_LOCK_TTL)
     return false
 end
 
@@ -107,12 +115,13 @@ end
 --- does not spend in the node's allowance. Returns the first 8 integers
 --- (the usual reply) for the outcome, or `raw` when it is not a reply.
 function _M.keep(e, raw)
+    local a = e.rule.allowance
+    local d = ngx.shared[a.dict]
+    d:delete("f:" .. e.key)
     if type(raw) ~= "table" or #raw ~= 9 or type(raw[9]) ~= "number" then
         return raw
     end
     local granted = raw[9]
-    local a = e.rule.allowance
-    local d = ngx.shared[a.dict]
     local out = { raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8] }
     if raw[1] == 1 and granted > e.cost then
         local p = e.params
@@ -188,6 +197,8 @@ local function sweep(conf, d, all)
 end
 
 local sweepers = {}
+-- The rules' allowance tables whose sweeper runs (the per-request check).
+local swept = setmetatable({}, { __mode = "k" })
 
 --- Starts this worker's sweeper of the allowances of `conf` (once per
 --- worker, dict and key prefix; every worker sweeps the shared dict, each drain is
@@ -195,7 +206,11 @@ local sweepers = {}
 --- allowance.
 function _M.ensure_sweeper(conf, e)
     local a = e.rule.allowance
+    if swept[a] then
+        return
+    end
     local id = a.dict .. " " .. conf.key_prefix
+    swept[a] = true
     if sweepers[id] then
         return
     end
@@ -215,7 +230,7 @@ function _M.ensure_sweeper(conf, e)
         end
     end)
     if not ok then
-        sweepers[id] = nil
+        sweepers[id], swept[a] = nil, nil
         ngx.log(ngx.WARN, "rl: cannot start the allowance sweeper: ", tostring(err))
     end
 end
