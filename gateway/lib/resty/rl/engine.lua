@@ -13,6 +13,9 @@
 --      answers (reject, quota, challenge) or marks the request (soft);
 --   6. after the response (log phase, in a timer): failures recorded,
 --      leases released, level-2/3 box alerts added to the alert stream.
+-- Rules with `allowance` spend their node's points without Redis in step 4
+-- (resty.rl.allowance); rules with `settle` are settled in step 6
+-- (resty.rl.settle).
 
 local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"

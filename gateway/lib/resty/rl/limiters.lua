@@ -70,13 +70,15 @@ end
 -- bucket (index 0) and of each `also` bucket (index i) kept for others
 -- (the priority tiers: a fleet bucket that Free calls leave half full).
 local function reserves(args, p)
-    if p.reserve and p.reserve > 0 then
-        args[#args + 1], args[#args + 2], args[#args + 3] = "RESERVE", 0, p.reserve
-    end
-    for i, a in ipairs(p.also or {}) do
-        if a.reserve and a.reserve > 0 then
-            args[#args + 1], args[#args + 2], args[#args + 3] = "RESERVE", i, a.reserve
+    local function add(index, percent)
+        if percent and percent > 0 then
+            local n = #args
+            args[n + 1], args[n + 2], args[n + 3] = "RESERVE", index, percent
         end
+    end
+    add(0, p.reserve)
+    for i, a in ipairs(p.also or {}) do
+        add(i, a.reserve)
     end
 end
 
