@@ -141,6 +141,16 @@ fn allowances_are_spent_locally_and_come_back_when_they_age_and_when_nginx_stops
     });
     assert!(aged.is_some(), "aged out: {} left", left(&mut con, "aging"));
 
+    // a reload: the old workers of the first node give back its 10 points
+    nodes[0].reload();
+    let reloaded = common::poll_for(ASYNC, Duration::from_millis(50), || {
+        (left(&mut con, "held") == 1000 - 150).then_some(())
+    });
+    assert!(
+        reloaded.is_some(),
+        "after a reload: {}",
+        left(&mut con, "held")
+    );
     // a graceful stop gives back what the nodes still hold
     for node in &mut nodes {
         assert!(node.nginx.quit(ASYNC), "nginx stops within {ASYNC:?}");
