@@ -81,7 +81,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
                         h(page)
                     );
                 }
-                (h("access"), h("header_filter"), h("log"))
+                (h("access"), h("header_filter"), h("log"), h("body_filter"))
             }
             Front::Kong(expr) => {
                 init += &format!(
@@ -90,7 +90,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
                      require \"kong.plugins.rl.handler\"\n"
                 );
                 let h = |phase: &str| format!("require(\"kong_shim\").run(\"{phase}\")");
-                (h("access"), h("header_filter"), h("log"))
+                (h("access"), h("header_filter"), h("log"), h("body_filter"))
             }
         };
         servers += &format!(
@@ -103,11 +103,12 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
 {usage}        location / {{
             access_by_lua_block {{ {} }}
             header_filter_by_lua_block {{ {} }}
+            body_filter_by_lua_block {{ {} }}
             log_by_lua_block {{ {} }}
             proxy_pass http://127.0.0.1:{upstream};
         }}
     }}"#,
-            handler.0, handler.1, handler.2
+            handler.0, handler.1, handler.3, handler.2
         );
     }
     init += "require \"upstream\"\n";

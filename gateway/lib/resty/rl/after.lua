@@ -1,7 +1,8 @@
 -- resty.rl.after: the log phase of a rule policy (resty.rl.engine) and
 -- the work after the response, in a timer (the log phase cannot use
 -- cosockets): failures recorded (count = failures), response bytes
--- charged (count = response_bytes), leases released, and the alerts of
+-- charged (count = response_bytes), post-paid rules settled
+-- (resty.rl.settle), leases released, and the alerts of
 -- boxes that reached an alerting level added to the alert stream.
 
 local rules = require "resty.rl.rules"
@@ -11,6 +12,7 @@ local headers = require "resty.rl.headers"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local usage = require "resty.rl.usage"
+local settle = require "resty.rl.settle"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -99,6 +101,10 @@ function _M.log(conf, req)
                 end
             end
         end
+    end
+    if state.admitted then
+        -- post-paid rules: DEBT or REFUND of the actual cost's difference
+        settle.commands(state, limiters.KINDS, req.bytes_sent(), req.warn, cmds)
     end
     for _, l in ipairs(state.leases) do
         cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", l.key, l.id }

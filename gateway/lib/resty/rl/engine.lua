@@ -13,6 +13,9 @@
 --      answers (reject, quota, challenge) or marks the request (soft);
 --   6. after the response (log phase, in a timer): failures recorded,
 --      leases released, level-2/3 box alerts added to the alert stream.
+-- Rules with `allowance` spend their node's points without Redis in step 4
+-- (resty.rl.allowance); rules with `settle` are settled in step 6
+-- (resty.rl.settle).
 
 local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"
@@ -25,6 +28,8 @@ local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local after = require "resty.rl.after"
+local allowance = require "resty.rl.allowance"
+local settle = require "resty.rl.settle"
 
 local _M = {}
 
@@ -458,8 +463,11 @@ function Engine:access(req)
             e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
                 limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
                 window = e.params.window or e.params.period } }
+        elseif e.rule.allowance and e.cost > 0 and allowance.spent(conf, e) then
+            -- spent from the node's allowance: no Redis call
         else
-            cmds[#cmds + 1] = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+            cmds[#cmds + 1] = e.fetch and allowance.command(e)
+                or kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
             sent[#sent + 1] = e
             if e.params.kind == "lease" then
                 -- recorded before the call: a timed-out ACQUIRE may have been granted
@@ -476,7 +484,8 @@ function Engine:access(req)
     local bad
     for i, e in ipairs(sent) do
         local oerr
-        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        local raw = e.fetch and allowance.keep(e, res[i]) or res[i]
+        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, raw)
         bad = bad or oerr
     end
     if bad then
@@ -551,6 +560,9 @@ end
 --- is about to record (r consistent with the next decision).
 function Engine:header_filter(req)
     local state = req.ctx().rl
+    if state then
+        settle.header_filter(state)
+    end
     if not state or self.conf.shadow then
         return
     end
@@ -564,6 +576,15 @@ function Engine:header_filter(req)
     end
     for k, v in pairs(state.headers) do
         req.set_header(k, v)
+    end
+end
+
+--- Body filter: the usage of post-paid rules read from the response
+--- (resty.rl.settle).
+function Engine:body_filter(req)
+    local state = req.ctx().rl
+    if state and state.usage then
+        settle.body_filter(state)
     end
 end
 
