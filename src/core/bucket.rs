@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::limiter::Limiter;
 use super::limits::MAX_DURATION_MS;
 use super::part::{within_reach, Part};
-use super::time::{ceil_div, clamp_i64, Millis};
+use super::time::{ceil_div, clamp_i64, div_floor, rem_floor, Millis};
 
 /// The stored state of one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,8 +146,8 @@ pub fn needs_rewrite(bucket: &Bucket, rate: &Rate) -> bool {
 
 /// `ceil(a * m / d)` for `a >= 0`, `m >= 0`, `d >= 1`, saturating.
 fn mul_div_ceil(a: i128, m: i128, d: i128) -> i128 {
-    let whole = (a / d).saturating_mul(m);
-    let part = ceil_div((a % d).saturating_mul(m), d);
+    let whole = div_floor(a, d).saturating_mul(m);
+    let part = ceil_div(rem_floor(a, d).saturating_mul(m), d);
     whole.saturating_add(part)
 }
 
@@ -178,7 +178,7 @@ pub fn remaining(debt: i128, rate: &Rate) -> i64 {
 /// towards more debt) beyond empty.
 pub fn balance(debt: i128, rate: &Rate) -> i64 {
     let room = rate.tolerance().saturating_sub(debt);
-    clamp_i64(room.div_euclid(i128::from(rate.period_ms.max(1))))
+    clamp_i64(div_floor(room, i128::from(rate.period_ms.max(1))))
 }
 
 /// The largest debt a bucket holds: empty plus [`MAX_DURATION_MS`] of
@@ -208,8 +208,8 @@ pub fn from_tat_ns(tat_ns: i64, rate: &Rate) -> Bucket {
     );
     let per_ms = rate.ticks_per_ms();
     Bucket {
-        tat_ms: clamp_i64(ticks.div_euclid(per_ms)),
-        tat_frac: u64::try_from(ticks.rem_euclid(per_ms)).unwrap_or(0),
+        tat_ms: clamp_i64(div_floor(ticks, per_ms)),
+        tat_frac: u64::try_from(rem_floor(ticks, per_ms)).unwrap_or(0),
         tokens: tick_scale(rate.tokens),
         period_ms: rate.period_ms.max(1),
     }
@@ -250,7 +250,7 @@ impl Limiter for Rate {
     /// Read from the stored state rather than from the debt at this call's
     /// rate: a probe writes nothing, so a bucket last written at other
     /// parameters refills at those until a call rewrites it.
-    fn reset_ms(&self, state: Option<&Bucket>, now: Millis) -> i64 {
+    fn reset_ms(&self, state: Option<&Bucket>, _seen: &i128, now: Millis) -> i64 {
         state.map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
     }
 
@@ -282,9 +282,9 @@ pub fn charge(debt: i128, cost: u64, rate: &Rate, now: i64) -> (Bucket, i128) {
         .saturating_mul(ticks)
         .saturating_add(new_debt);
     let bucket = Bucket {
-        tat_ms: clamp_i64(tat.div_euclid(ticks)),
+        tat_ms: clamp_i64(div_floor(tat, ticks)),
         // Below `tokens`, which is a u64.
-        tat_frac: u64::try_from(tat.rem_euclid(ticks)).unwrap_or(0),
+        tat_frac: u64::try_from(rem_floor(tat, ticks)).unwrap_or(0),
         tokens: tick_scale(rate.tokens),
         period_ms: rate.period_ms.max(1),
     };

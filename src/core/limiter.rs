@@ -42,9 +42,10 @@ pub trait Limiter {
     /// beyond the limit).
     fn balance(&self, seen: &Self::Seen) -> i64;
 
-    /// Milliseconds until `state` (as stored after the call) holds nothing
-    /// that limits: the bucket is full, the window is empty.
-    fn reset_ms(&self, state: Option<&Self::State>, now: Millis) -> i64;
+    /// Milliseconds until `state` (as stored after the call, read as
+    /// `seen`) holds nothing that limits: the bucket is full, the window is
+    /// empty.
+    fn reset_ms(&self, state: Option<&Self::State>, seen: &Self::Seen, now: Millis) -> i64;
 
     /// Take `cost` points at `now` from `state` (read as `seen`), in
     /// place (`None`: the key holds none yet), and say how it reads after.

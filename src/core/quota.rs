@@ -197,8 +197,8 @@ impl Limiter for Quota {
     }
 
     /// Milliseconds until the period ends (when the count resets).
-    fn reset_ms(&self, state: Option<&QuotaState>, now: Millis) -> i64 {
-        self.see(state, now).end.saturating_sub(now).max(0)
+    fn reset_ms(&self, _state: Option<&QuotaState>, seen: &QuotaSeen, now: Millis) -> i64 {
+        seen.end.saturating_sub(now).max(0)
     }
 
     fn charge(
@@ -343,7 +343,7 @@ mod tests {
         let seen = q.see(state.as_ref(), now);
         assert!(!q.fits(&seen, 1));
         assert_eq!(q.wait_ms(state.as_ref(), &seen, 1, now), 60_000);
-        assert_eq!(q.reset_ms(state.as_ref(), now), 60_000);
+        assert_eq!(q.reset_ms(state.as_ref(), &seen, now), 60_000);
         let next = at(2026, 2, 1, 0, 0, 0);
         assert!(!q.fits(&q.see(state.as_ref(), next - 1), 1));
         assert!(q.fits(&q.see(state.as_ref(), next), 3));

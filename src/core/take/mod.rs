@@ -214,7 +214,7 @@ pub fn decide<L: Limiter>(
             0
         } else if need > limit.limit() {
             // Never above the reserve: until nothing limits.
-            limit.reset_ms(state.borrow().as_ref(), now).max(1)
+            limit.reset_ms(state.borrow().as_ref(), seen, now).max(1)
         } else {
             limit
                 .wait_ms(state.borrow().as_ref(), seen, need, now)
@@ -364,7 +364,7 @@ fn about<L: Limiter>(
         status: Status::Allowed,
         limit: limit.limit(),
         remaining: limit.remaining(seen),
-        reset: Span::ms(limit.reset_ms(state.borrow().as_ref(), now)),
+        reset: Span::ms(limit.reset_ms(state.borrow().as_ref(), seen, now)),
         retry_after: Span::Ms(0),
         box_level: 0,
         strikes_remaining,

@@ -134,7 +134,7 @@ proptest! {
         // Directly, on the stored state: what decide said.
         let seen = b.see(after.as_ref(), now);
         prop_assert_eq!(b.remaining(&seen), reply.remaining);
-        prop_assert_eq!(b.reset_ms(after.as_ref(), now), z);
+        prop_assert_eq!(b.reset_ms(after.as_ref(), &seen, now), z);
         if let Some(s) = &after {
             prop_assert_eq!(rewritten(&b, s, &seen, now), None, "stored states are native");
             prop_assert!(s.is_valid());
@@ -266,7 +266,7 @@ proptest! {
         prop_assert!(w.wait_ms(state.as_ref(), &seen, cost, now) >= 0);
         prop_assert!(w.wait_exact(state.as_ref(), cost, now) >= 0);
         prop_assert!((0..=limit as i64).contains(&w.remaining(&seen)));
-        prop_assert!(w.reset_ms(state.as_ref(), now) >= 0);
+        prop_assert!(w.reset_ms(state.as_ref(), &seen, now) >= 0);
         let (charged, _) = charged(&w, state.as_ref(), &seen, cost, now);
         let _ = charged.counts_until(now);
         let _ = charged.is_valid();

@@ -129,8 +129,8 @@ impl Limiter for Window {
 
     /// Read under this call's parameters, like every other reply field (a
     /// probe of a foreign state answers as the converted state would).
-    fn reset_ms(&self, state: Option<&WindowState>, now: Millis) -> i64 {
-        self.see(state, now).empty_in
+    fn reset_ms(&self, _state: Option<&WindowState>, seen: &WindowSeen, _now: Millis) -> i64 {
+        seen.empty_in
     }
 
     /// A state of this window's own form is charged where it is (an exact

@@ -112,7 +112,7 @@ use crate::core::limiter::Limiter;
 use crate::core::limits::MAX_DURATION_MS;
 #[cfg(doc)]
 use crate::core::limits::MAX_EXACT_LIMIT;
-use crate::core::time::{clamp_i64, Millis};
+use crate::core::time::{clamp_i64, rem_floor, Millis};
 
 /// Which window: `RL.WINDOW` default, `EXACT` or `FIXED`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,21 +348,21 @@ impl Window {
     }
 
     fn offset(&self) -> i128 {
-        i128::from(self.offset_ms) % self.w()
+        rem_floor(i128::from(self.offset_ms), self.w())
     }
 
     /// The boundary at or before `t`.
     fn boundary_before(&self, t: i128) -> i128 {
-        t - (t - self.offset()).rem_euclid(self.w())
+        t - rem_floor(t - self.offset(), self.w())
     }
 
     /// The boundary at or after `t`.
     fn boundary_after(&self, t: i128) -> i128 {
-        t + (self.offset() - t).rem_euclid(self.w())
+        t + rem_floor(self.offset() - t, self.w())
     }
 
     fn is_boundary(&self, t: Millis) -> bool {
-        (i128::from(t) - self.offset()).rem_euclid(self.w()) == 0
+        rem_floor(i128::from(t) - self.offset(), self.w()) == 0
     }
 
     /// The end of the window of this key that holds `now`.

@@ -2,7 +2,7 @@
 //! forward to the instant they are read at.
 
 use super::{Shape, WindowSeen};
-use crate::core::time::{ceil_div, clamp_i64, Millis};
+use crate::core::time::{ceil_div, clamp_i64, div_floor, Millis};
 
 /// `v` clamped into `u64`.
 pub(super) fn sat_u64(v: i128) -> u64 {
@@ -28,7 +28,7 @@ pub(super) fn roll(start: Millis, prev: u64, curr: u64, w: i128, now: Millis) ->
     let s = i128::from(start);
     let now = i128::from(now);
     let at = now.max(s);
-    let k = (at - s) / w;
+    let k = div_floor(at - s, w);
     // `k * w <= at - s`, so nothing here overflows.
     let (start, prev, curr) = match k {
         0 => (s, prev, curr),
