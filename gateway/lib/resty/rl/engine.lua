@@ -115,6 +115,15 @@ function Engine:entry(req, state, rule, ident)
         end
         values[a] = v
     end
+    local member
+    if rule.limiter.kind == "distinct" then
+        -- the member counted (resty.rl.distinct): an attribute, as a scope's
+        local err
+        member, err = identity.attr(conf, req, ident, rule.limiter.member, state.route)
+        if err or member == nil then
+            return nil, err, err and rule.limiter.member
+        end
+    end
     local params = resolve_deep(rule.limiter, ident)
     local cost = rule.cost
     if cost == "route" then
@@ -136,7 +145,8 @@ function Engine:entry(req, state, rule, ident)
     local tier = ident.attrs.tier or "none"
     -- failures and response bytes are probed now, charged after the response
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {} }
+                name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {},
+                member = member }
     e.key = rule_key(conf, rule.tag, values, rule.name, rule.scope)
     for i, a in ipairs(params.also or {}) do
         local avals = { [rule.tag] = values[rule.tag] }
@@ -211,19 +221,22 @@ local function strictest(entries)
 end
 
 -- The RateLimit binding of an admitted request: the rate entry with the
--- smallest share of its limit left.
+-- smallest share of its limit left (a distinct rule's members only when
+-- no rate entry applies: they are not requests left).
 local function tightest(entries)
-    local best, share
+    local best, share, members
     for _, e in ipairs(entries) do
         local b = e.outcome and e.outcome.binding
-        if b and e.params.kind ~= "lease" then
+        if b and e.params.kind == "distinct" then
+            members = members or e
+        elseif b and e.params.kind ~= "lease" then
             local s = b.remaining / math.max(b.limit, 1)
             if not share or s < share then
                 best, share = e, s
             end
         end
     end
-    return best
+    return best or members
 end
 
 -- Sets RateLimit-Policy (every entry that applied) and RateLimit.
@@ -276,7 +289,8 @@ function Engine:refuse_with(req, state, e, decision_as)
     if o.state == "boxed" then
         kind, decision = "penalty-box-active", "boxed"
         state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
-        local len = e.params.box and e.params.box[o.level] or 0
+        local len = e.params.box and e.params.box[o.level]
+            or e.params.trip and e.params.trip.duration or 0
         headers.retry_after(state.headers, o.retry_ms, len >= conf.http_date_after)
     else
         if e.params.kind == "lease" then
@@ -427,7 +441,7 @@ function Engine:access(req)
     local entries = state.entries
     -- the edge deny cache: a known box answers without Redis
     for _, e in ipairs(entries) do
-        local box = e.params.strikes and deny.get(conf, e.key)
+        local box = limiters.boxes(e.params) and deny.get(conf, e.key)
         if box then
             e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
                           strikes = 0, cached = true,
@@ -512,7 +526,7 @@ function Engine:access(req)
     end
     for _, e in ipairs(entries) do
         local o = e.outcome
-        if o.state == "boxed" and not o.cached and e.params.strikes then
+        if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
             deny.put(conf, e.key, o.level, o.retry_ms)
             state.boxed = state.boxed or {}
             state.boxed[#state.boxed + 1] = e

@@ -172,9 +172,8 @@ local PERIODS = { DAY = true, WEEK = true, MONTH = true }
 local MODES = { sliding = true, exact = true, fixed = true }
 
 --- The limiter kinds and the validation of their options. Adding a kind
---- (RL.DISTINCT, "distinct members", once the module has it) is one entry
---- here, one command builder in resty.rl.engine (COMMANDS) and its header
---- form; until then `kind = "distinct"` is refused at startup.
+--- is one entry here and one in resty.rl.limiters (KINDS: its command,
+--- header form and outcome).
 _M.KINDS = {
     bucket = function(where, l, tiers)
         check_opt(where, "rate", l.rate, tiers, positive_int, "an integer >= 1")
@@ -209,9 +208,26 @@ _M.KINDS = {
             check_opt(where, "expected", l.expected, tiers, seconds, "seconds > 0")
         end
     end,
-    distinct = function(where)
-        check(false, "%s: kind distinct needs RL.DISTINCT, which this build of the module "
-            .. "does not have yet", where)
+    -- distinct members (resty.rl.distinct); `member` is checked as an attribute
+    distinct = function(where, l, tiers)
+        check_opt(where, "limit", l.limit, tiers,
+            function(v) return positive_int(v) and v <= 10000 end, "an integer from 1 to 10000")
+        check_opt(where, "window", l.window, tiers, seconds, "seconds > 0 with at most 3 decimals")
+        check(l.strikes == nil and l.box == nil and l.jitter == nil,
+            "%s: a distinct limiter boxes with trip = {level, duration}, not strikes/box/jitter",
+            where)
+        if l.trip ~= nil then
+            check_opt(where, "trip", l.trip, tiers, function(t)
+                return type(t) == "table" and positive_int(t.level) and t.level <= 3
+                    and seconds(t.duration, true)
+            end, "{level = 1 to 3, duration = seconds >= 0 (0 = manual)}")
+        end
+        if l.min_events ~= nil then
+            check(l.trip ~= nil, "%s: min_events needs trip", where)
+            check_opt(where, "min_events", l.min_events, tiers,
+                function(v) return positive_int(v) and v >= 2 and v <= 10001 end,
+                "an integer from 2 to 10001")
+        end
     end,
 }
 
@@ -294,6 +310,11 @@ local function validate_rule(i, r, conf)
         "%s: limiter.kind must be bucket, window, quota, lease or distinct", where)
     compile_refs(l)
     _M.KINDS[l.kind](where .. ".limiter", l, tiers)
+    if l.kind == "distinct" then
+        check(type(l.member) == "string", "%s.limiter: member must name the attribute counted "
+            .. "(subject, ip, header:<name>, ...)", where)
+        check_scope(where .. ".limiter.member", { l.member })
+    end
     if l.kind ~= "lease" then
         check_penalty(where .. ".limiter", l, tiers)
     end
@@ -323,8 +344,8 @@ local function validate_rule(i, r, conf)
     end
     r.count = r.count or "requests"
     if r.count == "failures" then
-        check(l.kind == "window" and not l.also, "%s: count failures needs a window limiter "
-            .. "without also", where)
+        check((l.kind == "window" or l.kind == "distinct") and not l.also,
+            "%s: count failures needs a window or distinct limiter without also", where)
         r.fail_statuses = r.fail_statuses or { 401, 403 }
         r.fail_set = {}
         for _, s in ipairs(r.fail_statuses) do
@@ -358,7 +379,8 @@ local function validate_rule(i, r, conf)
             where)
     end
     r.unit = r.unit or ((r.cost == "route" or type(r.cost) == "table") and "points"
-        or l.kind == "lease" and "concurrent-requests" or "requests")
+        or l.kind == "lease" and "concurrent-requests"
+        or l.kind == "distinct" and "members" or "requests")
     local a = r.on_refusal or {}
     r.on_refusal = a
     a.action = a.action or (l.kind == "quota" and "quota" or "reject")
@@ -380,6 +402,19 @@ local function validate_rule(i, r, conf)
         check_opt(where, "on_redis_failure", r.on_redis_failure, tiers, function(v)
             return v == "local" or v == "open" or v == "closed"
         end, "local, open or closed")
+    end
+    if r.quota_alerts ~= nil then
+        local qa = r.quota_alerts
+        check(l.kind == "quota" and r.count == "requests" and type(qa) == "table"
+            and type(qa.thresholds) == "table" and #qa.thresholds >= 1,
+            "%s: quota_alerts needs a quota limiter counting requests and a list of thresholds",
+            where)
+        for j, t in ipairs(qa.thresholds) do
+            check(positive_int(t) and t <= 100, "%s: quota_alerts.thresholds[%d] must be a percent "
+                .. "from 1 to 100", where, j)
+        end
+        qa.owner = qa.owner or "tenant"
+        check_scope(where .. ".quota_alerts.owner", { qa.owner })
     end
     local al = r.alerts
     if al then
@@ -443,6 +478,10 @@ function _M.compile(conf)
     conf.alerts = conf.alerts or {}
     conf.alerts.stream = conf.alerts.stream or (conf.key_prefix .. ":alerts")
     conf.alerts.maxlen = conf.alerts.maxlen or 10000
+    conf.quota_alerts = conf.quota_alerts or {}
+    -- rlctl watch reads this stream (rlctl/README.md, "Quota events")
+    conf.quota_alerts.stream = conf.quota_alerts.stream or "rl:events:quota"
+    conf.quota_alerts.maxlen = conf.quota_alerts.maxlen or 100000
     conf.upstream_headers = conf.upstream_headers or {}
     for name, v in pairs(conf.upstream_headers) do
         local ref = _M.as_ref(v)

@@ -1,0 +1,117 @@
+-- resty.rl.quota_alerts: quota threshold events of a rule policy. A rule
+-- with a calendar quota (RL.QUOTA) and `quota_alerts = {thresholds =
+-- {80, 100}}` appends one entry to the quota stream (rlctl watch reads it:
+-- rlctl/README.md, "Quota events") when an admitted request takes the
+-- quota's use across one of its thresholds:
+--
+--   XADD rl:events:quota MAXLEN ~ 100000 * tenant <id> quota <name>
+--        used <points used> limit <quota> period <YYYY-MM> threshold <percent>
+--
+-- The crossing is read from the module's reply (used before and after this
+-- request's cost: RL.QUOTA is atomic, so of concurrent requests exactly one
+-- crosses each threshold), so a request below every threshold writes
+-- nothing more. A crossing writes `SET <key>:alerted:<period>:<percent> NX`
+-- first and appends only when that marker is new: a threshold crossed
+-- again in the same period (points given back by REFUND, a request another
+-- rule refused) is not announced twice.
+
+local store = require "resty.rl.store"
+
+local _M = {}
+
+--- The period label of a quota period now (UTC): `2026-12` for MONTH,
+--- the ISO week `2026-W49` for WEEK, `2026-12-01` for DAY.
+function _M.period_label(period)
+    local t = ngx.time()
+    if period == "DAY" then
+        return os.date("!%Y-%m-%d", t)
+    elseif period == "WEEK" then
+        return os.date("!%G-W%V", t)
+    end
+    return os.date("!%Y-%m", t)
+end
+
+--- The thresholds (percent) that `cost` took the use across: used before
+--- the request below, used after at or above each.
+function _M.crossed(thresholds, limit, remaining, cost)
+    local after = limit - remaining
+    local before = after - cost
+    local out = {}
+    for _, t in ipairs(thresholds) do
+        if before * 100 < t * limit and t * limit <= after * 100 then
+            out[#out + 1] = t
+        end
+    end
+    return out
+end
+
+--- The events of a finished request (log phase: no Redis): one per
+--- threshold an admitted quota rule's charge crossed, each
+--- {marker, ttl_ms, fields}.
+function _M.events(conf, state)
+    local out = {}
+    if not state.admitted then
+        return out
+    end
+    for _, e in ipairs(state.entries or {}) do
+        local qa, o = e.rule.quota_alerts, e.outcome
+        local b = o and o.binding
+        if qa and b and o.state == "allowed" and e.cost > 0 and b.limit > 0 then
+            local period = e.params.period
+            if b.name ~= e.name then
+                for i, name in ipairs(e.also_names) do
+                    if name == b.name then
+                        period = e.params.also[i].period
+                    end
+                end
+            end
+            local label = _M.period_label(period)
+            local owner = state.ident and state.ident.attrs[qa.owner] or ""
+            for _, t in ipairs(_M.crossed(qa.thresholds, b.limit, b.remaining, e.cost)) do
+                out[#out + 1] = {
+                    marker = e.key .. ":alerted:" .. b.name .. ":" .. label .. ":" .. t,
+                    -- the period's end and a day more (clocks differ a little)
+                    ttl_ms = (b.reset_ms or 0) + 86400000,
+                    fields = { "tenant", owner, "quota", b.name, "used", b.limit - b.remaining,
+                               "limit", b.limit, "period", label, "threshold", t },
+                }
+            end
+        end
+    end
+    return out
+end
+
+--- Appends `events` (after the response, in a timer): the markers in one
+--- round trip, the entries whose marker was new in a second. Returns the
+--- number appended, or nil and an error.
+function _M.send(conf, events)
+    local sets = {}
+    for i, ev in ipairs(events) do
+        sets[i] = { "SET", ev.marker, "1", "NX", "PX", ev.ttl_ms }
+    end
+    local res, err = store.pipeline(conf, sets)
+    if not res then
+        return nil, err
+    end
+    local adds = {}
+    for i, ev in ipairs(events) do
+        if res[i] == "OK" then
+            local cmd = { "XADD", conf.quota_alerts.stream, "MAXLEN", "~",
+                          conf.quota_alerts.maxlen, "*" }
+            for _, f in ipairs(ev.fields) do
+                cmd[#cmd + 1] = f
+            end
+            adds[#adds + 1] = cmd
+        end
+    end
+    if #adds == 0 then
+        return 0
+    end
+    res, err = store.pipeline(conf, adds)
+    if not res then
+        return nil, err
+    end
+    return #adds
+end
+
+return _M
