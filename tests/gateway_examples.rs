@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{ints, Server};
 use gateway::{agent, get, leases, poll, post, problem, Resp};
-use gateway_policy::{example, hset, jwt, key_record, post_json, start, JWT_SECRET};
+use gateway_policy::{alerts, example, hset, jwt, key_record, post_json, start, JWT_SECRET};
 use serde_json::json;
 
 /// Long enough for a log-phase timer, an identity cache entry (2 s) or a
@@ -239,6 +239,22 @@ fn tiered_example_runs_every_rule_of_its_design() {
         .must("Retry-After")
         .parse::<u64>()
         .is_ok_and(|s| s > 0 && s <= 31 * 86400));
+    // the 4th request took the quota from 75 % to 100 %: one event for
+    // rlctl watch, the highest threshold crossed
+    poll(ASYNC, "the quota event", || {
+        !alerts(&mut con, "rl:events:quota").is_empty()
+    });
+    let ev = &alerts(&mut con, "rl:events:quota")[0];
+    assert_eq!(
+        [
+            &ev["tenant"],
+            &ev["quota"],
+            &ev["used"],
+            &ev["limit"],
+            &ev["threshold"]
+        ],
+        ["app-2", "developer-monthly", "4", "4", "100"]
+    );
 
     // the monthly egress: response body bytes, counted after the response
     let rec = key_record("tq", "egress-key");

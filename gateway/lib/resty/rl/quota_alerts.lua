@@ -2,7 +2,7 @@
 -- with a calendar quota (RL.QUOTA) and `quota_alerts = {thresholds =
 -- {80, 100}}` appends one entry to the quota stream (rlctl watch reads it:
 -- rlctl/README.md, "Quota events") when an admitted request takes the
--- quota's use across one of its thresholds:
+-- quota's use across one or more of its thresholds (the highest one):
 --
 --   XADD rl:events:quota MAXLEN ~ 100000 * tenant <id> quota <name>
 --        used <points used> limit <quota> period <YYYY-MM> threshold <percent>
@@ -10,10 +10,10 @@
 -- The crossing is read from the module's reply (used before and after this
 -- request's cost: RL.QUOTA is atomic, so of concurrent requests exactly one
 -- crosses each threshold), so a request below every threshold writes
--- nothing more. A crossing writes `SET <key>:alerted:<period>:<percent> NX`
--- first and appends only when that marker is new: a threshold crossed
--- again in the same period (points given back by REFUND, a request another
--- rule refused) is not announced twice.
+-- nothing more. A crossing writes `SET <key>:alerted:<quota>:<period>:<percent>
+-- NX` for each threshold crossed first and appends only when a marker is
+-- new (naming the highest new one): a threshold crossed again in the same
+-- period (points given back by REFUND) is not announced twice.
 
 local store = require "resty.rl.store"
 
@@ -46,8 +46,9 @@ function _M.crossed(thresholds, limit, remaining, cost)
 end
 
 --- The events of a finished request (log phase: no Redis): one per
---- threshold an admitted quota rule's charge crossed, each
---- {marker, ttl_ms, fields}.
+--- admitted quota rule whose charge crossed thresholds, each {markers,
+--- thresholds (ascending, as configured), ttl_ms, fields (without the
+--- threshold)}.
 function _M.events(conf, state)
     local out = {}
     if not state.admitted then
@@ -67,13 +68,18 @@ function _M.events(conf, state)
             end
             local label = _M.period_label(period)
             local owner = state.ident and state.ident.attrs[qa.owner] or ""
-            for _, t in ipairs(_M.crossed(qa.thresholds, b.limit, b.remaining, e.cost)) do
+            local crossed = _M.crossed(qa.thresholds, b.limit, b.remaining, e.cost)
+            if #crossed > 0 then
+                local markers = {}
+                for i, t in ipairs(crossed) do
+                    markers[i] = e.key .. ":alerted:" .. b.name .. ":" .. label .. ":" .. t
+                end
                 out[#out + 1] = {
-                    marker = e.key .. ":alerted:" .. b.name .. ":" .. label .. ":" .. t,
+                    markers = markers, thresholds = crossed,
                     -- the period's end and a day more (clocks differ a little)
                     ttl_ms = (b.reset_ms or 0) + 86400000,
                     fields = { "tenant", owner, "quota", b.name, "used", b.limit - b.remaining,
-                               "limit", b.limit, "period", label, "threshold", t },
+                               "limit", b.limit, "period", label },
                 }
             end
         end
@@ -82,25 +88,37 @@ function _M.events(conf, state)
 end
 
 --- Appends `events` (after the response, in a timer): the markers in one
---- round trip, the entries whose marker was new in a second. Returns the
---- number appended, or nil and an error.
+--- round trip, in a second one entry per event with a new marker (the
+--- highest threshold whose marker is new). Returns the number appended,
+--- or nil and an error.
 function _M.send(conf, events)
     local sets = {}
-    for i, ev in ipairs(events) do
-        sets[i] = { "SET", ev.marker, "1", "NX", "PX", ev.ttl_ms }
+    for _, ev in ipairs(events) do
+        for _, m in ipairs(ev.markers) do
+            sets[#sets + 1] = { "SET", m, "1", "NX", "PX", ev.ttl_ms }
+        end
     end
     local res, err = store.pipeline(conf, sets)
     if not res then
         return nil, err
     end
-    local adds = {}
-    for i, ev in ipairs(events) do
-        if res[i] == "OK" then
+    local adds, n = {}, 0
+    for _, ev in ipairs(events) do
+        local highest
+        for i, t in ipairs(ev.thresholds) do
+            if res[n + i] == "OK" and (not highest or t > highest) then
+                highest = t
+            end
+        end
+        n = n + #ev.markers
+        if highest then
             local cmd = { "XADD", conf.quota_alerts.stream, "MAXLEN", "~",
                           conf.quota_alerts.maxlen, "*" }
             for _, f in ipairs(ev.fields) do
                 cmd[#cmd + 1] = f
             end
+            cmd[#cmd + 1] = "threshold"
+            cmd[#cmd + 1] = highest
             adds[#adds + 1] = cmd
         end
     end
