@@ -10,6 +10,7 @@
 -- (identity store overrides), or { ref = "...", default = v }.
 
 local config = require "resty.rl.config"
+local jws = require "resty.rl.jws"
 
 local _M = {}
 
@@ -465,8 +466,26 @@ function _M.compile(conf)
     id.cache_ttl = id.cache_ttl or 2
     check(type(id.cache_ttl) == "number" and id.cache_ttl >= 0, "identity.cache_ttl must be >= 0")
     if id.jwt then
-        check(type(id.jwt.secret_env) == "string" or type(id.jwt.secret) == "string",
-            "identity.jwt: secret_env (or secret) is needed to verify HS256 tokens")
+        local j = id.jwt
+        j.alg = j.alg or "HS256"
+        if j.alg == "HS256" then
+            check(type(j.secret_env) == "string" or type(j.secret) == "string",
+                "identity.jwt: secret_env (or secret) is needed to verify HS256 tokens")
+        else
+            check(jws.ALGS[j.alg], "identity.jwt.alg must be HS256, RS256 or ES256")
+            local pem = j.public_key
+            if j.public_key_file then
+                local f = io.open(j.public_key_file, "rb")
+                check(f, "identity.jwt.public_key_file %s cannot be read", j.public_key_file)
+                pem = f:read("*a")
+                f:close()
+            end
+            check(type(pem) == "string", "identity.jwt: public_key_file (or public_key, PEM) "
+                .. "is needed to verify %s tokens", j.alg)
+            local key, err = jws.load_key(pem)
+            check(key, "identity.jwt: the public key: %s", tostring(err))
+            j.key = key
+        end
         id.jwt.claims = id.jwt.claims or { user = "sub" }
     end
     check(conf.default_tier == nil or conf.tiers[conf.default_tier],
