@@ -136,6 +136,9 @@ fn distinct_members_per_request_are_refused_beyond_the_limit() {
     assert_eq!(b["policy"], "clients");
     let wait: u64 = r.must("Retry-After").parse().expect("seconds");
     assert!((1..=60).contains(&wait), "{wait}");
+    // the refused member is counted too (the module's choice): the tenant
+    // stays refused, for every member, until the count falls back
+    problem(&call("t", "c1"), 429, "rate-limit-exceeded");
     assert_eq!(call("t2", "c3").status, 200, "another tenant");
     let r = get(&a, &url, &[("X-Tenant", "t")]);
     assert_eq!(r.status, 200, "no member: the rule does not apply");

@@ -4,15 +4,17 @@
 --   2. every rule that matches and whose scope the caller has;
 --   3. the edge deny cache: a rule key known to be boxed answers at once;
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
---      RL.QUOTA, RL.LEASE ACQUIRE; a probe for rules that count failures),
+--      RL.QUOTA, RL.LEASE ACQUIRE, RL.DISTINCT; a probe for rules that count
+--      failures),
 --      pipelined (each command atomic on its own), decoded by
 --      resty.rl.limiters; when the request is refused, a second round
 --      trip gives back what the admitted rules took (resty.rl.limiters.compensate);
 --   5. the strictest outcome wins (a box without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
 --      answers (reject, quota, challenge) or marks the request (soft);
---   6. after the response (log phase, in a timer): failures recorded,
---      leases released, level-2/3 box alerts added to the alert stream.
+--   6. after the response (log phase, in a timer, resty.rl.after): failures
+--      recorded, leases released, level-2/3 box alerts added to the alert
+--      stream, distinct members recorded, quota threshold events appended.
 
 local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"
