@@ -291,6 +291,31 @@ fn tiered_example_runs_every_rule_of_its_design() {
         "RL.QUOTA tq:{tenant:app-4}:tier-egress 150 MONTH COST 0",
     )[2];
     assert_eq!(left, 0, "used up");
+    // the egress quota's thresholds too: 100 % reached once, each threshold at most once
+    let egress_events = |con: &mut redis::Connection| {
+        alerts(con, "rl:events:quota")
+            .into_iter()
+            .filter(|m| m["quota"] == "developer-egress")
+            .collect::<Vec<_>>()
+    };
+    poll(ASYNC, "the egress event at 100 %", || {
+        egress_events(&mut con)
+            .iter()
+            .any(|m| m["threshold"] == "100")
+    });
+    let mut seen: Vec<String> = egress_events(&mut con)
+        .iter()
+        .map(|m| {
+            assert_eq!(
+                (&m["tenant"], &m["limit"]),
+                (&"app-4".into(), &"150".into())
+            );
+            m["threshold"].clone()
+        })
+        .collect();
+    let n = seen.len();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "a threshold announced twice: {seen:?}");
 
     // an upgrade takes effect within seconds: the tenant's tier, with more quota
     hset(

@@ -10,7 +10,7 @@
 -- seconds. RL_REDIS_HOST / RL_REDIS_PORT name Redis.
 -- Monthly egress: the response body bytes, counted after each response
 -- (a request is refused once the month's bytes are used up).
--- Approaching quota thresholds: the monthly quota at 80, 90 and 100 %
+-- Approaching quota thresholds: each monthly quota at 80, 90 and 100 %
 -- appends an event to rl:events:quota, from which `rlctl watch` sends the
 -- tenant's webhook and mail (rlctl/README.md, "Quota events").
 local UPGRADE = "https://dashboard.example.com/billing/upgrade"
@@ -61,6 +61,7 @@ return {
         {
             name = "{tier}-egress", scope = { "tenant" }, count = "response_bytes",
             limiter = { kind = "quota", limit = "tier.egress_bytes", period = "MONTH" },
+            quota_alerts = { thresholds = { 80, 90, 100 } },
             on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
                 message = "The monthly data egress of your plan is used up; upgrade for more." },
             on_redis_failure = "tier.degraded",

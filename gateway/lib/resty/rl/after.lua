@@ -76,13 +76,6 @@ local function after_response(_premature, conf, cmds, egress, warn, later)
     if #later.failed > 0 then
         record_distinct(conf, later.state, later.failed, warn)
     end
-    if #later.quota > 0 then
-        local _, qerr = quota_alerts.send(conf, later.quota)
-        if qerr then
-            metrics.redis_error(conf, qerr)
-            warn("rl: quota events not added: " .. tostring(qerr))
-        end
-    end
     for _, x in ipairs(egress) do
         -- the bytes sent, or what is left when they do not fit (the quota
         -- is then used up: all-or-nothing would count nothing)
@@ -90,12 +83,27 @@ local function after_response(_premature, conf, cmds, egress, warn, later)
         res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
         local d = res and store.decode(res[1])
         if d and d.status == 0 and d.remaining > 0 then
+            cost = d.remaining
             res, err = store.pipeline(conf,
-                { limiters.KINDS[x.e.params.kind].command(x.e, d.remaining, true) })
+                { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
+            d = res and store.decode(res[1])
+        end
+        if d and d.status == 1 then
+            -- a quota's thresholds crossed by these bytes
+            later.quota[#later.quota + 1] = quota_alerts.event(later.state, x.e,
+                { name = x.e.name, limit = d.limit, remaining = d.remaining,
+                  reset_ms = d.reset_ms }, cost)
         end
         if not res then
             metrics.redis_error(conf, err)
             warn("rl: response bytes not counted: " .. tostring(err))
+        end
+    end
+    if #later.quota > 0 then
+        local _, qerr = quota_alerts.send(conf, later.quota)
+        if qerr then
+            metrics.redis_error(conf, qerr)
+            warn("rl: quota events not added: " .. tostring(qerr))
         end
     end
 end
@@ -141,7 +149,7 @@ function _M.log(conf, req)
         cmds[#cmds + 1] = alert(conf, state, e)
     end
     local later = { state = state, failed = distinct.failures(state, status),
-                    quota = quota_alerts.events(conf, state) }
+                    quota = quota_alerts.events(state) }
     if #cmds > 0 or #egress > 0 or #later.failed > 0 or #later.quota > 0 then
         local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn, later)
         if not ok then

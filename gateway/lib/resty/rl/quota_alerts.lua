@@ -45,43 +45,53 @@ function _M.crossed(thresholds, limit, remaining, cost)
     return out
 end
 
+--- The event of quota rule entry `e` whose charge of `cost` left the
+--- quota `b` ({name, limit, remaining, reset_ms}: the reply's), or nil
+--- when it crossed no threshold: {markers, thresholds (ascending, as
+--- configured), ttl_ms, fields (without the threshold)}.
+function _M.event(state, e, b, cost)
+    local qa = e.rule.quota_alerts
+    if not qa or cost <= 0 or b.limit <= 0 then
+        return nil
+    end
+    local crossed = _M.crossed(qa.thresholds, b.limit, b.remaining, cost)
+    if #crossed == 0 then
+        return nil
+    end
+    local period = e.params.period
+    for i, name in ipairs(e.also_names) do
+        if name == b.name then
+            period = e.params.also[i].period
+        end
+    end
+    local label = _M.period_label(period)
+    local markers = {}
+    for i, t in ipairs(crossed) do
+        markers[i] = e.key .. ":alerted:" .. b.name .. ":" .. label .. ":" .. t
+    end
+    return {
+        markers = markers, thresholds = crossed,
+        -- the period's end and a day more (clocks differ a little)
+        ttl_ms = (b.reset_ms or 0) + 86400000,
+        fields = { "tenant", state.ident and state.ident.attrs[qa.owner] or "", "quota", b.name,
+                   "used", b.limit - b.remaining, "limit", b.limit, "period", label },
+    }
+end
+
 --- The events of a finished request (log phase: no Redis): one per
---- admitted quota rule whose charge crossed thresholds, each {markers,
---- thresholds (ascending, as configured), ttl_ms, fields (without the
---- threshold)}.
-function _M.events(conf, state)
+--- admitted quota rule counting requests whose charge crossed
+--- thresholds (rules counting response bytes: after their charge, in
+--- resty.rl.after).
+function _M.events(state)
     local out = {}
     if not state.admitted then
         return out
     end
     for _, e in ipairs(state.entries or {}) do
-        local qa, o = e.rule.quota_alerts, e.outcome
-        local b = o and o.binding
-        if qa and b and o.state == "allowed" and e.cost > 0 and b.limit > 0 then
-            local period = e.params.period
-            if b.name ~= e.name then
-                for i, name in ipairs(e.also_names) do
-                    if name == b.name then
-                        period = e.params.also[i].period
-                    end
-                end
-            end
-            local label = _M.period_label(period)
-            local owner = state.ident and state.ident.attrs[qa.owner] or ""
-            local crossed = _M.crossed(qa.thresholds, b.limit, b.remaining, e.cost)
-            if #crossed > 0 then
-                local markers = {}
-                for i, t in ipairs(crossed) do
-                    markers[i] = e.key .. ":alerted:" .. b.name .. ":" .. label .. ":" .. t
-                end
-                out[#out + 1] = {
-                    markers = markers, thresholds = crossed,
-                    -- the period's end and a day more (clocks differ a little)
-                    ttl_ms = (b.reset_ms or 0) + 86400000,
-                    fields = { "tenant", owner, "quota", b.name, "used", b.limit - b.remaining,
-                               "limit", b.limit, "period", label },
-                }
-            end
+        local o = e.outcome
+        if e.rule.quota_alerts and e.rule.count == "requests" and o and o.binding
+            and o.state == "allowed" then
+            out[#out + 1] = _M.event(state, e, o.binding, e.cost)
         end
     end
     return out

@@ -406,10 +406,10 @@ local function validate_rule(i, r, conf)
     end
     if r.quota_alerts ~= nil then
         local qa = r.quota_alerts
-        check(l.kind == "quota" and r.count == "requests" and type(qa) == "table"
+        check(l.kind == "quota" and r.count ~= "failures" and type(qa) == "table"
             and type(qa.thresholds) == "table" and #qa.thresholds >= 1,
-            "%s: quota_alerts needs a quota limiter counting requests and a list of thresholds",
-            where)
+            "%s: quota_alerts needs a quota limiter (counting requests or response bytes) and a "
+            .. "list of thresholds", where)
         for j, t in ipairs(qa.thresholds) do
             check(positive_int(t) and t <= 100, "%s: quota_alerts.thresholds[%d] must be a percent "
                 .. "from 1 to 100", where, j)
