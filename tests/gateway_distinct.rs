@@ -84,6 +84,34 @@ fn stuffing_rules_trip_level_3_only_on_their_signature() {
             .any(|m| m["policy"] == "stuffing-ip" && m["level"] == "3")
     });
 
+    // concurrent failures completing the signature trip once: one offense
+    let e_ip = "203.0.113.11";
+    let e_key = format!("stuff:{{ip:{e_ip}}}:stuffing-ip");
+    for who in ["e1", "e2"] {
+        ints(&mut con, &format!("RL.DISTINCT {e_key} {who} 2 600"));
+    }
+    ints(
+        &mut con,
+        &format!("RL.WINDOW {e_key}:events 6 600 COST 6 EXACT"),
+    );
+    let url = token.clone();
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || login(&agent(), &url, &format!("n{i}"), "x", e_ip).status)
+        })
+        .collect();
+    for w in workers {
+        assert!([401, 429].contains(&w.join().expect("worker")));
+    }
+    poll(ASYNC, "the IP is boxed", || level(&mut con, &e_key) == 3);
+    std::thread::sleep(Duration::from_millis(300)); // the other timers' trips, had they any
+    assert_eq!(
+        ints(&mut con, &format!("RL.BOX STATUS {e_key}"))[2],
+        1,
+        "one offense"
+    );
+
     // one subject from a 3rd IP: refused (over the limit), and that
     // refused attempt (a 429, listed) trips the manual box
     let sub_key = "stuff:{subject:victim}:stuffing-subject";
