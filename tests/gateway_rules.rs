@@ -57,6 +57,13 @@ fn bad_policies_are_refused_at_start_and_at_reload_with_the_field_named() {
             "rules[1] (alpha).limiter: min_events needs trip",
         ),
         (
+            r#"{ kind = "distinct", member = "ip", limit = 5, window = 60,
+              trip = { level = 3, duration = 0 } }"#
+                .to_string(),
+            "",
+            "unused",
+        ),
+        (
             r#"{ kind = "bucket", rate = "tier.nope", burst = 10 }"#.into(),
             "",
             "rules[1] (alpha).limiter: rate must be an integer >= 1 (tier pro)",

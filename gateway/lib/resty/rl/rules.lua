@@ -426,13 +426,15 @@ local function validate_rule(i, r, conf)
         al.level3 = al.level3 or "suspend"
         check_opt(where, "alerts.level3", al.level3, tiers,
             function(v) return v == "suspend" or v == "page" end, "suspend or page")
-        if l.box then
+        if l.box or l.trip then
             -- paging instead of suspending: level 3 must not be a manual box
-            for name, data in pairs(tiers) do
+            -- (a box's third duration, or a distinct rule's level-3 trip)
+            for name, data in pairs(next(tiers) and tiers or { ["(none)"] = {} }) do
                 local ident = { tier_data = data }
-                local box = _M.resolve(l.box, ident)
+                local box, trip = _M.resolve(l.box, ident), _M.resolve(l.trip, ident)
+                local len = box and box[3] or trip.level == 3 and trip.duration or 1
                 if _M.resolve(al.level3, ident) == "page" then
-                    check(box[3] > 0, "%s: tier %s pages at level 3, so its level-3 box must "
+                    check(len > 0, "%s: tier %s pages at level 3, so its level-3 box must "
                         .. "last (not 0, a suspension)", where, name)
                 end
             end
