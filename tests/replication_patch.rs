@@ -1,8 +1,10 @@
 //! Patches: a call that leaves a large part of a key alone (an `EXACT`
-//! log beside a bucket) replicates only the parts it reached, as a patch
-//! payload in `RL.APPLY`; a real replica and an AOF replay end with the
-//! master's exact bytes; a corrupt patch is refused with nothing written;
-//! a patch for a key the replica lacks gives it the parts it carries.
+//! log beside a bucket) replicates only the parts it reached, and a call
+//! that only charges a log or changes one lease replicates that entry or
+//! lease, as a patch payload in `RL.APPLY`; a real replica and an AOF
+//! replay end with the master's exact bytes; a corrupt patch is refused
+//! with nothing written; a patch for a key the replica lacks gives it the
+//! parts it carries.
 
 mod common;
 
@@ -56,24 +58,32 @@ fn a_take_beside_a_large_log_replicates_a_small_patch_and_replays_to_the_same_by
         clock.advance_ms(1);
         assert!(decide(&mut con, "RL.TAKE both 10 1 60").allowed());
     }
-    // A window call reaches the log: it goes whole.
+    // A window call that only charges the log sends its new entry; one
+    // that converts it (another window length) sends it whole.
     clock.advance_ms(1);
     assert!(decide(&mut con, "RL.WINDOW both 10000 3600 EXACT").allowed());
     clock.advance_ms(1);
     assert!(decide(&mut con, "RL.TAKE both 10 1 60").allowed());
+    clock.advance_ms(1);
+    assert!(decide(&mut con, "RL.WINDOW both 10000 7200 EXACT").allowed());
+    clock.advance_ms(1);
+    assert!(decide(&mut con, "RL.WINDOW both 10000 7200 EXACT").allowed());
     let applies = applies_until(&mut tap, &mut con, "patch:done");
-    assert_eq!(applies.len(), 5, "one RL.APPLY per call");
+    assert_eq!(applies.len(), 7, "one RL.APPLY per call");
     let sizes: Vec<usize> = applies.iter().map(|c| c[2].len()).collect();
-    for i in [0, 1, 2, 4] {
+    for i in [0, 1, 2, 3, 4, 6] {
         assert_eq!(applies[i][2][0], PATCH_MARKER, "call {i} is a patch");
         let bytes: usize = applies[i].iter().map(Vec::len).sum();
         assert!(bytes < 200, "call {i} replicates {bytes} bytes: {sizes:?}");
     }
-    assert_ne!(applies[3][2][0], PATCH_MARKER, "the window call goes whole");
+    assert_ne!(
+        applies[5][2][0], PATCH_MARKER,
+        "the converting call goes whole"
+    );
     assert!(
-        applies[3][2].len() > 2 * ENTRIES,
+        applies[5][2].len() > 2 * ENTRIES,
         "the whole log: {} bytes",
-        applies[3][2].len()
+        applies[5][2].len()
     );
 
     wait_replica(&mut con, 1, 10_000);
@@ -88,7 +98,8 @@ fn a_take_beside_a_large_log_replicates_a_small_patch_and_replays_to_the_same_by
         .iter()
         .filter(|c| c[0].eq_ignore_ascii_case(b"RL.APPLY") && c[2][0] == PATCH_MARKER)
         .count();
-    assert_eq!(patches_in_aof, 4, "the AOF holds the patches");
+    // The fill's calls after the first were log charges too.
+    assert_eq!(patches_in_aof, ENTRIES - 1 + 6, "the AOF holds the patches");
     master.restart();
     let mut con = master.client();
     assert_eq!(snapshot(&mut con), on_master, "after an AOF replay");
@@ -159,4 +170,63 @@ fn a_corrupt_patch_is_refused_and_a_patch_for_a_missing_key_keeps_its_parts() {
     assert_eq!(bucket_only.remaining, 9, "the bucket the patch carried");
     let window = decide(&mut rep, "RL.WINDOW missing 1000 3600 EXACT COST 0");
     assert_eq!(window.remaining, 1000, "no log: it was never sent");
+}
+
+#[test]
+fn a_lease_call_on_a_large_set_replicates_one_lease_and_replays_to_the_same_bytes() {
+    let clock = TimeShift::new();
+    // Every write reaches the AOF before the restart, the marker included.
+    let master = Server::start_with(
+        &clock.prefix(),
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    let mut pipe = redis::pipe();
+    for i in 0..900 {
+        pipe.cmd("RL.LEASE")
+            .arg("ACQUIRE")
+            .arg("pool")
+            .arg(1000)
+            .arg(60 + i % 60)
+            .arg("ID")
+            .arg(format!("job-{i:04}"))
+            .ignore();
+    }
+    let () = pipe.query(&mut con).expect("900 leases");
+    let mut tap = ReplicationTap::sync(&master);
+    let calls = [
+        "RL.LEASE ACQUIRE pool 1000 30 ID fresh",
+        "RL.LEASE ACQUIRE pool 1000 30 ID job-0001",
+        "RL.LEASE RENEW pool job-0002 90",
+        "RL.LEASE RELEASE pool job-0003",
+    ];
+    for call in calls {
+        clock.advance_ms(1);
+        call_ok(&mut con, call);
+    }
+    // Past the shortest deadlines: the grant sweeps the expired leases,
+    // and the replica sweeps them too.
+    clock.advance_ms(61_000);
+    call_ok(&mut con, "RL.LEASE ACQUIRE pool 1000 30 ID late");
+    let applies = applies_until(&mut tap, &mut con, "leases:done");
+    assert_eq!(applies.len(), calls.len() + 1, "one RL.APPLY per call");
+    for (i, apply) in applies.iter().enumerate() {
+        assert_eq!(apply[2][0], PATCH_MARKER, "call {i} is a patch");
+        let bytes: usize = apply.iter().map(Vec::len).sum();
+        assert!(bytes < 120, "call {i} replicates {bytes} bytes");
+    }
+    let live: Vec<(Vec<u8>, i64)> = redis::cmd("RL.LEASE")
+        .arg("LIST")
+        .arg("pool")
+        .query(&mut con)
+        .expect("LIST");
+    assert!(live.len() < 900, "swept: {} left", live.len());
+    wait_replica(&mut con, 1, 10_000);
+    assert_eq!(snapshot(&mut con), snapshot(&mut replica.client()));
+    assert_eq!(digest(&mut con), digest(&mut replica.client()));
+    let digest_before = digest(&mut con);
+    master.restart();
+    let mut con = master.client();
+    assert_eq!(digest(&mut con), digest_before, "after an AOF replay");
 }

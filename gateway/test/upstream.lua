@@ -6,6 +6,50 @@ local cjson = require "cjson.safe"
 
 local _M = {}
 
+--- The post-paid upstream (`/v1/llm/...`, tests/gateway_settle.rs):
+--- `usage_header=N` sets X-Usage-Tokens: N; `tokens=N` answers an
+--- OpenAI-compatible chat completion with usage.total_tokens N (`stream=1`:
+--- as server-sent events, each chunk flushed, the usage chunk split across
+--- two writes); `bytes=N` answers N bytes of text.
+function _M.llm(args)
+    if args.usage_header then
+        ngx.header["X-Usage-Tokens"] = args.usage_header
+    end
+    local bytes = tonumber(args.bytes)
+    if bytes then
+        ngx.header["Content-Type"] = "text/plain"
+        ngx.print(string.rep("x", math.min(bytes, 10 * 1024 * 1024)))
+        return
+    end
+    local tokens = tonumber(args.tokens)
+    if not tokens then
+        ngx.say('{"ok":true}')
+        return
+    end
+    local usage = { prompt_tokens = 1, completion_tokens = tokens - 1, total_tokens = tokens }
+    if args.stream ~= "1" then
+        ngx.say(cjson.encode({ id = "c1", object = "chat.completion", choices = {
+            { index = 0, message = { role = "assistant", content = "total_tokens: 1" } } },
+            usage = usage }))
+        return
+    end
+    ngx.header["Content-Type"] = "text/event-stream"
+    for i = 1, 5 do
+        -- a content that mentions the usage's name is not the usage
+        ngx.print("data: ", cjson.encode({ id = "c1", object = "chat.completion.chunk",
+            choices = { { index = 0, delta = { content = "\"total_tokens\": 7 #" .. i } } } }),
+            "\n\n")
+        ngx.flush(true)
+    end
+    local last = "data: " .. cjson.encode({ id = "c1", object = "chat.completion.chunk",
+        choices = {}, usage = usage }) .. "\n\n"
+    local half = math.floor(#last / 2)
+    ngx.print(last:sub(1, half))
+    ngx.flush(true)
+    ngx.sleep(0.05)
+    ngx.print(last:sub(half + 1), "data: [DONE]\n\n")
+end
+
 --- content_by_lua handler.
 function _M.serve()
     ngx.header["Content-Type"] = "application/json"
@@ -43,6 +87,9 @@ function _M.serve()
             ngx.say('{"error":"invalid_client"}')
         end
         return
+    end
+    if ngx.var.uri:find("^/v1/llm/") then
+        return _M.llm(args)
     end
     local status = tonumber(args.status)
     if status then

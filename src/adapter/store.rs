@@ -24,7 +24,8 @@ use super::stats;
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
 use crate::core::patch;
-use crate::core::record::{PartMask, Record, Retention};
+use crate::core::patch::PatchPlan;
+use crate::core::record::{Record, Retention};
 use crate::core::take::KeySet;
 use crate::core::time::Millis;
 
@@ -350,15 +351,15 @@ impl Call {
                 let start = payloads.len();
                 // A record new to the replica goes whole; otherwise the
                 // parts the call did not reach stay the replica's own.
-                let unchanged = if key.created || replaced.contains(i) {
-                    PartMask::NONE
+                let plan = if key.created || replaced.contains(i) {
+                    PatchPlan::default()
                 } else {
-                    record.untouched_present()
+                    record.patch_plan(now)
                 };
-                if unchanged.is_empty() {
+                if plan.unchanged.is_empty() {
                     codec::encode_append(record, payloads);
                 } else {
-                    patch::encode_patch_append(record, unchanged, now, payloads);
+                    patch::encode_patch_append(record, &plan, now, payloads);
                 }
                 record.clear_touched();
                 // A call has at most MAX_BUCKETS keys, so this always fits.

@@ -55,6 +55,12 @@ pub trait Part {
     fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
         0
     }
+
+    /// The part is now as committed and replicated: forget whatever it
+    /// tracks of its changes since (an exact log's [`LogEdit`]).
+    ///
+    /// [`LogEdit`]: super::window::LogEdit
+    fn mark_committed(&mut self) {}
 }
 
 /// A part kept behind a pointer (so a record that lacks it stays small).
@@ -78,5 +84,9 @@ impl<T: Part> Part for Box<T> {
     fn heap_bytes(&self, allocated: &dyn Fn(*const u8) -> usize) -> usize {
         let inner: &T = self;
         allocated(std::ptr::from_ref(inner).cast()) + inner.heap_bytes(allocated)
+    }
+
+    fn mark_committed(&mut self) {
+        T::mark_committed(self);
     }
 }

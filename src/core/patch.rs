@@ -6,14 +6,21 @@
 //!
 //! Layout: the marker byte [`PATCH_MARKER`] (distinct from every payload
 //! version, which counts parts), then a MessagePack array `[version, now,
-//! unchanged, part...]`: the payload version whose parts follow, the
-//! master's time of the call (ms), the mask of unchanged parts (bit `i`:
-//! the `i`-th part in encoding order), then every part of that version in
-//! encoding order, an unchanged one as nil. Only canonical bytes decode.
+//! unchanged, part..., (charge)]`: the payload version whose parts follow,
+//! the master's time of the call (ms), the mask of unchanged parts (bit
+//! `i`: the `i`-th part in encoding order), then every part of that version
+//! in encoding order, an unchanged one as nil, and last, only when the call
+//! did nothing to an exact log but charge it at `now`, that log's
+//! [`LogCharge`], the points of its entry at `now` (the log is then
+//! marked unchanged). So
+//! an `RL.WINDOW ... EXACT` call replicates a few bytes per key however
+//! long its log. Only canonical bytes decode.
 //!
 //! Applying it ([`Patch::apply_onto`]): the sent parts replace the base's,
-//! the unchanged parts come from the base, then the record is pruned at
-//! the master's `now` (the master pruned the unchanged parts at that time
+//! the unchanged parts come from the base, a log charge is redone on the
+//! base's log (its dead entries dropped at `now`, its entry at `now` made
+//! to hold the points sent: what the master did), then the record is pruned at the
+//! master's `now` (the master pruned the unchanged parts at that time
 //! before it encoded, and pruning is deterministic), so a replica holding
 //! the master's previous state ends with exactly the master's bytes. A
 //! base that lacks an unchanged part (the key missing on the replica, or
@@ -25,9 +32,11 @@
 use serde::{Serialize, Serializer};
 
 use super::codec::{CodecError, PAYLOAD_VERSION};
-use super::part::MAX_AHEAD_MS;
-use super::record::{PartMask, Record};
+use super::lease::{LeaseChange, Leases};
+use super::part::{within_reach, MAX_AHEAD_MS, MAX_COUNT};
+use super::record::{Holds, PartMask, Record};
 use super::time::Millis;
+use super::window::{LogEdit, WindowState};
 
 /// The first byte of a patch.
 pub const PATCH_MARKER: u8 = 0xD0;
@@ -37,14 +46,14 @@ pub const PATCH_MARKER: u8 = 0xD0;
 pub struct Patch {
     /// The master's time of the call (ms).
     pub now: Millis,
-    /// The parts the replica keeps as it holds them.
-    pub unchanged: PartMask,
+    /// What the replica keeps or redoes.
+    pub plan: PatchPlan,
     /// The parts sent (the unchanged ones absent).
     pub sent: Record,
 }
 
 /// A record laid out as a patch.
-struct AsPatch<'a>(&'a Record, Millis, PartMask, u8);
+struct AsPatch<'a>(&'a Record, Millis, &'a PatchPlan, u8);
 
 impl Serialize for AsPatch<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -53,15 +62,15 @@ impl Serialize for AsPatch<'_> {
 }
 
 /// Append to `out` the patch of `record` (already pruned at `now`) that
-/// leaves the `unchanged` parts to the replica.
-pub fn encode_patch_append(record: &Record, unchanged: PartMask, now: Millis, out: &mut Vec<u8>) {
-    append_patch(record, unchanged, now, PAYLOAD_VERSION, out);
+/// leaves to the replica what `plan` says.
+pub fn encode_patch_append(record: &Record, plan: &PatchPlan, now: Millis, out: &mut Vec<u8>) {
+    append_patch(record, plan, now, PAYLOAD_VERSION, out);
 }
 
-fn append_patch(record: &Record, unchanged: PartMask, now: Millis, version: u8, out: &mut Vec<u8>) {
+fn append_patch(record: &Record, plan: &PatchPlan, now: Millis, version: u8, out: &mut Vec<u8>) {
     out.push(PATCH_MARKER);
     // Writing into a Vec cannot fail for these plain types.
-    let _ = rmp_serde::encode::write(out, &AsPatch(record, now, unchanged, version));
+    let _ = rmp_serde::encode::write(out, &AsPatch(record, now, plan, version));
 }
 
 /// Whether `bytes` is a patch (rather than a whole-record payload).
@@ -71,25 +80,39 @@ pub fn is_patch(bytes: &[u8]) -> bool {
 
 /// Decode a patch received at the server time `server_now`: canonical
 /// bytes, a known version, an unchanged mask within its parts, sent parts
-/// that are valid and plausible, and a `now` no legal master could be at
-/// (far ahead of this server's clock) is refused.
+/// that are valid and plausible, a log charge only with the window part
+/// unchanged and within what a call can write; and a `now` no legal master
+/// could be at (far ahead of this server's clock) is refused.
 pub fn decode_patch(bytes: &[u8], server_now: Millis) -> Result<Patch, CodecError> {
     let (&marker, body) = bytes.split_first().ok_or(CodecError::UnknownVersion)?;
     if marker != PATCH_MARKER {
         return Err(CodecError::UnknownVersion);
     }
     let mut de = rmp_serde::Deserializer::from_read_ref(body);
-    let (version, now, unchanged, sent) =
+    let (version, now, plan, sent) =
         Record::deserialize_patch(&mut de).map_err(|_| CodecError::Malformed)?;
+    let unchanged = plan.unchanged;
     if version == 0 || version > PAYLOAD_VERSION {
         return Err(CodecError::UnknownVersion);
     }
     let parts = Record::parts_in(version) as u32;
     let within = parts >= 32 || unchanged.bits() >> parts == 0;
     let mut canonical = Vec::with_capacity(bytes.len());
-    append_patch(&sent, unchanged, now, version, &mut canonical);
+    append_patch(&sent, &plan, now, version, &mut canonical);
+    let kept =
+        |index: usize| Record::parts_in(version) > index && unchanged.bits() & (1 << index) != 0;
+    let log_ok = plan
+        .log
+        .is_none_or(|LogCharge(cost)| cost <= MAX_COUNT && kept(Record::WINDOW_INDEX));
+    let lease_ok = plan.lease.as_ref().is_none_or(|change| {
+        change.is_valid()
+            && change.deadline.is_none_or(|d| within_reach(d, server_now))
+            && kept(Record::LEASES_INDEX)
+    });
     let plausible_now = now >= 0 && now <= server_now.saturating_add(MAX_AHEAD_MS as Millis);
     if !within
+        || !log_ok
+        || !lease_ok
         || !plausible_now
         || canonical != bytes
         || !sent.is_valid()
@@ -98,11 +121,7 @@ pub fn decode_patch(bytes: &[u8], server_now: Millis) -> Result<Patch, CodecErro
     {
         return Err(CodecError::Malformed);
     }
-    Ok(Patch {
-        now,
-        unchanged,
-        sent,
-    })
+    Ok(Patch { now, plan, sent })
 }
 
 impl Patch {
@@ -110,10 +129,85 @@ impl Patch {
     /// key, or an empty one when it holds none): see the module doc.
     pub fn apply_onto(self, base: Record) -> Record {
         let mut record = self.sent;
-        record.keep_unchanged(base, self.unchanged);
+        record.keep_unchanged(base, self.plan.unchanged);
+        record.replay_edits(&self.plan, self.now);
         record.prune(self.now);
         record.clear_touched();
         record
+    }
+}
+
+/// A patch body as read: `(version, now, what it leaves to the replica,
+/// the parts sent)`.
+pub(crate) type PatchBody = (u8, Millis, PatchPlan, Record);
+
+/// What a patch leaves to the replica ([`Record::patch_plan`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PatchPlan {
+    /// The parts the replica keeps as it holds them.
+    pub unchanged: PartMask,
+    /// The charge to redo on the replica's exact log (its part unchanged).
+    pub log: Option<LogCharge>,
+    /// The one lease to set or remove in the replica's set (its part
+    /// unchanged).
+    pub lease: Option<LeaseChange>,
+}
+
+/// The one entry an exact log gained in a call that only charged it (its
+/// dead entries dropped, points added at the call's millisecond): the
+/// points its entry at the call's time holds after the call. The replica
+/// redoes that on its copy of the log (`Record::replay_edits`).
+/// Encoded as that integer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogCharge(pub u64);
+
+impl Record {
+    /// What a patch of this record (pruned at the call's `now`, not new to
+    /// the replica) may leave to the replica: the parts not reached, an
+    /// exact log that was only charged at `now` (its new entry is all the
+    /// patch carries, [`LogCharge`]), and a lease set in which one lease
+    /// changed ([`LeaseChange`]).
+    pub fn patch_plan(&self, now: Millis) -> PatchPlan {
+        let mut unchanged = self.untouched_present();
+        let log = match self.part::<WindowState>() {
+            Some(WindowState::Exact { log, .. }) if log.edit() == LogEdit::ChargedAt(now) => {
+                unchanged.insert(Record::WINDOW_INDEX as u32);
+                Some(LogCharge(log.cost_at(now)))
+            }
+            _ => None,
+        };
+        let lease = self.leases().and_then(Leases::change).cloned();
+        if lease.is_some() {
+            unchanged.insert(Record::LEASES_INDEX as u32);
+        }
+        PatchPlan {
+            unchanged,
+            log,
+            lease,
+        }
+    }
+
+    /// Redo a patch's edits at `now` on the record (the replica's, with
+    /// the patch's unchanged parts in place); a part that is not there
+    /// (which a replica following its master never lacks) stays absent,
+    /// as a patch's unchanged parts do.
+    pub(crate) fn replay_edits(&mut self, plan: &PatchPlan, now: Millis) {
+        if let Some(charge) = plan.log {
+            self.replay_log_charge(charge, now);
+        }
+        if let Some(change) = &plan.lease {
+            if let Some(Some(leases)) = Holds::<Box<Leases>>::slot(self) {
+                leases.replay(change);
+            }
+        }
+    }
+
+    /// Redo a [`LogCharge`] at `now` on the record's exact log.
+    fn replay_log_charge(&mut self, charge: LogCharge, now: Millis) {
+        if let Some(Some(WindowState::Exact { window_ms, log })) = Holds::<WindowState>::slot(self)
+        {
+            log.replay_charge(i128::from((*window_ms).max(1)), now, charge.0);
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use super::*;
 use crate::core::bucket::{tick_scale, Bucket};
 use crate::core::codec::{decode, encode};
 use crate::core::lease::Leases;
+use crate::core::record::PartMask;
 use crate::core::window::{Entry, WindowState};
 
 const NOW: Millis = 1_700_000_000_000;
@@ -45,7 +46,7 @@ fn after_take(mut r: Record) -> Record {
 
 fn patch_of(r: &Record, now: Millis) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_patch_append(r, r.untouched_present(), now, &mut out);
+    encode_patch_append(r, &r.patch_plan(now), now, &mut out);
     out
 }
 
@@ -131,7 +132,13 @@ fn malformed_patches_are_refused() {
     let record = after_take(committed());
     let mut unknown_part = Vec::new();
     let beyond = PartMask::NONE;
-    append_patch(&record, beyond, NOW, PAYLOAD_VERSION + 1, &mut unknown_part);
+    append_patch(
+        &record,
+        &only_unchanged(beyond),
+        NOW,
+        PAYLOAD_VERSION + 1,
+        &mut unknown_part,
+    );
     assert_eq!(
         decode_patch(&unknown_part, NOW),
         Err(CodecError::UnknownVersion)
@@ -157,10 +164,174 @@ fn malformed_patches_are_refused() {
 fn a_mask_beyond_the_versions_parts_is_refused() {
     let record = after_take(committed());
     let mut out = Vec::new();
-    append_patch(&record, mask_with_bit(31), NOW, PAYLOAD_VERSION, &mut out);
+    append_patch(
+        &record,
+        &only_unchanged(mask_with_bit(31)),
+        NOW,
+        PAYLOAD_VERSION,
+        &mut out,
+    );
     assert_eq!(decode_patch(&out, NOW), Err(CodecError::Malformed));
+}
+
+fn only_unchanged(unchanged: PartMask) -> PatchPlan {
+    PatchPlan {
+        unchanged,
+        ..PatchPlan::default()
+    }
 }
 
 fn mask_with_bit(bit: u32) -> PartMask {
     PartMask::from_bits(1 << bit)
+}
+
+/// The master's `RL.WINDOW ... EXACT` call at `now`: the log charged in
+/// place, then the record pruned as the commit does.
+fn after_exact_charge(mut r: Record, now: Millis, cost: u64) -> Record {
+    if let Some(Some(WindowState::Exact { window_ms, log })) =
+        crate::core::record::Holds::<WindowState>::slot(&mut r)
+    {
+        log.charge_in_place(i128::from(*window_ms), now, cost);
+    }
+    r.prune(now);
+    r
+}
+
+#[test]
+fn a_charged_log_sends_one_entry_and_merges_to_the_masters_bytes() {
+    // At NOW + 2_605_000 about half of the log has stopped counting.
+    for now in [NOW, NOW + 7, NOW + 2_605_000] {
+        let master = after_exact_charge(committed(), now, 2);
+        let plan = master.patch_plan(now);
+        assert!(!plan.unchanged.is_empty());
+        assert_eq!(plan.log, Some(LogCharge(2)));
+        let bytes = patch_of(&master, now);
+        assert!(bytes.len() < 40, "{} bytes", bytes.len());
+        let merged = decode_patch(&bytes, now)
+            .expect("a patch")
+            .apply_onto(committed());
+        assert_eq!(encode(&merged), encode(&master), "at {now}");
+    }
+}
+
+#[test]
+fn a_log_changed_otherwise_is_sent_whole() {
+    let mut master = committed();
+    if let Some(Some(WindowState::Exact { log, .. })) =
+        crate::core::record::Holds::<WindowState>::slot(&mut master)
+    {
+        log.charge_in_place(3_600_000, NOW, 1);
+        // A second charge at another time is not one entry any more.
+        log.charge_in_place(3_600_000, NOW + 1, 1);
+    }
+    assert_eq!(master.patch_plan(NOW + 1).log, None);
+    let fresh = Record::default();
+    assert_eq!(fresh.patch_plan(NOW), PatchPlan::default());
+}
+
+#[test]
+fn malformed_log_charges_are_refused() {
+    let master = after_exact_charge(committed(), NOW, 2);
+    let plan = master.patch_plan(NOW);
+    assert!(plan.log.is_some());
+    let bad = [
+        PatchPlan {
+            unchanged: PartMask::NONE,
+            ..plan.clone()
+        },
+        PatchPlan {
+            log: Some(LogCharge(crate::core::part::MAX_COUNT + 1)),
+            ..plan.clone()
+        },
+    ];
+    for plan in bad {
+        let mut out = Vec::new();
+        append_patch(&master, &plan, NOW, PAYLOAD_VERSION, &mut out);
+        assert_eq!(
+            decode_patch(&out, NOW),
+            Err(CodecError::Malformed),
+            "{plan:?}"
+        );
+    }
+}
+
+/// A record as the master committed it: 999 leases beside a bucket.
+fn leased() -> Record {
+    let mut r = committed();
+    r.set_part::<WindowState>(None);
+    let leases = r.leases_or_insert();
+    for i in 0..999u32 {
+        let id = format!("job-{i:04}");
+        leases.acquire(id.as_bytes(), 1000, 60_000 + u64::from(i), NOW);
+    }
+    r.prune(NOW);
+    r.clear_touched();
+    r
+}
+
+/// A lease call on the master's set at a time; true when it changed it.
+type LeaseCall = fn(&mut Leases, Millis) -> bool;
+
+#[test]
+fn one_lease_changed_is_all_a_patch_carries() {
+    // A grant, a refresh, a release, a renew, and a grant once the oldest
+    // leases expired (the replica sweeps them when it prunes).
+    let later = NOW + 60_500;
+    let calls: [(Millis, LeaseCall); 5] = [
+        (NOW, |l, now| {
+            matches!(
+                l.acquire(b"new", 1000, 5_000, now),
+                crate::core::lease::Acquire::Granted { .. }
+            )
+        }),
+        (NOW, |l, now| {
+            matches!(
+                l.acquire(b"job-0007", 1000, 5_000, now),
+                crate::core::lease::Acquire::Refreshed { .. }
+            )
+        }),
+        (NOW, |l, now| l.release(b"job-0998", now)),
+        (NOW, |l, now| l.renew(b"job-0003", 90_000, now)),
+        (later, |l, now| {
+            matches!(
+                l.acquire(b"late", 1000, 5_000, now),
+                crate::core::lease::Acquire::Granted { .. }
+            )
+        }),
+    ];
+    for (i, (now, call)) in calls.into_iter().enumerate() {
+        let mut master = leased();
+        assert!(call(master.leases_or_insert(), now), "call {i}");
+        master.prune(now);
+        let plan = master.patch_plan(now);
+        assert!(plan.lease.is_some(), "call {i}");
+        let bytes = patch_of(&master, now);
+        assert!(bytes.len() < 60, "call {i}: {} bytes", bytes.len());
+        let merged = decode_patch(&bytes, now)
+            .expect("a patch")
+            .apply_onto(leased());
+        assert_eq!(encode(&merged), encode(&master), "call {i}");
+    }
+}
+
+#[test]
+fn leases_changed_twice_are_sent_whole() {
+    let mut master = leased();
+    let leases = master.leases_or_insert();
+    leases.acquire(b"a", 1000, 5_000, NOW);
+    leases.release(b"job-0001", NOW);
+    assert_eq!(master.patch_plan(NOW).lease, None);
+    let mut bad = leased();
+    bad.leases_or_insert().release(b"job-0001", NOW);
+    let mut plan = bad.patch_plan(NOW);
+    if let Some(change) = plan.lease.as_mut() {
+        change.id = Box::default();
+    }
+    let mut out = Vec::new();
+    append_patch(&bad, &plan, NOW, PAYLOAD_VERSION, &mut out);
+    assert_eq!(
+        decode_patch(&out, NOW),
+        Err(CodecError::Malformed),
+        "an empty id"
+    );
 }

@@ -13,8 +13,9 @@ use serde::{Deserializer, Serializer};
 
 use super::bucket::Bucket;
 use super::distinct::DistinctState;
-use super::lease::Leases;
+use super::lease::{LeaseChange, Leases};
 use super::part::Part;
+use super::patch::{LogCharge, PatchBody, PatchPlan};
 use super::penalty::{Penalty, MANUAL};
 use super::quota::QuotaState;
 use super::time::Millis;
@@ -191,6 +192,14 @@ macro_rules! parts {
                 bytes
             }
 
+            /// Tell every part it is now as committed ([`Part::mark_committed`]).
+            fn mark_parts_committed(&mut self) {
+                $(if let Some(p) = self.$iname.as_mut() { p.mark_committed(); })*
+                if let Some(o) = self.others.as_deref_mut() {
+                    $(if let Some(p) = o.$oname.as_mut() { p.mark_committed(); })*
+                }
+            }
+
             /// Write the parts a payload of `version` holds, as one
             /// MessagePack array in encoding order.
             pub(crate) fn serialize_version<S: Serializer>(
@@ -211,7 +220,7 @@ macro_rules! parts {
             /// The other parts present and not reached for writing since
             /// [`Record::clear_touched`]: a patch may leave them unchanged.
             /// (The inline parts are plain fields, so never in it.)
-            pub(crate) fn untouched_present(&self) -> PartMask {
+            pub fn untouched_present(&self) -> PartMask {
                 let mut mask = PartMask::NONE;
                 if let Some(o) = self.others.as_deref() {
                     $(if o.$oname.is_some() && !self.touched.0.contains(PartIndex::$oname as u32) {
@@ -223,15 +232,22 @@ macro_rules! parts {
 
             /// Write a patch body as a MessagePack array: `version`,
             /// `now`, the `unchanged` mask, then the parts `version` lays
-            /// out, each unchanged one as nil.
+            /// out, each unchanged one as nil, then the log charge if any.
             pub(crate) fn serialize_patch<S: Serializer>(
                 &self,
                 version: u8,
                 now: Millis,
-                unchanged: PartMask,
+                plan: &PatchPlan,
                 serializer: S,
             ) -> Result<S::Ok, S::Error> {
-                let mut fields = serializer.serialize_tuple(3 + Record::parts_in(version))?;
+                let unchanged = plan.unchanged;
+                let edits = if plan.lease.is_some() {
+                    2
+                } else {
+                    usize::from(plan.log.is_some())
+                };
+                let len = 3 + Record::parts_in(version) + edits;
+                let mut fields = serializer.serialize_tuple(len)?;
                 fields.serialize_element(&version)?;
                 fields.serialize_element(&now)?;
                 fields.serialize_element(&unchanged.0)?;
@@ -243,17 +259,23 @@ macro_rules! parts {
                     let sent = !unchanged.contains(PartIndex::$oname as u32);
                     fields.serialize_element(&Holds::<$oty>::get(self).filter(|_| sent))?;
                 })*
+                if edits > 0 {
+                    fields.serialize_element(&plan.log)?;
+                }
+                if let Some(lease) = &plan.lease {
+                    fields.serialize_element(lease)?;
+                }
                 fields.end()
             }
 
             /// Read a patch body written by [`Record::serialize_patch`]:
-            /// `(version, now, unchanged, the parts sent)`.
+            /// `(version, now, unchanged, the parts sent, the log charge)`.
             pub(crate) fn deserialize_patch<'de, D: Deserializer<'de>>(
                 deserializer: D,
-            ) -> Result<(u8, Millis, PartMask, Record), D::Error> {
+            ) -> Result<PatchBody, D::Error> {
                 struct PatchVisitor;
                 impl<'de> Visitor<'de> for PatchVisitor {
-                    type Value = (u8, Millis, PartMask, Record);
+                    type Value = PatchBody;
                     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                         f.write_str("a patch of record parts")
                     }
@@ -269,11 +291,14 @@ macro_rules! parts {
                             let part = required::<Option<$oty>, _>(&mut seq)?;
                             Holds::<$oty>::set(&mut record, part);
                         })*
+                        let log = seq.next_element::<Option<LogCharge>>()?.flatten();
+                        let lease = seq.next_element::<LeaseChange>()?;
                         if seq.next_element::<de::IgnoredAny>()?.is_some() {
                             return Err(de::Error::custom("more parts than the version has"));
                         }
                         record.clear_touched();
-                        Ok((version, now, unchanged, record))
+                        let plan = PatchPlan { unchanged, log, lease };
+                        Ok((version, now, plan, record))
                     }
                 }
                 deserializer.deserialize_seq(PatchVisitor)
@@ -351,7 +376,7 @@ impl PartMask {
         index < 32 && self.0 & (1 << index) != 0
     }
 
-    fn insert(&mut self, index: u32) {
+    pub(crate) fn insert(&mut self, index: u32) {
         if index < 32 {
             self.0 |= 1 << index;
         }
@@ -450,11 +475,20 @@ impl Record {
         }
     }
 
-    /// Forget which parts were reached for writing: the record as
-    /// committed (and replicated) is the base of the next patch.
+    /// Forget which parts were reached for writing and how they changed:
+    /// the record as committed (and replicated) is the base of the next
+    /// patch.
     pub fn clear_touched(&mut self) {
         self.touched = Touched::default();
+        self.mark_parts_committed();
     }
+
+    /// The window part's position in encoding order (its bit in a
+    /// [`PartMask`]).
+    pub(crate) const WINDOW_INDEX: usize = PartIndex::window as usize;
+
+    /// The leases part's position in encoding order.
+    pub(crate) const LEASES_INDEX: usize = PartIndex::leases as usize;
 
     fn drop_empty_others(&mut self) {
         if self.others.as_deref().is_some_and(Others::is_empty) {

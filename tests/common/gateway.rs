@@ -94,7 +94,8 @@ pub fn load_modules() -> String {
 
 /// The `http {}` lines every test nginx shares: temp paths inside its
 /// directory, the Lua path (library, Kong plugin, test helpers) and the
-/// shared dicts (counters, the deny cache of rule policies).
+/// shared dicts (counters, the deny cache and the local allowances of rule
+/// policies).
 pub fn http_common() -> String {
     let gw = gateway_dir();
     let gw = gw.display();
@@ -108,7 +109,9 @@ pub fn http_common() -> String {
     lua_package_path "{gw}/lib/?.lua;{gw}/kong/?.lua;{gw}/test/?.lua;/usr/share/lua/5.1/?.lua;;";
     lua_shared_dict rl_metrics 1m;
     lua_shared_dict rl_deny 1m;
+    lua_shared_dict rl_allowance 1m;
     lua_shared_dict rl_redis 1m;
+    lua_shared_dict rl_usage 1m;
     lua_socket_log_errors off;
 "#
     )
@@ -160,6 +163,7 @@ fn nginx_conf(ports: Ports, redis_port: u16) -> String {
         location = /metrics {{
             content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
         }}
+        location = /_rl/usage {{ content_by_lua_block {{ require("resty.rl.nginx").usage("{name}") }} }}
         location / {{
             # which worker answered (the local limiter is per worker)
             add_header X-Worker $pid always;
@@ -355,6 +359,35 @@ impl Nginx {
             })
             .map(str::to_string)
             .collect()
+    }
+
+    /// Panics with them when [`Nginx::lua_errors`] finds any.
+    pub fn assert_no_lua_errors(&self) {
+        let errors = self.lua_errors();
+        assert!(errors.is_empty(), "errors in error.log: {errors:#?}");
+    }
+
+    /// Stops nginx gracefully: QUIT to the master (the workers finish their
+    /// requests and run their exit timers), waiting at most `within`;
+    /// false when it is still running then (drop stops it for good).
+    pub fn quit(&mut self, within: Duration) -> bool {
+        let Some(child) = self.child.as_mut() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-QUIT", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            sleep(Duration::from_millis(20));
+        }
     }
 
     /// Stops nginx: TERM to its process group (the master and its

@@ -69,11 +69,19 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
     let mut servers = String::new();
     for (i, f) in fronts.iter().enumerate() {
         let port = ports[i];
+        // the usage dashboard's locations (resty.rl.usage), nginx front ends only
+        let mut usage = String::new();
         let handler = match f {
             Front::Nginx(expr) => {
                 init += &format!("front.configure(\"f{i}\", {expr})\n");
                 let h = |phase: &str| format!("require(\"resty.rl.nginx\").{phase}(\"f{i}\")");
-                (h("access"), h("header_filter"), h("log"))
+                for page in ["usage", "dashboard"] {
+                    usage += &format!(
+                        "        location = /_rl/{page} {{ content_by_lua_block {{ {} }} }}\n",
+                        h(page)
+                    );
+                }
+                (h("access"), h("header_filter"), h("log"), h("body_filter"))
             }
             Front::Kong(expr) => {
                 init += &format!(
@@ -82,7 +90,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
                      require \"kong.plugins.rl.handler\"\n"
                 );
                 let h = |phase: &str| format!("require(\"kong_shim\").run(\"{phase}\")");
-                (h("access"), h("header_filter"), h("log"))
+                (h("access"), h("header_filter"), h("log"), h("body_filter"))
             }
         };
         servers += &format!(
@@ -92,14 +100,15 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
         location = /metrics {{
             content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
         }}
-        location / {{
+{usage}        location / {{
             access_by_lua_block {{ {} }}
             header_filter_by_lua_block {{ {} }}
+            body_filter_by_lua_block {{ {} }}
             log_by_lua_block {{ {} }}
             proxy_pass http://127.0.0.1:{upstream};
         }}
     }}"#,
-            handler.0, handler.1, handler.2
+            handler.0, handler.1, handler.3, handler.2
         );
     }
     init += "require \"upstream\"\n";

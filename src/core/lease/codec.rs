@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use super::*;
 
 /// An id serialized as MessagePack `bin`.
-struct IdRef<'a>(&'a [u8]);
+pub(super) struct IdRef<'a>(pub(super) &'a [u8]);
 
 impl Serialize for IdRef<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -21,7 +21,7 @@ impl Serialize for IdRef<'_> {
 
 /// An id read from `bin` (a string or an array of integers is refused, so
 /// decoding accepts only what encoding makes).
-struct IdBuf(Box<[u8]>);
+pub(super) struct IdBuf(pub(super) Box<[u8]>);
 
 impl<'de> Deserialize<'de> for IdBuf {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {

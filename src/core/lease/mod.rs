@@ -24,7 +24,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+mod change;
 mod codec;
+
+pub use change::LeaseChange;
+use change::LeaseEdit;
 
 use crate::core::limits::{MAX_LEASES, MAX_LEASE_ID_LEN};
 use crate::core::part::{within_reach, Part};
@@ -47,13 +51,25 @@ const ENTRY_OVERHEAD: usize = 96;
 /// increasing id order; decoding refuses any other order, duplicate ids,
 /// empty or too long ids, more than [`MAX_LEASES`] entries and deadlines
 /// above [`MAX_DEADLINE`], and rebuilds the deadline index.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Leases {
     /// Deadline of each lease, by id.
     by_id: BTreeMap<Box<[u8]>, Millis>,
     /// The same leases ordered by `(deadline, id)`.
     by_deadline: BTreeSet<(Millis, Box<[u8]>)>,
+    /// How the set changed since it was last committed.
+    edit: LeaseEdit,
 }
+
+/// Equal when they hold the same leases (the index follows; the edit is
+/// bookkeeping).
+impl PartialEq for Leases {
+    fn eq(&self, other: &Leases) -> bool {
+        self.by_id == other.by_id
+    }
+}
+
+impl Eq for Leases {}
 
 /// What [`Leases::acquire`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -229,6 +245,7 @@ impl Leases {
         if self.is_live(id, now) {
             self.sweep(now);
             self.set_deadline(id, deadline);
+            self.note(id, Some(deadline));
             return Acquire::Refreshed {
                 in_use: self.in_use(now),
             };
@@ -243,6 +260,7 @@ impl Leases {
         // Removes `id` too if it holds an expired lease.
         self.sweep(now);
         self.insert(id, deadline);
+        self.note(id, Some(deadline));
         Acquire::Granted {
             in_use: self.in_use(now),
         }
@@ -256,6 +274,7 @@ impl Leases {
         }
         self.remove(id);
         self.sweep(now);
+        self.note(id, None);
         true
     }
 
@@ -267,7 +286,9 @@ impl Leases {
             return false;
         }
         self.sweep(now);
-        self.set_deadline(id, deadline_after(now, ttl_ms));
+        let deadline = deadline_after(now, ttl_ms);
+        self.set_deadline(id, deadline);
+        self.note(id, Some(deadline));
         true
     }
 
@@ -344,6 +365,11 @@ impl Leases {
             .map_or(1, |(deadline, _)| deadline.saturating_sub(now).max(1))
     }
 
+    /// Remember that `id` was set to `deadline` (or removed).
+    fn note(&mut self, id: &[u8], deadline: Option<Millis>) {
+        self.edit = std::mem::take(&mut self.edit).then(id, deadline);
+    }
+
     /// Add a lease `id` that is not stored.
     fn insert(&mut self, id: &[u8], deadline: Millis) {
         let key: Box<[u8]> = id.into();
@@ -395,6 +421,10 @@ impl Part for Leases {
 
     fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
         Leases::heap_bytes(self)
+    }
+
+    fn mark_committed(&mut self) {
+        Leases::mark_committed(self);
     }
 }
 

@@ -30,6 +30,12 @@ impl Part for WindowState {
     fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
         WindowState::heap_bytes(self)
     }
+
+    fn mark_committed(&mut self) {
+        if let WindowState::Exact { log, .. } = self {
+            log.mark_committed();
+        }
+    }
 }
 
 /// A window is a [`Limiter`] whose reading at `now` is its count (the
@@ -114,13 +120,7 @@ impl Limiter for Window {
             }
             WindowState::Fixed { count, .. } => take(count),
             WindowState::Exact { log, .. } => {
-                while let Some(last) = log.last_mut() {
-                    take(&mut last.cost);
-                    if last.cost > 0 {
-                        break;
-                    }
-                    log.pop();
-                }
+                log.take_newest(left);
             }
         }
         *state = next;
@@ -146,10 +146,7 @@ impl Limiter for Window {
         let in_place = self.is_native_exact(state.as_ref(), now);
         match state {
             Some(WindowState::Exact { log, .. }) if in_place => {
-                let w = self.w();
-                let dead = log.partition_point(|e| i128::from(e.at) + w <= i128::from(now));
-                log.drain(..dead);
-                add_entry(log, now, cost);
+                log.charge_in_place(self.w(), now, cost);
             }
             _ => {
                 let mut next = self
@@ -158,7 +155,7 @@ impl Limiter for Window {
                 match &mut next {
                     WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
                     WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
-                    WindowState::Exact { log, .. } => add_entry(log, now, cost),
+                    WindowState::Exact { log, .. } => log.add(now, cost),
                 }
                 *state = Some(next);
             }

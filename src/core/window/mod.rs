@@ -101,13 +101,17 @@ use serde::{Deserialize, Serialize};
 
 mod exact;
 mod limiter;
+mod log;
 mod sliding;
 
-use exact::{add_entry, log_codec, ExactView};
+use exact::{log_codec, ExactView};
+pub use log::{Log, LogEdit};
 use sliding::{roll, sat_u64, Rolled};
 
 use crate::core::limiter::Limiter;
-use crate::core::limits::{MAX_DURATION_MS, MAX_EXACT_LIMIT};
+use crate::core::limits::MAX_DURATION_MS;
+#[cfg(doc)]
+use crate::core::limits::MAX_EXACT_LIMIT;
 use crate::core::time::{clamp_i64, Millis};
 
 /// Which window: `RL.WINDOW` default, `EXACT` or `FIXED`.
@@ -169,7 +173,7 @@ pub enum WindowState {
         /// `[at_0, cost_0, at_1 - at_0, cost_1, ...]` of unsigned integers
         /// (`at_0` as the two's complement bits of the `i64`).
         #[serde(with = "log_codec")]
-        log: Vec<Entry>,
+        log: Log,
     },
     /// A fixed window (or a carried lump, see the module docs).
     #[serde(rename = "f")]
@@ -257,7 +261,7 @@ impl WindowState {
     /// Heap bytes behind the state (the log of `Exact`), for `MEMORY USAGE`.
     pub fn heap_bytes(&self) -> usize {
         match self {
-            WindowState::Exact { log, .. } => log.capacity() * std::mem::size_of::<Entry>(),
+            WindowState::Exact { log, .. } => log.heap_bytes(),
             _ => 0,
         }
     }
@@ -269,14 +273,7 @@ impl WindowState {
         let length = |w: &u64| (1..=MAX_DURATION_MS).contains(w);
         match self {
             WindowState::Sliding { window_ms, .. } => length(window_ms),
-            WindowState::Exact { window_ms, log } => {
-                length(window_ms)
-                    && log.len() <= MAX_EXACT_LIMIT as usize
-                    && log.iter().all(|e| e.cost >= 1)
-                    && log
-                        .windows(2)
-                        .all(|pair| matches!(pair, [a, b] if a.at < b.at))
-            }
+            WindowState::Exact { window_ms, log } => length(window_ms) && log.is_valid(),
             WindowState::Fixed { .. } => true,
         }
     }
@@ -432,7 +429,7 @@ impl Window {
     fn exact_view<'a>(&self, state: Option<&'a WindowState>, now: Millis) -> ExactView<'a> {
         let w = self.w();
         match state {
-            None => ExactView::EMPTY,
+            None => ExactView::Empty,
             Some(WindowState::Exact { window_ms, log }) => {
                 // Each entry counts for max(old W, new W) after admission.
                 let shift = (i128::from((*window_ms).max(1)) - w).max(0);
@@ -441,14 +438,10 @@ impl Window {
             Some(other) => {
                 let (n, end) = other.lump(now);
                 if n == 0 {
-                    return ExactView::EMPTY;
+                    return ExactView::Empty;
                 }
                 let at = clamp_i64((end - w).max(i128::from(now)));
-                ExactView {
-                    log: &[],
-                    shift: 0,
-                    lump: Some(Entry { at, cost: n }),
-                }
+                ExactView::Lump(Entry { at, cost: n })
             }
         }
     }
@@ -492,7 +485,7 @@ impl Window {
             },
             Mode::Exact => WindowState::Exact {
                 window_ms: self.stored_w(),
-                log: Vec::new(),
+                log: Log::default(),
             },
         }
     }
@@ -514,14 +507,10 @@ impl Window {
         now: Millis,
     ) -> i64 {
         let excess = self.excess(seen, cost);
-        let mut freed = 0u64;
-        for (expiry, c) in self.exact_view(state, now).entries(self.w()) {
-            freed = freed.saturating_add(c);
-            if freed >= excess {
-                return clamp_i64(expiry - i128::from(now)).max(0);
-            }
+        match self.exact_view(state, now).freed_by(self.w(), excess) {
+            Some(expiry) => clamp_i64(expiry - i128::from(now)).max(0),
+            None => seen.empty_in,
         }
-        seen.empty_in
     }
 
     /// Points that must stop counting before `cost` fits.

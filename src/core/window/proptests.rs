@@ -136,7 +136,10 @@ pub(super) fn valid_state() -> impl Strategy<Value = WindowState> {
     let w = 1u64..=MAX_DURATION_MS;
     let log = (
         any::<i64>(),
-        prop::collection::vec((1u64..=u64::MAX, 1u64..=u64::MAX), 0..40),
+        prop::collection::vec(
+            (1u64..=u64::MAX, 1u64..=crate::core::part::MAX_COUNT),
+            0..40,
+        ),
     )
         .prop_map(|(first, rest)| {
             let mut at = first;
@@ -161,7 +164,10 @@ pub(super) fn valid_state() -> impl Strategy<Value = WindowState> {
                 window_ms
             }
         ),
-        (w, log).prop_map(|(window_ms, log)| WindowState::Exact { window_ms, log }),
+        (w, log).prop_map(|(window_ms, log)| WindowState::Exact {
+            window_ms,
+            log: log.into()
+        }),
         (any::<i64>(), any::<u64>()).prop_map(|(end, count)| WindowState::Fixed { end, count }),
     ]
 }

@@ -158,7 +158,7 @@ fn exact_table() {
     };
     // +0 and +400 were pruned; +1000 (2 points) and +1400 remain.
     assert_eq!(
-        log,
+        log.entries().collect::<Vec<_>>(),
         vec![
             Entry {
                 at: T0 + 1000,
@@ -286,7 +286,7 @@ fn parameter_changes_convert_conservatively() {
     };
     let e = |window_ms, at, cost| WindowState::Exact {
         window_ms,
-        log: vec![Entry { at, cost }],
+        log: vec![Entry { at, cost }].into(),
     };
     let f = |end, count| WindowState::Fixed { end, count };
     let rows: Vec<(Window, Window, WindowState)> = vec![
@@ -452,7 +452,8 @@ fn counts_until_and_validity() {
                         at: T0 + 5,
                         cost: 2,
                     },
-                ],
+                ]
+                .into(),
             },
             T0 + 99,
             Some(T0 + 104),
@@ -461,7 +462,7 @@ fn counts_until_and_validity() {
         (
             WindowState::Exact {
                 window_ms: 100,
-                log: vec![Entry { at: T0, cost: 1 }, Entry { at: T0, cost: 2 }],
+                log: vec![Entry { at: T0, cost: 1 }, Entry { at: T0, cost: 2 }].into(),
             },
             T0 + 200,
             None,
@@ -470,7 +471,7 @@ fn counts_until_and_validity() {
         (
             WindowState::Exact {
                 window_ms: 100,
-                log: vec![Entry { at: T0, cost: 0 }],
+                log: vec![Entry { at: T0, cost: 0 }].into(),
             },
             T0,
             None,
@@ -506,7 +507,7 @@ fn encoded_sizes() {
         .collect();
     let exact = WindowState::Exact {
         window_ms: 3_600_000,
-        log,
+        log: log.into(),
     };
     // Header: map, "e", array of 2, window (u32), array16 header; the
     // first entry: time (u64) and cost; then 4 bytes per entry: the

@@ -1,10 +1,11 @@
 -- resty.rl.after: the log phase of a rule policy (resty.rl.engine) and
 -- the work after the response, in a timer (the log phase cannot use
 -- cosockets): failures recorded (count = failures), response bytes
--- charged (count = response_bytes), leases released, the alerts of
--- boxes that reached an alerting level added to the alert stream, the
--- failures of distinct rules recorded (resty.rl.distinct) and quota
--- threshold events appended (resty.rl.quota_alerts).
+-- charged (count = response_bytes), post-paid rules settled
+-- (resty.rl.settle), leases released, the alerts of boxes that reached
+-- an alerting level added to the alert stream, the failures of distinct
+-- rules recorded (resty.rl.distinct) and quota threshold events appended
+-- (resty.rl.quota_alerts).
 
 local rules = require "resty.rl.rules"
 local limiters = require "resty.rl.limiters"
@@ -12,6 +13,8 @@ local store = require "resty.rl.store"
 local headers = require "resty.rl.headers"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
+local usage = require "resty.rl.usage"
+local settle = require "resty.rl.settle"
 local distinct = require "resty.rl.distinct"
 local quota_alerts = require "resty.rl.quota_alerts"
 local cjson = require "cjson.safe"
@@ -117,6 +120,7 @@ function _M.log(conf, req)
     end
     local status = req.status()
     metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    usage.count(conf, state)
     if state.decision ~= "allowed" and state.decision ~= "degraded_allowed" then
         local tenant, key_id, user, brand = log_ident(state)
         req.warn("rl_event " .. (cjson.encode({
@@ -141,6 +145,10 @@ function _M.log(conf, req)
                 end
             end
         end
+    end
+    if state.admitted then
+        -- post-paid rules: DEBT or REFUND of the actual cost's difference
+        settle.commands(state, limiters.KINDS, req.bytes_sent(), req.warn, cmds)
     end
     for _, l in ipairs(state.leases) do
         cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", l.key, l.id }

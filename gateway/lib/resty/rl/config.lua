@@ -62,6 +62,11 @@ _M.defaults = {
     -- until the box ends; a release is seen within `poll` seconds of
     -- INCR <key_prefix>:deny:version.
     deny_cache = { dict = "rl_deny", poll = 1, manual_ttl = 60 },
+    -- The usage dashboard of rule policies (resty.rl.usage): per-key
+    -- counters of this node in the lua_shared_dict `dict` (not declared:
+    -- no counters); at most reports_per_second usage reports per key and
+    -- node; `usage = false` turns the endpoints and counters off.
+    usage = { dict = "rl_usage", reports_per_second = 10 },
     -- Who is calling: the API key header and a key -> identity table.
     -- `key_id` names the key in Redis keys and logs (never the key itself).
     identity = {
@@ -337,6 +342,9 @@ local function validate_general(conf)
     check(type(dc.poll) == "number" and dc.poll > 0, "deny_cache.poll must be seconds > 0")
     check(type(dc.manual_ttl) == "number" and dc.manual_ttl > 0,
         "deny_cache.manual_ttl must be seconds > 0")
+    check(conf.usage == false or type(conf.usage) == "table" and type(conf.usage.dict) == "string"
+        and positive_int(conf.usage.reports_per_second),
+        "usage must be false or { dict = <lua_shared_dict name>, reports_per_second = <n >= 1> }")
 end
 
 --- A rule policy (a configuration with `rules`): the general options over

@@ -15,6 +15,9 @@
 --   6. after the response (log phase, in a timer, resty.rl.after): failures
 --      recorded, leases released, level-2/3 box alerts added to the alert
 --      stream, distinct members recorded, quota threshold events appended.
+-- Rules with `allowance` spend their node's points without Redis in step 4
+-- (resty.rl.allowance); rules with `settle` are settled in step 6
+-- (resty.rl.settle).
 
 local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"
@@ -27,6 +30,8 @@ local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local after = require "resty.rl.after"
+local allowance = require "resty.rl.allowance"
+local settle = require "resty.rl.settle"
 
 local _M = {}
 
@@ -102,12 +107,12 @@ local function rule_key(conf, tag_attr, values, name, scope)
 end
 
 --- One entry (a rule applied to this request), nil when the rule does
---- not apply (an attribute of its scope, or its cost argument, missing),
---- or nil, "ambiguous", argument name.
+--- not apply (an attribute of its scope, its distinct member or its cost
+--- argument missing), or nil, "ambiguous", argument name.
 function Engine:entry(req, state, rule, ident)
     local conf = self.conf
     local values = {}
-    for _, a in ipairs(rule.scope) do
+    for _, a in ipairs(rule.attrs) do
         local v, err = identity.attr(conf, req, ident, a, state.route)
         if err then
             return nil, err, a
@@ -116,15 +121,6 @@ function Engine:entry(req, state, rule, ident)
             return nil
         end
         values[a] = v
-    end
-    local member
-    if rule.limiter.kind == "distinct" then
-        -- the member counted (resty.rl.distinct): an attribute, as a scope's
-        local err
-        member, err = identity.attr(conf, req, ident, rule.limiter.member, state.route)
-        if err or member == nil then
-            return nil, err, err and rule.limiter.member
-        end
     end
     local params = resolve_deep(rule.limiter, ident)
     local cost = rule.cost
@@ -148,7 +144,7 @@ function Engine:entry(req, state, rule, ident)
     -- failures and response bytes are probed now, charged after the response
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
                 name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {},
-                member = member }
+                member = values[rule.limiter.member] }
     e.key = rule_key(conf, rule.tag, values, rule.name, rule.scope)
     for i, a in ipairs(params.also or {}) do
         local avals = { [rule.tag] = values[rule.tag] }
@@ -474,8 +470,11 @@ function Engine:access(req)
             e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
                 limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
                 window = e.params.window or e.params.period } }
+        elseif e.rule.allowance and e.cost > 0 and allowance.spent(conf, e) then
+            -- spent from the node's allowance: no Redis call
         else
-            cmds[#cmds + 1] = kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+            cmds[#cmds + 1] = e.fetch and allowance.command(e)
+                or kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
             sent[#sent + 1] = e
             if e.params.kind == "lease" then
                 -- recorded before the call: a timed-out ACQUIRE may have been granted
@@ -492,7 +491,8 @@ function Engine:access(req)
     local bad
     for i, e in ipairs(sent) do
         local oerr
-        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, res[i])
+        local raw = e.fetch and allowance.keep(e, res[i]) or res[i]
+        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, raw)
         bad = bad or oerr
     end
     if bad then
@@ -567,6 +567,9 @@ end
 --- is about to record (r consistent with the next decision).
 function Engine:header_filter(req)
     local state = req.ctx().rl
+    if state then
+        settle.header_filter(state)
+    end
     if not state or self.conf.shadow then
         return
     end
@@ -580,6 +583,15 @@ function Engine:header_filter(req)
     end
     for k, v in pairs(state.headers) do
         req.set_header(k, v)
+    end
+end
+
+--- Body filter: the usage of post-paid rules read from the response
+--- (resty.rl.settle).
+function Engine:body_filter(req)
+    local state = req.ctx().rl
+    if state and state.usage then
+        settle.body_filter(state)
     end
 end
 

@@ -29,6 +29,7 @@ local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local limiters = require "resty.rl.limiters"
 local deny = require "resty.rl.deny"
+local usage = require "resty.rl.usage"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -488,6 +489,7 @@ function Gateway:log(req)
     end
     local status = req.status()
     metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    usage.count(conf, state)
     if not QUIET[state.decision] then
         local ident = state.ident or {}
         req.warn("rl_event " .. (cjson.encode({

@@ -67,6 +67,22 @@ local function penalty(args, p, probe)
     return args
 end
 
+-- The RESERVE clauses of a bucket command: `reserve` percent of the first
+-- bucket (index 0) and of each `also` bucket (index i) kept for others
+-- (the priority tiers: a fleet bucket that Free calls leave half full).
+local function reserves(args, p)
+    local function add(index, percent)
+        if percent and percent > 0 then
+            local n = #args
+            args[n + 1], args[n + 2], args[n + 3] = "RESERVE", index, percent
+        end
+    end
+    add(0, p.reserve)
+    for i, a in ipairs(p.also or {}) do
+        add(i, a.reserve)
+    end
+end
+
 -- The "window" (w) of a bucket, window or quota for the headers.
 local function window_of(kind, p)
     if kind == "bucket" then
@@ -173,6 +189,7 @@ _M.KINDS = {
                 return args
             end
             penalty(args, p, e.probe)
+            reserves(args, p)
             if p.delay then
                 args[#args + 1] = "DELAY"
                 args[#args + 1] = p.delay
@@ -300,12 +317,7 @@ function _M.compensate(conf, state, sent)
             end
         end
     end
-    local res, err = store.pipeline(conf, cmds)
-    for _, r in ipairs(res or {}) do
-        if type(r) == "table" and r[1] == false then
-            res, err = nil, r[2]
-        end
-    end
+    local res, err = store.pipeline_ok(conf, cmds)
     if not res then
         metrics.redis_error(conf, err)
         state.redis_error = "refund: " .. tostring(err)

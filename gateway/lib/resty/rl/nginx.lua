@@ -3,6 +3,7 @@
 --   init_by_lua_block   { require("resty.rl.nginx").configure("api", require("policy")) }
 --   access_by_lua_block { require("resty.rl.nginx").access("api") }
 --   header_filter_by_lua_block { require("resty.rl.nginx").header_filter("api") }
+--   body_filter_by_lua_block { require("resty.rl.nginx").body_filter("api") }
 --   log_by_lua_block    { require("resty.rl.nginx").log("api") }
 --   location = /metrics { content_by_lua_block { require("resty.rl.metrics").serve() } }
 --
@@ -115,9 +116,28 @@ function _M.header_filter(name)
     return get(name):header_filter(_M.adapter)
 end
 
+--- body_filter_by_lua handler (rule policies with post-paid rules read
+--- the response's usage here; nothing for the others).
+function _M.body_filter(name)
+    local gw = get(name)
+    if gw.body_filter then
+        return gw:body_filter(_M.adapter)
+    end
+end
+
 --- log_by_lua handler.
 function _M.log(name)
     return get(name):log(_M.adapter)
+end
+
+--- content_by_lua handler of GET /_rl/usage (resty.rl.usage).
+function _M.usage(name)
+    return require("resty.rl.usage").serve(get(name), _M.adapter)
+end
+
+--- content_by_lua handler of GET /_rl/dashboard (resty.rl.usage).
+function _M.dashboard(name)
+    return require("resty.rl.usage").dashboard(get(name), _M.adapter)
 end
 
 return _M

@@ -10,6 +10,8 @@
 -- (identity store overrides), or { ref = "...", default = v }.
 
 local config = require "resty.rl.config"
+local allowance = require "resty.rl.allowance"
+local settle = require "resty.rl.settle"
 local jws = require "resty.rl.jws"
 
 local _M = {}
@@ -184,6 +186,11 @@ _M.KINDS = {
         if l.delay ~= nil then
             check_opt(where, "delay", l.delay, tiers, seconds, "seconds > 0 (the longest wait)")
         end
+        if l.reserve ~= nil then
+            check_opt(where, "reserve", l.reserve, tiers,
+                function(v) return type(v) == "number" and v >= 0 and v <= 100 and v % 1 == 0 end,
+                "an integer percent from 0 to 100")
+        end
     end,
     window = function(where, l, tiers)
         check_opt(where, "limit", l.limit, tiers, positive_int, "an integer >= 1")
@@ -316,6 +323,9 @@ local function validate_rule(i, r, conf)
             .. "(subject, ip, header:<name>, ...)", where)
         check_scope(where .. ".limiter.member", { l.member })
     end
+    -- the attributes a request needs for the rule to apply (resty.rl.engine)
+    r.attrs = { unpack(r.scope) }
+    r.attrs[#r.attrs + 1] = l.member
     if l.kind ~= "lease" then
         check_penalty(where .. ".limiter", l, tiers)
     end
@@ -369,6 +379,8 @@ local function validate_rule(i, r, conf)
         check_opt(where, "limiter." .. cap, l[cap], tiers,
             function(v) return v >= dearest end, "at least the dearest route's cost " .. dearest)
     end
+    allowance.validate(where, r, l, check)
+    settle.validate(where, r, l, check)
     local f = r.one_in_flight
     if f then
         check(r.count == "failures", "%s: one_in_flight needs count = failures", where)

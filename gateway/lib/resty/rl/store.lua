@@ -194,6 +194,18 @@ function _M.pipeline(conf, cmds)
     return run(conf, cmds)
 end
 
+--- As pipeline, for commands that must all succeed (refunds, releases):
+--- the replies, or nil and the first error (no reply, or an error reply).
+function _M.pipeline_ok(conf, cmds)
+    local res, err = run(conf, cmds)
+    for _, r in ipairs(res or {}) do
+        if type(r) == "table" and r[1] == false then
+            return nil, r[2]
+        end
+    end
+    return res, err
+end
+
 --- RL.LEASE RELEASE of each {key, id} in `leases`, pipelined. Returns
 --- true or nil and an error.
 function _M.release(conf, leases)

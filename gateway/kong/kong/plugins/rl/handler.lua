@@ -111,6 +111,15 @@ function RlHandler:header_filter(conf)
     return get(conf):header_filter(adapter)
 end
 
+--- Body filter: post-paid rules of a rule policy read the response's
+--- usage here (`settle.from = "usage"`); nothing for the tier form.
+function RlHandler:body_filter(conf)
+    local gw = get(conf)
+    if gw.body_filter then
+        return gw:body_filter(adapter)
+    end
+end
+
 --- Log phase: counters, the structured log line, lease release and
 --- failed-login records (in a timer).
 function RlHandler:log(conf)

@@ -1,0 +1,476 @@
+-- resty.rl.usage: the usage dashboard of the calling API key, never
+-- another's (a rule policy's rules scoped by the key's attributes; the
+-- tier form's key and tenant buckets).
+--
+--   GET /_rl/usage      JSON: live requests per second, burst used and
+--                       left, the monthly quota used and its limit, the
+--                       predicted exhaustion at the current rate, recent
+--                       refusals by reason, the box state, every policy
+--   GET /_rl/dashboard  one HTML page (inline JS and SVG, no CDN) that
+--                       polls /_rl/usage with the key and charts it
+--
+-- Where the numbers come from:
+--   * Redis, read only: `RL.TAKE ... COST 0` (buckets), `RL.WINDOW ...
+--     COST 0`, `RL.QUOTA ... COST 0` (probes that write nothing),
+--     `RL.LEASE LIST` and `RL.BOX STATUS`, one pipelined round trip per
+--     usage request;
+--   * this nginx node's counters in the shared dict `usage.dict`, written
+--     in the log phase of ordinary requests by count(): one `incr` per
+--     admitted request (per key and second, kept 61 s), two per refused
+--     one (the second per key, reason and minute, kept 11 minutes).
+--     Ordinary requests send nothing more to Redis. Usage reports are
+--     capped per key and node (usage.reports_per_second, one more incr).
+
+local identity = require "resty.rl.identity"
+local policy = require "resty.rl.policy"
+local problem = require "resty.rl.problem"
+local store = require "resty.rl.store"
+local cjson = require "cjson.safe"
+
+local _M = {}
+
+local SEP = "\1"
+-- seconds of per-second counts kept (the chart's span, the prediction's rate)
+local SERIES = 60
+-- the "live" rate: requests in the last LIVE seconds, this one included
+local LIVE = 10
+-- recent refusals: the last REFUSAL_MINUTES minutes, this one included
+local REFUSAL_MINUTES = 10
+
+--- The refusal reasons counted (the decisions of resty.rl.metrics that
+--- refuse a request).
+_M.REASONS = { "throttled", "boxed", "quota_exceeded", "challenged", "conflict", "locked_out",
+               "invalid", "degraded_throttled", "failed_closed" }
+
+-- Decisions that let the request through (counted as admitted).
+local ADMITTED = { allowed = true, degraded_allowed = true, soft_blocked = true,
+                   shadow_allowed = true }
+
+-- Identity attributes a usage report may be keyed by: a rule scoped by
+-- anything else (client IP, a header, an argument, the login subject) is
+-- not the key's own and is not shown.
+local KEY_ATTRS = { key_id = true, tenant = true, tier = true, brand = true, user = true }
+
+-- The API key header: a rule policy's identity.api_key, the tier form's identity.
+local function key_header(conf)
+    return conf.rules and conf.identity.api_key.header or conf.identity.header
+end
+
+local function dict(conf)
+    local u = conf.usage
+    return u and ngx.shared[u.dict]
+end
+
+--- Log phase of an ordinary request: counts it for its key (one shared
+--- dict `incr` when admitted, one more when refused; no Redis).
+function _M.count(conf, state)
+    local d, ident = dict(conf), state.ident
+    -- a rule policy's identity has attrs; the tier form's is flat
+    local key_id = d and ident and (ident.attrs and ident.attrs.key_id or ident.key_id)
+    if type(key_id) ~= "string" then
+        return
+    end
+    local now = ngx.time()
+    local admitted = ADMITTED[state.decision]
+    local who = conf.key_prefix .. SEP .. key_id .. SEP
+    d:incr((admitted and "a" or "r") .. SEP .. who .. now, 1, 0, SERIES + 1)
+    if not admitted then
+        d:incr("x" .. SEP .. who .. state.decision .. SEP .. math.floor(now / 60), 1, 0,
+            (REFUSAL_MINUTES + 1) * 60)
+    end
+end
+
+-- The node's counters of `key_id` (under `prefix`): the per-second
+-- series (oldest first) and the refusals of the last minutes by reason.
+local function counters(d, prefix, key_id, now)
+    local admitted, refused = {}, {}
+    local who = prefix .. SEP .. key_id .. SEP
+    for i = 1, SERIES do
+        local t = now - SERIES + i
+        admitted[i] = d:get("a" .. SEP .. who .. t) or 0
+        refused[i] = d:get("r" .. SEP .. who .. t) or 0
+    end
+    local by_reason, total = {}, 0
+    local minute = math.floor(now / 60)
+    for _, reason in ipairs(_M.REASONS) do
+        local n = 0
+        for m = minute - REFUSAL_MINUTES + 1, minute do
+            n = n + (d:get("x" .. SEP .. who .. reason .. SEP .. m) or 0)
+        end
+        if n > 0 then
+            by_reason[reason] = n
+            total = total + n
+        end
+    end
+    return admitted, refused, by_reason, total
+end
+
+local function sum(list, from)
+    local n = 0
+    for i = from, #list do
+        n = n + list[i]
+    end
+    return n
+end
+
+-- The read-only commands of one entry (a rule applied to the caller):
+-- one probe per bucket of the rule, and the box status of its first key.
+local function probes(e)
+    local p, cmds = e.params, {}
+    local keys = { { key = e.key, name = e.name, p = p } }
+    for i, a in ipairs(p.also or {}) do
+        keys[#keys + 1] = { key = e.also_keys[i], name = e.also_names[i], p = a }
+    end
+    for _, k in ipairs(keys) do
+        local q = k.p
+        if p.kind == "bucket" then
+            k.cmd = { "RL.TAKE", k.key, q.burst, q.rate, q.period, "COST", 0 }
+        elseif p.kind == "window" then
+            k.cmd = { "RL.WINDOW", k.key, q.limit, q.window, "COST", 0 }
+            if p.mode == "exact" then
+                k.cmd[#k.cmd + 1] = "EXACT"
+            elseif p.mode == "fixed" then
+                k.cmd[#k.cmd + 1] = "FIXED"
+            end
+        elseif p.kind == "quota" then
+            k.cmd = { "RL.QUOTA", k.key, q.limit, q.period, "COST", 0 }
+        else
+            k.cmd = { "RL.LEASE", "LIST", k.key }
+        end
+        cmds[#cmds + 1] = k.cmd
+    end
+    if p.strikes then
+        cmds[#cmds + 1] = { "RL.BOX", "STATUS", e.key }
+    end
+    return keys, cmds
+end
+
+-- One policy of the report from a probe reply, or nil, error.
+local function policy_report(e, k, raw, now)
+    local kind = e.params.kind
+    local out = { name = k.name, kind = kind, unit = e.rule.unit }
+    if kind == "lease" then
+        if type(raw) ~= "table" or raw[1] == false then
+            return nil, "unexpected reply to RL.LEASE LIST"
+        end
+        out.limit, out.used = k.p.max, #raw
+        out.left = math.max(out.limit - out.used, 0)
+        return out
+    end
+    local d = store.decode(raw)
+    if not d then
+        return nil, "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
+    end
+    out.limit = d.limit
+    out.left = math.max(d.remaining, 0)
+    out.used = math.max(d.limit - out.left, 0)
+    out.boxed = d.status == -1
+    if kind == "bucket" then
+        out.period_seconds, out.refill = k.p.period, k.p.rate
+        out.full_in_seconds = d.reset_ms and d.reset_ms / 1000 or cjson.null
+    elseif kind == "window" then
+        out.window_seconds = k.p.window
+    else
+        out.period = k.p.period
+        out.resets_at = problem.timestamp(now + (d.reset_ms or 0) / 1000)
+        out.resets_in_seconds = math.ceil((d.reset_ms or 0) / 1000)
+        -- the cost of one request, when every request pays the same
+        if e.rule.count == "requests" and type(e.rule.cost) == "number" then
+            out.cost = e.rule.cost
+        end
+    end
+    return out
+end
+
+-- The box of an entry from its RL.BOX STATUS reply.
+local function box_report(e, raw, now)
+    if type(raw) ~= "table" or #raw ~= 4 or type(raw[1]) ~= "number" then
+        return nil
+    end
+    local b = { policy = e.name, level = raw[1], offenses = raw[3], strikes = raw[4],
+                threshold = e.params.strikes.threshold }
+    if raw[1] == 0 then
+        b.state = "none"
+    elseif raw[2] < 0 then
+        b.state, b.manual = "boxed", true
+    else
+        b.state = "boxed"
+        b.retry_after_seconds = math.ceil(raw[2] / 1000)
+        b.ends_at = problem.timestamp(math.ceil(now + raw[2] / 1000))
+    end
+    return b
+end
+
+-- The tightest of `list` (smallest share left) among policies of `kind`
+-- that pass `want`.
+local function tightest(list, kind, want)
+    local best, share
+    for _, p in ipairs(list) do
+        if p.kind == kind and (not want or want(p)) then
+            local s = p.left / math.max(p.limit, 1)
+            if not share or s < share then
+                best, share = p, s
+            end
+        end
+    end
+    return best
+end
+
+-- The predicted exhaustion of quota `q` at the rate of `admitted`
+-- requests in the last SERIES seconds (this node's): left / rate, in
+-- whole seconds rounded up; none without traffic, or when the period
+-- resets first.
+local function predict(q, admitted, now)
+    if q.left <= 0 then
+        q.seconds_to_exhaustion, q.exhausted_at = 0, problem.timestamp(now)
+        return
+    end
+    if not q.cost or admitted <= 0 then
+        return
+    end
+    -- integers as far as possible: 980 left at 20 a minute is 2940 s, exactly
+    local secs = math.ceil(q.left * SERIES / (admitted * q.cost))
+    if secs < q.resets_in_seconds then
+        q.seconds_to_exhaustion = secs
+        q.exhausted_at = problem.timestamp(now + secs)
+    end
+end
+
+-- A JSON answer (status, body table or string) through the adapter.
+local function answer(req, status, body, ctype)
+    return req.exit(status, type(body) == "string" and body or (cjson.encode(body) or "{}"), {
+        ["Content-Type"] = ctype or "application/json",
+        ["Cache-Control"] = "no-store",
+    })
+end
+
+local function refuse(conf, req, status, kind, detail)
+    return answer(req, status, problem.encode(conf, kind, status, { detail = detail }),
+        problem.CONTENT_TYPE)
+end
+
+--- The caller, authenticated by its API key alone (JWTs and auth-layer
+--- headers are not read: this location may not sit behind that layer;
+--- the adapter handed to the identity has no other header),
+--- or nil, status, problem kind, detail.
+function _M.caller(conf, req)
+    local tier_form = not conf.rules
+    local hname = key_header(conf)
+    local key = policy.header(req, hname)
+    if not key then
+        return nil, 401, "unauthenticated", "Send your API key in " .. hname .. "."
+    end
+    if tier_form then
+        -- the static key table of the tier form
+        local id = conf.identity.keys[key]
+        if not id then
+            return nil, 401, "unauthenticated", "Unknown API key."
+        end
+        return { attrs = { key_id = id.key_id, tenant = id.tenant, tier = id.tier } }
+    end
+    local only_key = setmetatable({ header = function(name)
+        if name:lower() == hname:lower() then
+            return key
+        end
+    end }, { __index = req })
+    -- JWTs and auth-layer headers read nothing: the wrapper has only the key
+    local ident = identity.resolve(conf, only_key)
+    if not ident then
+        return nil, 503, "rate-limiter-unavailable", "The identity store is unavailable: " ..
+            "retry later."
+    end
+    if not ident.authenticated then
+        return nil, 401, "unauthenticated", ident.revoked and "This API key is revoked."
+            or "Unknown API key."
+    end
+    return ident
+end
+
+-- The entries of a rule policy's caller: its rules scoped by key
+-- attributes only, as resty.rl.engine builds them (probe cost aside).
+local function rule_entries(gw, req, ident)
+    local conf, entries = gw.conf, {}
+    local state = { route = conf.default_route }
+    for _, rule in ipairs(conf.rules) do
+        local own = true
+        for _, a in ipairs(rule.scope) do
+            own = own and KEY_ATTRS[a] ~= nil
+        end
+        for _, a in ipairs(rule.limiter.also or {}) do
+            for _, s in ipairs(a.scope or {}) do
+                own = own and KEY_ATTRS[s] ~= nil
+            end
+        end
+        -- the cost does not matter to a probe: never read it from this request
+        local e = own and gw:entry(req, state, setmetatable({ cost = 1 }, { __index = rule }),
+            ident)
+        if e then
+            e.rule = rule
+            entries[#entries + 1] = e
+        end
+    end
+    return entries
+end
+
+-- The entry of a tier-form caller: its key bucket with the tenant's in
+-- ALSO (resty.rl.store.take), the penalty box on the key.
+local function tier_entries(conf, ident)
+    local a = ident.attrs
+    local tier = conf.tiers[a.tier]
+    local key, tenant_key = policy.bucket_keys(conf, { tenant = a.tenant, key_id = a.key_id })
+    return { {
+        key = key, name = a.tier .. "-key", rule = { unit = "points", count = "requests" },
+        also_keys = { tenant_key }, also_names = { a.tier .. "-tenant" },
+        params = { kind = "bucket", burst = tier.key.burst, rate = tier.key.rate,
+                   period = tier.period, strikes = tier.strikes,
+                   also = { { burst = tier.tenant.burst, rate = tier.tenant.rate,
+                              period = tier.period } } },
+    } }
+end
+
+--- The usage report of the caller `ident` under gateway `gw` (a rule
+--- policy's engine or the tier form), or nil, error.
+function _M.report(gw, req, ident)
+    local conf = gw.conf
+    local cmds, entries = {}, {}
+    for _, e in ipairs(conf.rules and rule_entries(gw, req, ident) or tier_entries(conf, ident)) do
+        local keys, c = probes(e)
+        entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1 }
+        for _, cmd in ipairs(c) do
+            cmds[#cmds + 1] = cmd
+        end
+    end
+    local res, err = store.pipeline(conf, cmds)
+    if not res then
+        return nil, err
+    end
+    ngx.update_time()
+    local now = ngx.now()
+    -- an empty list is a JSON array where the encoder can say so (OpenResty's cjson)
+    local policies, box = setmetatable({}, cjson.empty_array_mt), nil
+    for _, x in ipairs(entries) do
+        local own_first = #policies + 1
+        for i, k in ipairs(x.keys) do
+            local p, perr = policy_report(x.e, k, res[x.first + i - 1], now)
+            if not p then
+                return nil, perr
+            end
+            policies[#policies + 1] = p
+        end
+        if x.e.params.strikes then
+            local b = box_report(x.e, res[x.first + #x.keys], now)
+            if b and (not box or b.level > box.level or b.manual) then
+                box = b
+            end
+            -- the penalty state lives on the rule's first key
+            policies[own_first].box = b
+        end
+    end
+    local a = ident.attrs
+    local out = { key_id = a.key_id, tenant = a.tenant, tier = a.tier,
+                  now = problem.timestamp(now), policies = policies }
+    local d = dict(conf)
+    local sec = math.floor(now)
+    local admitted_60s = 0
+    if d and a.key_id then
+        local admitted, refused, by_reason, total = counters(d, conf.key_prefix, a.key_id, sec)
+        local live = sum(admitted, SERIES - LIVE + 1) + sum(refused, SERIES - LIVE + 1)
+        admitted_60s = sum(admitted, 1)
+        out.rate = { requests_per_second = live / LIVE, window_seconds = LIVE,
+                     admitted_per_second_60s = admitted_60s / SERIES, node = true,
+                     series = { seconds = SERIES, ends_at = sec, admitted = admitted,
+                                refused = refused } }
+        out.refusals = { window_seconds = REFUSAL_MINUTES * 60, total = total,
+                         by_reason = by_reason }
+    else
+        out.rate, out.refusals = cjson.null, cjson.null
+    end
+    local burst = tightest(policies, "bucket")
+    out.burst = burst and { policy = burst.name, limit = burst.limit, used = burst.used,
+                            left = burst.left } or cjson.null
+    for _, p in ipairs(policies) do
+        if p.kind == "quota" then
+            predict(p, admitted_60s, now)
+        end
+    end
+    local quota = tightest(policies, "quota", function(p) return p.period == "MONTH" end)
+        or tightest(policies, "quota")
+    if quota then
+        out.quota = { policy = quota.name, period = quota.period, limit = quota.limit,
+                      used = quota.used, left = quota.left, resets_at = quota.resets_at,
+                      seconds_to_exhaustion = quota.seconds_to_exhaustion or cjson.null,
+                      exhausted_at = quota.exhausted_at or cjson.null }
+    else
+        out.quota = cjson.null
+    end
+    out.box = box or { state = "none" }
+    return out
+end
+
+--- content_by_lua of GET /_rl/usage: the caller's usage as JSON.
+function _M.serve(gw, req)
+    local conf = gw.conf
+    if not conf.usage then
+        return refuse(conf, req, 404, "not-found", "No usage report on this gateway.")
+    end
+    if req.method() ~= "GET" and req.method() ~= "HEAD" then
+        return refuse(conf, req, 405, "method-not-allowed", "GET only.")
+    end
+    local ident, status, kind, detail = _M.caller(conf, req)
+    if not ident then
+        return refuse(conf, req, status, kind, detail)
+    end
+    -- reports cost Redis round trips: at most reports_per_second per key and node
+    local d, key_id = dict(conf), ident.attrs.key_id
+    if d and key_id then
+        local n = d:incr("u" .. SEP .. conf.key_prefix .. SEP .. key_id .. SEP .. ngx.time(), 1, 0, 2)
+        if n and n > conf.usage.reports_per_second then
+            return req.exit(429, problem.encode(conf, "rate-limit-exceeded", 429, {
+                detail = "At most " .. conf.usage.reports_per_second .. " usage reports a second.",
+                retry_after_seconds = 1 }), { ["Content-Type"] = problem.CONTENT_TYPE,
+                ["Retry-After"] = "1", ["Cache-Control"] = "no-store" })
+        end
+    end
+    local out, err = _M.report(gw, req, ident)
+    if not out then
+        ngx.log(ngx.WARN, "rl: usage report failed: ", tostring(err))
+        return refuse(conf, req, 503, "rate-limiter-unavailable",
+            "The rate limiter is unavailable; retry later.")
+    end
+    local json = (cjson.encode(out) or "{}"):gsub("\\/", "/")
+    return answer(req, 200, json)
+end
+
+local page
+
+--- content_by_lua of GET /_rl/dashboard: the page (no key needed to load
+--- it; its script asks for the key and sends it in the API key header).
+function _M.dashboard(gw, req)
+    local conf = gw.conf
+    if not conf.usage then
+        return refuse(conf, req, 404, "not-found", "No usage dashboard on this gateway.")
+    end
+    if not page then
+        local here = package.searchpath("resty.rl.usage", package.path)
+        local f = here and io.open(here:gsub("usage%.lua$", "dashboard.html"), "rb")
+        if not f then
+            return refuse(conf, req, 500, "internal", "dashboard.html is missing.")
+        end
+        page = f:read("*a")
+        f:close()
+    end
+    -- the header name as a JS string literal (a replacement string: % doubled)
+    local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")
+    local html = page:gsub("__API_KEY_HEADER__", header)
+    return req.exit(200, html, {
+        ["Content-Type"] = "text/html; charset=utf-8",
+        ["Cache-Control"] = "no-store",
+        ["Referrer-Policy"] = "no-referrer",
+        ["X-Content-Type-Options"] = "nosniff",
+        ["Content-Security-Policy"] = "default-src 'none'; script-src 'unsafe-inline'; "
+            .. "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
+            .. "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    })
+end
+
+return _M
