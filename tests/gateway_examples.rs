@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{ints, Server};
 use gateway::{agent, get, leases, poll, post, problem, Resp};
-use gateway_policy::{example, hset, jwt, key_record, post_json, start, JWT_SECRET};
+use gateway_policy::{alerts, example, hset, jwt, key_record, post_json, start, JWT_SECRET};
 use serde_json::json;
 
 /// Long enough for a log-phase timer, an identity cache entry (2 s) or a
@@ -239,6 +239,22 @@ fn tiered_example_runs_every_rule_of_its_design() {
         .must("Retry-After")
         .parse::<u64>()
         .is_ok_and(|s| s > 0 && s <= 31 * 86400));
+    // the 4th request took the quota from 75 % to 100 %: one event for
+    // rlctl watch, the highest threshold crossed
+    poll(ASYNC, "the quota event", || {
+        !alerts(&mut con, "rl:events:quota").is_empty()
+    });
+    let ev = &alerts(&mut con, "rl:events:quota")[0];
+    assert_eq!(
+        [
+            &ev["tenant"],
+            &ev["quota"],
+            &ev["used"],
+            &ev["limit"],
+            &ev["threshold"]
+        ],
+        ["app-2", "developer-monthly", "4", "4", "100"]
+    );
 
     // the monthly egress: response body bytes, counted after the response
     let rec = key_record("tq", "egress-key");
@@ -275,6 +291,31 @@ fn tiered_example_runs_every_rule_of_its_design() {
         "RL.QUOTA tq:{tenant:app-4}:tier-egress 150 MONTH COST 0",
     )[2];
     assert_eq!(left, 0, "used up");
+    // the egress quota's thresholds too: 100 % reached once, each threshold at most once
+    let egress_events = |con: &mut redis::Connection| {
+        alerts(con, "rl:events:quota")
+            .into_iter()
+            .filter(|m| m["quota"] == "developer-egress")
+            .collect::<Vec<_>>()
+    };
+    poll(ASYNC, "the egress event at 100 %", || {
+        egress_events(&mut con)
+            .iter()
+            .any(|m| m["threshold"] == "100")
+    });
+    let mut seen: Vec<String> = egress_events(&mut con)
+        .iter()
+        .map(|m| {
+            assert_eq!(
+                (&m["tenant"], &m["limit"]),
+                (&"app-4".into(), &"150".into())
+            );
+            m["threshold"].clone()
+        })
+        .collect();
+    let n = seen.len();
+    seen.dedup();
+    assert_eq!(seen.len(), n, "a threshold announced twice: {seen:?}");
 
     // an upgrade takes effect within seconds: the tenant's tier, with more quota
     hset(

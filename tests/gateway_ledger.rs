@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{int, ints, Server};
 use gateway::{agent, get, leases, poll, post, post_form, problem, ratelimit, Resp};
-use gateway_policy::{alerts, example, hset, key_record, start};
+use gateway_policy::{alerts, example, hset, key_record, login, start};
 
 /// Long enough for a log-phase timer, an identity cache entry (2 s) or a
 /// deny cache poll (1 s) on a loaded machine.
@@ -371,4 +371,86 @@ fn ledger_example_concurrent_failed_logins_do_not_exceed_the_limit() {
         leases(&mut con, "ledger:{subject:carol}:auth-subject:attempt"),
         0
     );
+}
+
+#[test]
+fn ledger_example_credential_stuffing_trips_level_3_on_the_source() {
+    let redis = Server::start(&[]);
+    let mut con = redis.client();
+    let gw = start(redis.port, &[example("ledger")], &[]).expect("start");
+    let a = agent();
+    let token = format!("{}/v1/auth/token", gw.url(0));
+    let attempt = |who: &str, secret: &str, ip: &str| login(&a, &token, who, secret, ip);
+    let boxed = |con: &mut redis::Connection, key: &str| ints(con, &format!("RL.BOX STATUS {key}"));
+
+    // one IP: 498 failed auths across 49 subjects already counted (the
+    // gateway's own keys, written as it writes them); a 50th subject at
+    // the 499th failure is not the signature yet, the 500th failure is:
+    // level 3 on the IP for a day
+    let ip = "203.0.113.50";
+    let ip_key = format!("ledger:{{ip:{ip}}}:stuffing-ip");
+    for n in 1..=49 {
+        ints(&mut con, &format!("RL.DISTINCT {ip_key} s{n} 49 600"));
+    }
+    let events = format!("RL.WINDOW {ip_key}:events 499 600 COST 498 EXACT");
+    ints(&mut con, &events);
+    assert_eq!(attempt("s50", "x", ip).status, 401);
+    poll(ASYNC, "the 499th failure is counted", || {
+        ints(&mut con, &events.replace("COST 498", "COST 0"))[2] == 0
+    });
+    assert_eq!(boxed(&mut con, &ip_key)[0], 0, "499 failures only: no trip");
+    assert_eq!(attempt("s51", "x", ip).status, 401);
+    poll(ASYNC, "the IP is boxed at level 3", || {
+        boxed(&mut con, &ip_key)[0] == 3
+    });
+    let r = attempt("alice", "right", ip);
+    let b = problem(&r, 429, "penalty-box-active");
+    assert_eq!(b["penalty_level"], 3);
+    assert_eq!(b["policy"], "stuffing-ip");
+    let until = gateway_dates::http_date(r.must("Retry-After")).expect("an HTTP-date for a day");
+    let now = gateway_tier_now();
+    assert!(
+        (now + 86_390..=now + 86_410).contains(&until),
+        "{until} vs {now}"
+    );
+    assert_eq!(
+        attempt("alice", "right", "203.0.113.51").status,
+        200,
+        "another IP"
+    );
+
+    // one subject failing from 20 IPs: level 3 on the subject
+    let sub_key = "ledger:{subject:dave}:stuffing-subject";
+    for n in 1..=19 {
+        ints(
+            &mut con,
+            &format!("RL.DISTINCT {sub_key} 192.0.2.{n} 19 600"),
+        );
+    }
+    let r = attempt("dave", "x", "198.51.100.20");
+    problem(&r, 429, "rate-limit-exceeded");
+    poll(ASYNC, "the subject is boxed at level 3", || {
+        boxed(&mut con, sub_key)[0] == 3
+    });
+    let r = attempt("dave", "x", "198.51.100.21");
+    assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 3);
+    poll(ASYNC, "both level-3 alerts", || {
+        let al = alerts(&mut con, "ledger:alerts");
+        ["stuffing-ip", "stuffing-subject"]
+            .iter()
+            .all(|p| al.iter().any(|m| m["policy"] == *p && m["level"] == "3"))
+    });
+    assert!(
+        gw.nginx.lua_errors().is_empty(),
+        "{:?}",
+        gw.nginx.lua_errors()
+    );
+}
+
+/// Seconds since the Unix epoch.
+fn gateway_tier_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
 }

@@ -46,9 +46,22 @@ fn bad_policies_are_refused_at_start_and_at_reload_with_the_field_named() {
     let front = Front::Nginx("dofile(DIR .. \"/policy.lua\")".into());
     let cases = [
         (
-            r#"{ kind = "distinct", limit = 5 }"#.to_string(),
+            r#"{ kind = "distinct", limit = 5, window = 60 }"#.to_string(),
             "",
-            "kind distinct needs RL.DISTINCT",
+            "rules[1] (alpha).limiter: member must name the attribute counted",
+        ),
+        (
+            r#"{ kind = "distinct", member = "ip", limit = 5, window = 60, min_events = 9 }"#
+                .to_string(),
+            "",
+            "rules[1] (alpha).limiter: min_events needs trip",
+        ),
+        (
+            r#"{ kind = "distinct", member = "ip", limit = 5, window = 60,
+              trip = { level = 3, duration = 0 } }"#
+                .to_string(),
+            "",
+            "unused",
         ),
         (
             r#"{ kind = "bucket", rate = "tier.nope", burst = 10 }"#.into(),

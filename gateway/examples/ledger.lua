@@ -13,9 +13,13 @@
 --     export: 1 / 1 / 3 per tenant, and 2 / 10 / 60 per tenant per hour;
 --   * POST /v1/auth/token: only failures count, 5 per subject and 20 per
 --     IP in 15 minutes, locked out 15 min, 1 h, 1 day;
+--   * credential stuffing (RL.DISTINCT): 500 or more failed auths across
+--     50 or more distinct subjects from one IP in 10 minutes, or one
+--     subject failing from 20 or more IPs in 10 minutes, trips level 3 (a
+--     day) on the IP or the subject; a lockout's 429 counts as a failed
+--     attempt too, so an attacker who keeps trying through the lockouts
+--     reaches it; level 3 goes to the alert stream;
 --   * problem+json bodies with the design's fields.
--- Not expressible yet: "many distinct client_ids from one IP" (credential
--- stuffing) needs RL.DISTINCT, which the module does not have yet.
 local DAY = 86400
 local CRUD = { "GET /v1/ledgers", "GET /v1/ledgers/{id}", "GET /v1/ledgers/{id}/entries",
                "POST /v1/ledgers/{id}/entries", "other" }
@@ -123,6 +127,21 @@ return {
             count = "failures", fail_statuses = { 401, 403 },
             limiter = { kind = "window", mode = "exact", limit = 20, window = 900,
                         strikes = { threshold = 1, window = 900 }, box = { 900, 3600, DAY } },
+        },
+        {
+            -- "limit" is what is allowed: the 50th distinct subject is one too many
+            name = "stuffing-ip", match = { routes = { TOKEN } }, scope = { "ip" },
+            count = "failures", fail_statuses = { 401, 403, 429 },
+            limiter = { kind = "distinct", member = "subject", limit = 49, window = 600,
+                        min_events = 500, trip = { level = 3, duration = DAY } },
+            alerts = { from_level = 3 },
+        },
+        {
+            name = "stuffing-subject", match = { routes = { TOKEN } }, scope = { "subject" },
+            count = "failures", fail_statuses = { 401, 403, 429 },
+            limiter = { kind = "distinct", member = "ip", limit = 19, window = 600,
+                        trip = { level = 3, duration = DAY } },
+            alerts = { from_level = 3 },
         },
     },
 }

@@ -10,9 +10,9 @@
 -- seconds. RL_REDIS_HOST / RL_REDIS_PORT name Redis.
 -- Monthly egress: the response body bytes, counted after each response
 -- (a request is refused once the month's bytes are used up).
--- Not here: webhooks for approaching quota thresholds (the usage is in
--- every response's RateLimit fields; an alert worker could read the
--- quota keys).
+-- Approaching quota thresholds: each monthly quota at 80, 90 and 100 %
+-- appends an event to rl:events:quota, from which `rlctl watch` sends the
+-- tenant's webhook and mail (rlctl/README.md, "Quota events").
 local UPGRADE = "https://dashboard.example.com/billing/upgrade"
 local DASHBOARD = "https://dashboard.example.com/usage"
 
@@ -53,6 +53,7 @@ return {
         {
             name = "{tier}-monthly", scope = { "tenant" },
             limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH" },
+            quota_alerts = { thresholds = { 80, 90, 100 } },
             on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
                 message = "The monthly quota of your plan is used up; upgrade for more." },
             on_redis_failure = "tier.degraded",
@@ -60,6 +61,7 @@ return {
         {
             name = "{tier}-egress", scope = { "tenant" }, count = "response_bytes",
             limiter = { kind = "quota", limit = "tier.egress_bytes", period = "MONTH" },
+            quota_alerts = { thresholds = { 80, 90, 100 } },
             on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
                 message = "The monthly data egress of your plan is used up; upgrade for more." },
             on_redis_failure = "tier.degraded",

@@ -246,6 +246,8 @@ mod tests {
             ("used", "905"),
             ("limit", "1000"),
             ("period", "2026-12"),
+            // the gateway adds the threshold it crossed; rlctl applies its own
+            ("threshold", "100"),
         ]
         .into_iter()
         .map(|(a, b)| (a.to_string(), b.to_string()))

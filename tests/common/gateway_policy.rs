@@ -231,6 +231,17 @@ pub fn post_json(
     super::gateway::into_resp(req.send_string(&body.to_string()))
 }
 
+/// A login attempt at `url` (the token endpoint) for `who` with `secret`
+/// from client `ip` (`X-Forwarded-For`, behind a trusted proxy).
+pub fn login(agent: &ureq::Agent, url: &str, who: &str, secret: &str, ip: &str) -> Resp {
+    super::gateway::post_form(
+        agent,
+        url,
+        &[("X-Forwarded-For", ip)],
+        &[("client_id", who), ("client_secret", secret)],
+    )
+}
+
 /// The SHA-1 hex of an API key: its identity store record is
 /// `<prefix>:id:key:<this>`.
 pub fn key_record(prefix: &str, api_key: &str) -> String {

@@ -2,8 +2,10 @@
 -- the work after the response, in a timer (the log phase cannot use
 -- cosockets): failures recorded (count = failures), response bytes
 -- charged (count = response_bytes), post-paid rules settled
--- (resty.rl.settle), leases released, and the alerts of
--- boxes that reached an alerting level added to the alert stream.
+-- (resty.rl.settle), leases released, the alerts of boxes that reached
+-- an alerting level added to the alert stream, the failures of distinct
+-- rules recorded (resty.rl.distinct) and quota threshold events appended
+-- (resty.rl.quota_alerts).
 
 local rules = require "resty.rl.rules"
 local limiters = require "resty.rl.limiters"
@@ -13,6 +15,8 @@ local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local usage = require "resty.rl.usage"
 local settle = require "resty.rl.settle"
+local distinct = require "resty.rl.distinct"
+local quota_alerts = require "resty.rl.quota_alerts"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -21,31 +25,6 @@ local _M = {}
 local function log_ident(state)
     local a = state.ident and state.ident.attrs or {}
     return a.tenant, a.key_id, a.user, a.brand
-end
-
--- After the response (a timer): record failures, release leases, add the
--- alerts of boxes that reached an alerting level.
-local function after_response(_premature, conf, cmds, egress, warn)
-    local res, err = store.pipeline(conf, cmds)
-    if not res then
-        metrics.redis_error(conf, err)
-        warn("rl: after-response work failed: " .. tostring(err))
-    end
-    for _, x in ipairs(egress) do
-        -- the bytes sent, or what is left when they do not fit (the quota
-        -- is then used up: all-or-nothing would count nothing)
-        local cost = math.min(x.bytes, x.e.params.limit)
-        res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
-        local d = res and store.decode(res[1])
-        if d and d.status == 0 and d.remaining > 0 then
-            res, err = store.pipeline(conf,
-                { limiters.KINDS[x.e.params.kind].command(x.e, d.remaining, true) })
-        end
-        if not res then
-            metrics.redis_error(conf, err)
-            warn("rl: response bytes not counted: " .. tostring(err))
-        end
-    end
 end
 
 --- The alert of a box reached by `e` (XADD to the alert stream), or nil
@@ -66,6 +45,70 @@ local function alert(conf, state, e)
         "tenant", tenant or "", "key_id", key_id or "", "user", user or "", "brand", brand or "",
         "route", state.route.name, "box_seconds", o.retry_ms and headers.seconds(o.retry_ms) or -1,
         "request_id", state.request_id }
+end
+
+-- The failures of distinct rules (`failed`): recorded; the boxes they
+-- trip go to the edge deny cache and, at an alerting level, to the alert
+-- stream.
+local function record_distinct(conf, state, failed, warn)
+    local boxed, err = distinct.record_failures(conf, failed)
+    if not boxed then
+        metrics.redis_error(conf, err)
+        warn("rl: distinct members not recorded: " .. tostring(err))
+        return
+    end
+    local cmds = {}
+    for _, e in ipairs(boxed) do
+        deny.put(conf, e.key, e.outcome.level, e.outcome.retry_ms)
+        cmds[#cmds + 1] = alert(conf, state, e)
+    end
+    if #cmds > 0 and not store.pipeline(conf, cmds) then
+        warn("rl: the alert of a distinct rule's box was not added")
+    end
+end
+
+-- After the response (a timer): record failures, release leases, add the
+-- alerts of boxes that reached an alerting level, record distinct
+-- members, append quota events (`later`: {state, failed, quota}).
+local function after_response(_premature, conf, cmds, egress, warn, later)
+    local res, err = store.pipeline(conf, cmds)
+    if not res then
+        metrics.redis_error(conf, err)
+        warn("rl: after-response work failed: " .. tostring(err))
+    end
+    if #later.failed > 0 then
+        record_distinct(conf, later.state, later.failed, warn)
+    end
+    for _, x in ipairs(egress) do
+        -- the bytes sent, or what is left when they do not fit (the quota
+        -- is then used up: all-or-nothing would count nothing)
+        local cost = math.min(x.bytes, x.e.params.limit)
+        res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
+        local d = res and store.decode(res[1])
+        if d and d.status == 0 and d.remaining > 0 then
+            cost = d.remaining
+            res, err = store.pipeline(conf,
+                { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
+            d = res and store.decode(res[1])
+        end
+        if d and d.status == 1 then
+            -- a quota's thresholds crossed by these bytes
+            later.quota[#later.quota + 1] = quota_alerts.event(later.state, x.e,
+                { name = x.e.name, limit = d.limit, remaining = d.remaining,
+                  reset_ms = d.reset_ms }, cost)
+        end
+        if not res then
+            metrics.redis_error(conf, err)
+            warn("rl: response bytes not counted: " .. tostring(err))
+        end
+    end
+    if #later.quota > 0 then
+        local _, qerr = quota_alerts.send(conf, later.quota)
+        if qerr then
+            metrics.redis_error(conf, qerr)
+            warn("rl: quota events not added: " .. tostring(qerr))
+        end
+    end
 end
 
 --- Log phase of a rule policy: counters, one structured line per
@@ -92,7 +135,8 @@ function _M.log(conf, req)
     local cmds, egress = {}, {}
     if state.admitted then
         for _, e in ipairs(state.entries) do
-            if e.rule.count == "failures" and e.rule.fail_set[status] then
+            if e.rule.count == "failures" and e.params.kind == "window"
+                and e.rule.fail_set[status] then
                 cmds[#cmds + 1] = limiters.KINDS.window.command(e, e.cost, true)
             elseif e.rule.count == "response_bytes" then
                 local bytes = req.bytes_sent()
@@ -112,8 +156,10 @@ function _M.log(conf, req)
     for _, e in ipairs(state.boxed or {}) do
         cmds[#cmds + 1] = alert(conf, state, e)
     end
-    if #cmds > 0 or #egress > 0 then
-        local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn)
+    local later = { state = state, failed = distinct.failures(state, status),
+                    quota = quota_alerts.events(state) }
+    if #cmds > 0 or #egress > 0 or #later.failed > 0 or #later.quota > 0 then
+        local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn, later)
         if not ok then
             req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
         end

@@ -4,15 +4,17 @@
 --   2. every rule that matches and whose scope the caller has;
 --   3. the edge deny cache: a rule key known to be boxed answers at once;
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
---      RL.QUOTA, RL.LEASE ACQUIRE; a probe for rules that count failures),
+--      RL.QUOTA, RL.LEASE ACQUIRE, RL.DISTINCT; a probe for rules that count
+--      failures),
 --      pipelined (each command atomic on its own), decoded by
 --      resty.rl.limiters; when the request is refused, a second round
 --      trip gives back what the admitted rules took (resty.rl.limiters.compensate);
 --   5. the strictest outcome wins (a box without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
 --      answers (reject, quota, challenge) or marks the request (soft);
---   6. after the response (log phase, in a timer): failures recorded,
---      leases released, level-2/3 box alerts added to the alert stream.
+--   6. after the response (log phase, in a timer, resty.rl.after): failures
+--      recorded, leases released, level-2/3 box alerts added to the alert
+--      stream, distinct members recorded, quota threshold events appended.
 -- Rules with `allowance` spend their node's points without Redis in step 4
 -- (resty.rl.allowance); rules with `settle` are settled in step 6
 -- (resty.rl.settle).
@@ -105,12 +107,12 @@ local function rule_key(conf, tag_attr, values, name, scope)
 end
 
 --- One entry (a rule applied to this request), nil when the rule does
---- not apply (an attribute of its scope, or its cost argument, missing),
---- or nil, "ambiguous", argument name.
+--- not apply (an attribute of its scope, its distinct member or its cost
+--- argument missing), or nil, "ambiguous", argument name.
 function Engine:entry(req, state, rule, ident)
     local conf = self.conf
     local values = {}
-    for _, a in ipairs(rule.scope) do
+    for _, a in ipairs(rule.attrs) do
         local v, err = identity.attr(conf, req, ident, a, state.route)
         if err then
             return nil, err, a
@@ -141,7 +143,8 @@ function Engine:entry(req, state, rule, ident)
     local tier = ident.attrs.tier or "none"
     -- failures and response bytes are probed now, charged after the response
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {} }
+                name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {},
+                member = values[rule.limiter.member] }
     e.key = rule_key(conf, rule.tag, values, rule.name, rule.scope)
     for i, a in ipairs(params.also or {}) do
         local avals = { [rule.tag] = values[rule.tag] }
@@ -216,19 +219,22 @@ local function strictest(entries)
 end
 
 -- The RateLimit binding of an admitted request: the rate entry with the
--- smallest share of its limit left.
+-- smallest share of its limit left (a distinct rule's members only when
+-- no rate entry applies: they are not requests left).
 local function tightest(entries)
-    local best, share
+    local best, share, members
     for _, e in ipairs(entries) do
         local b = e.outcome and e.outcome.binding
-        if b and e.params.kind ~= "lease" then
+        if b and e.params.kind == "distinct" then
+            members = members or e
+        elseif b and e.params.kind ~= "lease" then
             local s = b.remaining / math.max(b.limit, 1)
             if not share or s < share then
                 best, share = e, s
             end
         end
     end
-    return best
+    return best or members
 end
 
 -- Sets RateLimit-Policy (every entry that applied) and RateLimit.
@@ -281,7 +287,8 @@ function Engine:refuse_with(req, state, e, decision_as)
     if o.state == "boxed" then
         kind, decision = "penalty-box-active", "boxed"
         state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
-        local len = e.params.box and e.params.box[o.level] or 0
+        local len = e.params.box and e.params.box[o.level]
+            or e.params.trip and e.params.trip.duration or 0
         headers.retry_after(state.headers, o.retry_ms, len >= conf.http_date_after)
     else
         if e.params.kind == "lease" then
@@ -432,7 +439,7 @@ function Engine:access(req)
     local entries = state.entries
     -- the edge deny cache: a known box answers without Redis
     for _, e in ipairs(entries) do
-        local box = e.params.strikes and deny.get(conf, e.key)
+        local box = limiters.boxes(e.params) and deny.get(conf, e.key)
         if box then
             e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
                           strikes = 0, cached = true,
@@ -521,7 +528,7 @@ function Engine:access(req)
     end
     for _, e in ipairs(entries) do
         local o = e.outcome
-        if o.state == "boxed" and not o.cached and e.params.strikes then
+        if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
             deny.put(conf, e.key, o.level, o.retry_ms)
             state.boxed = state.boxed or {}
             state.boxed[#state.boxed + 1] = e

@@ -5,7 +5,8 @@
 --     the identity store in Redis, cached per worker for cache_ttl seconds,
 --     so that a tier change, an override or a revoked key takes effect
 --     within seconds without a reload;
---   * the claims of a JWT verified here (HS256, identity.jwt);
+--   * the claims of a JWT verified here (identity.jwt: HS256 here, RS256
+--     and ES256 by resty.rl.jws);
 --   * headers an authentication layer in front has set (identity.headers);
 --   * the client address, behind trusted proxies only (trusted_proxies);
 --   * a request header, a query or body argument, the login subject.
@@ -20,6 +21,7 @@ local cjson = require "cjson.safe"
 local store = require "resty.rl.store"
 local transport = require "resty.rl.redis"
 local policy = require "resty.rl.policy"
+local jws = require "resty.rl.jws"
 
 local _M = {}
 
@@ -143,12 +145,15 @@ local function same(a, b)
 end
 
 --- The claims of the request's JWT (Authorization: Bearer, or the
---- configured header), verified: HS256 signature with the configured
---- secret, `exp` and `nbf`. Returns nil for a missing or bad token.
+--- configured header), verified: the signature of the configured `alg`
+--- (HS256 with the secret; RS256 or ES256 with the public key that
+--- resty.rl.rules loaded as `jconf.key`), `exp` and `nbf`. Returns nil
+--- for a missing or bad token, or one whose header names another alg.
 function _M.jwt_claims(jconf, req)
     local h = policy.header(req, jconf.header or "Authorization")
     local token = h and (h:match("^%s*[Bb]earer%s+(%S+)%s*$") or (jconf.header and h))
-    if not token or not hmac_sha256 then
+    local alg = jconf.alg or "HS256"
+    if not token or alg == "HS256" and not hmac_sha256 then
         return nil
     end
     local h64, p64, s64 = token:match("^([%w_%-]+)%.([%w_%-]+)%.([%w_%-]+)$")
@@ -156,13 +161,20 @@ function _M.jwt_claims(jconf, req)
         return nil
     end
     local head = cjson.decode(b64url(h64) or "")
-    if type(head) ~= "table" or head.alg ~= "HS256" then
+    if type(head) ~= "table" or head.alg ~= alg then
         return nil
     end
-    local secret = jconf.secret or os.getenv(jconf.secret_env)
     local sig = b64url(s64)
-    local want = secret and hmac_sha256(secret, h64 .. "." .. p64)
-    if not sig or not want or not same(sig, want) then
+    if not sig then
+        return nil
+    end
+    if alg == "HS256" then
+        local secret = jconf.secret or os.getenv(jconf.secret_env)
+        local want = secret and hmac_sha256(secret, h64 .. "." .. p64)
+        if not want or not same(sig, want) then
+            return nil
+        end
+    elseif not jws.verify(alg, jconf.key, h64 .. "." .. p64, sig) then
         return nil
     end
     local claims = cjson.decode(b64url(p64) or "")

@@ -1,8 +1,8 @@
 -- resty.rl.limiters: per limiter kind of a rule policy, the module command
 -- it sends, the RateLimit-Policy items it lists and how its reply becomes
--- an outcome. The extension point for a new kind ("distinct members",
--- RL.DISTINCT, once the module has it): one entry in KINDS here, with
--- command, policies and outcome, and its option validation in
+-- an outcome. The extension point for a new kind: one entry in KINDS
+-- here, with command, policies and outcome (in a module of its own, as
+-- "distinct members", resty.rl.distinct), and its option validation in
 -- resty.rl.rules (KINDS).
 --
 -- A kind's command(e, cost, record, request_id, refund): the command
@@ -22,6 +22,7 @@
 
 local store = require "resty.rl.store"
 local metrics = require "resty.rl.metrics"
+local distinct = require "resty.rl.distinct"
 
 local _M = {}
 
@@ -258,6 +259,14 @@ _M.KINDS = {
         end,
     },
 }
+
+_M.KINDS.distinct = distinct.kind
+
+--- True when a rule's key can be boxed (strikes with a box, or a trip):
+--- its boxes go to the edge deny cache.
+function _M.boxes(p)
+    return p.strikes or p.trip
+end
 
 --- Rules with `strikes.every_refusal` (block on exceeding: the velocity
 --- design's "5 a minute, then blocked 5 minutes"): their first refusal is

@@ -12,6 +12,7 @@
 local config = require "resty.rl.config"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
+local jws = require "resty.rl.jws"
 
 local _M = {}
 
@@ -174,9 +175,8 @@ local PERIODS = { DAY = true, WEEK = true, MONTH = true }
 local MODES = { sliding = true, exact = true, fixed = true }
 
 --- The limiter kinds and the validation of their options. Adding a kind
---- (RL.DISTINCT, "distinct members", once the module has it) is one entry
---- here, one command builder in resty.rl.engine (COMMANDS) and its header
---- form; until then `kind = "distinct"` is refused at startup.
+--- is one entry here and one in resty.rl.limiters (KINDS: its command,
+--- header form and outcome).
 _M.KINDS = {
     bucket = function(where, l, tiers)
         check_opt(where, "rate", l.rate, tiers, positive_int, "an integer >= 1")
@@ -216,9 +216,26 @@ _M.KINDS = {
             check_opt(where, "expected", l.expected, tiers, seconds, "seconds > 0")
         end
     end,
-    distinct = function(where)
-        check(false, "%s: kind distinct needs RL.DISTINCT, which this build of the module "
-            .. "does not have yet", where)
+    -- distinct members (resty.rl.distinct); `member` is checked as an attribute
+    distinct = function(where, l, tiers)
+        check_opt(where, "limit", l.limit, tiers,
+            function(v) return positive_int(v) and v <= 10000 end, "an integer from 1 to 10000")
+        check_opt(where, "window", l.window, tiers, seconds, "seconds > 0 with at most 3 decimals")
+        check(l.strikes == nil and l.box == nil and l.jitter == nil,
+            "%s: a distinct limiter boxes with trip = {level, duration}, not strikes/box/jitter",
+            where)
+        if l.trip ~= nil then
+            check_opt(where, "trip", l.trip, tiers, function(t)
+                return type(t) == "table" and positive_int(t.level) and t.level <= 3
+                    and seconds(t.duration, true)
+            end, "{level = 1 to 3, duration = seconds >= 0 (0 = manual)}")
+        end
+        if l.min_events ~= nil then
+            check(l.trip ~= nil, "%s: min_events needs trip", where)
+            check_opt(where, "min_events", l.min_events, tiers,
+                function(v) return positive_int(v) and v >= 2 and v <= 10001 end,
+                "an integer from 2 to 10001")
+        end
     end,
 }
 
@@ -301,6 +318,14 @@ local function validate_rule(i, r, conf)
         "%s: limiter.kind must be bucket, window, quota, lease or distinct", where)
     compile_refs(l)
     _M.KINDS[l.kind](where .. ".limiter", l, tiers)
+    if l.kind == "distinct" then
+        check(type(l.member) == "string", "%s.limiter: member must name the attribute counted "
+            .. "(subject, ip, header:<name>, ...)", where)
+        check_scope(where .. ".limiter.member", { l.member })
+    end
+    -- the attributes a request needs for the rule to apply (resty.rl.engine)
+    r.attrs = { unpack(r.scope) }
+    r.attrs[#r.attrs + 1] = l.member
     if l.kind ~= "lease" then
         check_penalty(where .. ".limiter", l, tiers)
     end
@@ -330,8 +355,8 @@ local function validate_rule(i, r, conf)
     end
     r.count = r.count or "requests"
     if r.count == "failures" then
-        check(l.kind == "window" and not l.also, "%s: count failures needs a window limiter "
-            .. "without also", where)
+        check((l.kind == "window" or l.kind == "distinct") and not l.also,
+            "%s: count failures needs a window or distinct limiter without also", where)
         r.fail_statuses = r.fail_statuses or { 401, 403 }
         r.fail_set = {}
         for _, s in ipairs(r.fail_statuses) do
@@ -367,7 +392,8 @@ local function validate_rule(i, r, conf)
             where)
     end
     r.unit = r.unit or ((r.cost == "route" or type(r.cost) == "table") and "points"
-        or l.kind == "lease" and "concurrent-requests" or "requests")
+        or l.kind == "lease" and "concurrent-requests"
+        or l.kind == "distinct" and "members" or "requests")
     local a = r.on_refusal or {}
     r.on_refusal = a
     a.action = a.action or (l.kind == "quota" and "quota" or "reject")
@@ -390,6 +416,19 @@ local function validate_rule(i, r, conf)
             return v == "local" or v == "open" or v == "closed"
         end, "local, open or closed")
     end
+    if r.quota_alerts ~= nil then
+        local qa = r.quota_alerts
+        check(l.kind == "quota" and r.count ~= "failures" and type(qa) == "table"
+            and type(qa.thresholds) == "table" and #qa.thresholds >= 1,
+            "%s: quota_alerts needs a quota limiter (counting requests or response bytes) and a "
+            .. "list of thresholds", where)
+        for j, t in ipairs(qa.thresholds) do
+            check(positive_int(t) and t <= 100, "%s: quota_alerts.thresholds[%d] must be a percent "
+                .. "from 1 to 100", where, j)
+        end
+        qa.owner = qa.owner or "tenant"
+        check_scope(where .. ".quota_alerts.owner", { qa.owner })
+    end
     local al = r.alerts
     if al then
         compile_refs(al)
@@ -399,13 +438,15 @@ local function validate_rule(i, r, conf)
         al.level3 = al.level3 or "suspend"
         check_opt(where, "alerts.level3", al.level3, tiers,
             function(v) return v == "suspend" or v == "page" end, "suspend or page")
-        if l.box then
+        if l.box or l.trip then
             -- paging instead of suspending: level 3 must not be a manual box
-            for name, data in pairs(tiers) do
+            -- (a box's third duration, or a distinct rule's level-3 trip)
+            for name, data in pairs(next(tiers) and tiers or { ["(none)"] = {} }) do
                 local ident = { tier_data = data }
-                local box = _M.resolve(l.box, ident)
+                local box, trip = _M.resolve(l.box, ident), _M.resolve(l.trip, ident)
+                local len = box and box[3] or trip.level == 3 and trip.duration or 1
                 if _M.resolve(al.level3, ident) == "page" then
-                    check(box[3] > 0, "%s: tier %s pages at level 3, so its level-3 box must "
+                    check(len > 0, "%s: tier %s pages at level 3, so its level-3 box must "
                         .. "last (not 0, a suspension)", where, name)
                 end
             end
@@ -439,8 +480,26 @@ function _M.compile(conf)
     id.cache_ttl = id.cache_ttl or 2
     check(type(id.cache_ttl) == "number" and id.cache_ttl >= 0, "identity.cache_ttl must be >= 0")
     if id.jwt then
-        check(type(id.jwt.secret_env) == "string" or type(id.jwt.secret) == "string",
-            "identity.jwt: secret_env (or secret) is needed to verify HS256 tokens")
+        local j = id.jwt
+        j.alg = j.alg or "HS256"
+        if j.alg == "HS256" then
+            check(type(j.secret_env) == "string" or type(j.secret) == "string",
+                "identity.jwt: secret_env (or secret) is needed to verify HS256 tokens")
+        else
+            check(jws.ALGS[j.alg], "identity.jwt.alg must be HS256, RS256 or ES256")
+            local pem = j.public_key
+            if j.public_key_file then
+                local f = io.open(j.public_key_file, "rb")
+                check(f, "identity.jwt.public_key_file %s cannot be read", j.public_key_file)
+                pem = f:read("*a")
+                f:close()
+            end
+            check(type(pem) == "string", "identity.jwt: public_key_file (or public_key, PEM) "
+                .. "is needed to verify %s tokens", j.alg)
+            local key, err = jws.load_key(pem)
+            check(key, "identity.jwt: the public key: %s", tostring(err))
+            j.key = key
+        end
         id.jwt.claims = id.jwt.claims or { user = "sub" }
     end
     check(conf.default_tier == nil or conf.tiers[conf.default_tier],
@@ -452,6 +511,10 @@ function _M.compile(conf)
     conf.alerts = conf.alerts or {}
     conf.alerts.stream = conf.alerts.stream or (conf.key_prefix .. ":alerts")
     conf.alerts.maxlen = conf.alerts.maxlen or 10000
+    conf.quota_alerts = conf.quota_alerts or {}
+    -- rlctl watch reads this stream (rlctl/README.md, "Quota events")
+    conf.quota_alerts.stream = conf.quota_alerts.stream or "rl:events:quota"
+    conf.quota_alerts.maxlen = conf.quota_alerts.maxlen or 100000
     conf.upstream_headers = conf.upstream_headers or {}
     for name, v in pairs(conf.upstream_headers) do
         local ref = _M.as_ref(v)
