@@ -53,13 +53,21 @@ fn ledger_example_runs_every_rule_of_its_design() {
         r#""growth-key";q=3000;qu="points";w=60, "growth-tenant";q=6000;qu="points";w=60"#
     );
     assert_eq!(ratelimit(&r), ("growth-key".into(), 2999, Some(1)));
+    let first = std::time::Instant::now();
     let r = post(
         &a,
         &format!("{base}/v1/ledgers/reconcile?ledger_id=L1"),
         &[growth],
     );
     assert_eq!(r.status, 200, "{r:#?}");
-    assert_eq!(ratelimit(&r).1, 2989, "reconcile costs 10");
+    // 10 points less, give or take the refill (50 a second) between the
+    // two requests on a busy machine.
+    let refilled = first.elapsed().as_millis() as i64 / 20 + 1;
+    let left = ratelimit(&r).1;
+    assert!(
+        (2989..=2989 + refilled).contains(&left),
+        "reconcile costs 10: {left} left"
+    );
     assert!(r
         .must("RateLimit-Policy")
         .contains(r#""reconcile-tenant";q=2;qu="concurrent-requests""#));

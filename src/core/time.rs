@@ -49,7 +49,18 @@ mod tests {
     #[test]
     fn floor_division_agrees_with_128_bits() {
         let big = i128::from(i64::MAX) * 4;
-        for a in [0, 1, -1, 7, -7, 59_999, -60_001, big, -big, i128::from(i64::MIN)] {
+        for a in [
+            0,
+            1,
+            -1,
+            7,
+            -7,
+            59_999,
+            -60_001,
+            big,
+            -big,
+            i128::from(i64::MIN),
+        ] {
             for b in [1, 3, 60_000, big] {
                 assert_eq!(div_floor(a, b), a.div_euclid(b), "{a} / {b}");
                 assert_eq!(rem_floor(a, b), a.rem_euclid(b), "{a} % {b}");
