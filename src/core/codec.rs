@@ -41,7 +41,17 @@ impl Serialize for Versioned<'_> {
 
 /// Encode `record` at the end of `out`.
 pub fn encode_append(record: &Record, out: &mut Vec<u8>) {
-    append_version(record, PAYLOAD_VERSION, out);
+    if !super::codec_direct::try_append(record, out) {
+        append_version(record, PAYLOAD_VERSION, out);
+    }
+}
+
+/// [`encode`] through serde alone (what the direct encoding must equal).
+#[cfg(test)]
+pub(crate) fn encode_with_serde(record: &Record) -> Vec<u8> {
+    let mut out = Vec::new();
+    append_version(record, PAYLOAD_VERSION, &mut out);
+    out
 }
 
 /// Append `record` to `out` as `version` lays it out (the parts that

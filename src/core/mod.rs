@@ -6,6 +6,7 @@
 pub mod bucket;
 pub mod cell;
 pub mod codec;
+mod codec_direct;
 pub mod decision;
 pub mod distinct;
 pub mod lease;

@@ -217,6 +217,20 @@ macro_rules! parts {
                 fields.end()
             }
 
+            /// The parts present.
+            pub(crate) fn present(&self) -> PartMask {
+                let mut mask = PartMask::NONE;
+                $(if self.$iname.is_some() {
+                    mask.insert(PartIndex::$iname as u32);
+                })*
+                if let Some(o) = self.others.as_deref() {
+                    $(if o.$oname.is_some() {
+                        mask.insert(PartIndex::$oname as u32);
+                    })*
+                }
+                mask
+            }
+
             /// The other parts present and not reached for writing since
             /// [`Record::clear_touched`]: a patch may leave them unchanged.
             /// (The inline parts are plain fields, so never in it.)
@@ -486,6 +500,9 @@ impl Record {
     /// The window part's position in encoding order (its bit in a
     /// [`PartMask`]).
     pub(crate) const WINDOW_INDEX: usize = PartIndex::window as usize;
+
+    /// The bucket part's position in encoding order.
+    pub(crate) const BUCKET_INDEX: usize = PartIndex::bucket as usize;
 
     /// The leases part's position in encoding order.
     pub(crate) const LEASES_INDEX: usize = PartIndex::leases as usize;

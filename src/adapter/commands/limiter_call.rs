@@ -231,7 +231,9 @@ where
     } else {
         0
     };
-    let mut fresh: [Option<L::State>; MAX_BUCKETS] = std::array::from_fn(|_| None);
+    // A state for each key that holds none yet (only as many as keys).
+    let n = req.limits.len().min(MAX_BUCKETS);
+    let mut fresh: ArrayVec<Option<L::State>, MAX_BUCKETS> = (0..n).map(|_| None).collect();
     let (decision, effects) = if writes || req.cost == 0 {
         // A probe changes nothing: it reads in place too.
         let mut slots: ArrayVec<&mut Option<L::State>, MAX_BUCKETS> = call
@@ -248,8 +250,7 @@ where
         for (i, local) in fresh.iter_mut().enumerate() {
             *local = call.record(i).and_then(|r| r.part::<L::State>()).cloned();
         }
-        let n = req.limits.len().min(MAX_BUCKETS);
-        decide(&mut fresh[..n], &mut penalty, req, now, random)
+        decide(&mut fresh[..], &mut penalty, req, now, random)
     };
     if effects.reserve_refused {
         stats::RESERVE_REFUSALS.incr();

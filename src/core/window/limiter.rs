@@ -38,6 +38,50 @@ impl Part for WindowState {
     }
 }
 
+impl Window {
+    /// A `Sliding` charge from the reading `seen` of `state` at `now`
+    /// alone: the reading is the state rolled forward (and converted, when
+    /// foreign) to `now`, so the stored state is that plus `cost`, and its
+    /// reading follows without reading it again. `None` when there is no
+    /// such reading (another mode, nothing counted): the general path.
+    fn charge_sliding(
+        &self,
+        state: &mut Option<WindowState>,
+        seen: &WindowSeen,
+        cost: u64,
+        now: Millis,
+    ) -> Option<WindowSeen> {
+        let Shape::Sliding {
+            prev,
+            curr,
+            elapsed,
+            delay,
+        } = seen.shape
+        else {
+            return None;
+        };
+        if self.mode != Mode::Sliding {
+            return None;
+        }
+        let (elapsed, delay) = (i128::from(elapsed), i128::from(delay));
+        let start = i128::from(now) + delay - elapsed;
+        let rolled = Rolled {
+            start,
+            prev,
+            curr: curr.saturating_add(cost),
+            elapsed,
+            delay,
+        };
+        *state = Some(WindowState::Sliding {
+            start: clamp_i64(start),
+            prev,
+            curr: rolled.curr,
+            window_ms: self.stored_w(),
+        });
+        Some(rolled.seen(self.w(), now))
+    }
+}
+
 /// A window is a [`Limiter`] whose reading at `now` is its count (the
 /// estimate for `Sliding`) and what it takes to compute a wait.
 impl Limiter for Window {
@@ -133,16 +177,20 @@ impl Limiter for Window {
         seen.empty_in
     }
 
-    /// A state of this window's own form is charged where it is (an exact
-    /// log drops its dead entries and gains one: nothing is copied); a
-    /// foreign one is converted first.
+    /// A sliding reading is charged from the reading; a state of this
+    /// window's own form otherwise where it is (an exact log drops its dead
+    /// entries and gains one: nothing is copied); a foreign one is
+    /// converted first.
     fn charge(
         &self,
         state: &mut Option<WindowState>,
-        _seen: &WindowSeen,
+        seen: &WindowSeen,
         cost: u64,
         now: Millis,
     ) -> WindowSeen {
+        if let Some(after) = self.charge_sliding(state, seen, cost, now) {
+            return after;
+        }
         let in_place = self.is_native_exact(state.as_ref(), now);
         match state {
             Some(WindowState::Exact { log, .. }) if in_place => {

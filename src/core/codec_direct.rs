@@ -1,0 +1,144 @@
+//! The encoding of the records most calls write (a bucket, a sliding or
+//! fixed window, or both, and nothing else), written with `rmp`'s
+//! MessagePack writers directly: the very bytes serde writes through
+//! `rmp_serde` (a test compares them), without serde's per-field
+//! machinery, which costs more than the record's own arithmetic. Every
+//! other record goes through serde ([`super::codec`]).
+
+use rmp::encode::{write_array_len, write_map_len, write_nil, write_sint, write_str, write_uint};
+
+use super::bucket::Bucket;
+use super::codec::PAYLOAD_VERSION;
+use super::record::Record;
+use super::window::WindowState;
+
+/// Append `record`'s payload (the version byte, then its parts) to `out`
+/// when it is one of the shapes written here; false (and `out` untouched)
+/// otherwise.
+pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
+    let written_here = (1u32 << Record::BUCKET_INDEX) | (1 << Record::WINDOW_INDEX);
+    if record.present().bits() & !written_here != 0 {
+        return false;
+    }
+    let window = record.part::<WindowState>();
+    if matches!(window, Some(WindowState::Exact { .. })) {
+        return false;
+    }
+    out.push(PAYLOAD_VERSION);
+    let parts = Record::parts_in(PAYLOAD_VERSION);
+    // Writing into a Vec cannot fail.
+    let _ = write_array_len(out, parts as u32);
+    for index in 0..parts {
+        match (&record.bucket, window) {
+            (Some(bucket), _) if index == Record::BUCKET_INDEX => write_bucket(out, bucket),
+            (_, Some(w)) if index == Record::WINDOW_INDEX => write_window(out, w),
+            _ => nil(out),
+        }
+    }
+    true
+}
+
+fn nil(out: &mut Vec<u8>) {
+    let _ = write_nil(out);
+}
+
+fn write_bucket(out: &mut Vec<u8>, b: &Bucket) {
+    let _ = write_array_len(out, 4);
+    let _ = write_sint(out, b.tat_ms);
+    let _ = write_uint(out, b.tat_frac);
+    let _ = write_uint(out, b.tokens.get());
+    let _ = write_uint(out, b.period_ms);
+}
+
+/// A `Sliding` or `Fixed` state as serde writes an enum: a one-key map
+/// from the variant's name to its fields as an array.
+fn write_window(out: &mut Vec<u8>, w: &WindowState) {
+    let _ = write_map_len(out, 1);
+    match w {
+        WindowState::Sliding {
+            start,
+            prev,
+            curr,
+            window_ms,
+        } => {
+            let _ = write_str(out, "s");
+            let _ = write_array_len(out, 4);
+            let _ = write_sint(out, *start);
+            let _ = write_uint(out, *prev);
+            let _ = write_uint(out, *curr);
+            let _ = write_uint(out, *window_ms);
+        }
+        WindowState::Fixed { end, count } => {
+            let _ = write_str(out, "f");
+            let _ = write_array_len(out, 2);
+            let _ = write_sint(out, *end);
+            let _ = write_uint(out, *count);
+        }
+        // Never reached: `try_append` leaves logs to serde.
+        WindowState::Exact { .. } => nil(out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::core::codec::encode_with_serde;
+
+    fn bucket() -> impl Strategy<Value = Bucket> {
+        (any::<i64>(), any::<u64>(), 1..=u64::MAX, any::<u64>()).prop_map(
+            |(tat_ms, tat_frac, tokens, period_ms)| Bucket {
+                tat_ms,
+                tat_frac,
+                tokens: NonZeroU64::new(tokens).unwrap_or(NonZeroU64::MIN),
+                period_ms,
+            },
+        )
+    }
+
+    fn window() -> impl Strategy<Value = WindowState> {
+        prop_oneof![
+            (any::<i64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+                |(start, prev, curr, window_ms)| WindowState::Sliding {
+                    start,
+                    prev,
+                    curr,
+                    window_ms
+                }
+            ),
+            (any::<i64>(), any::<u64>()).prop_map(|(end, count)| WindowState::Fixed { end, count }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_direct_bytes_are_serdes(b in prop::option::of(bucket()), w in prop::option::of(window())) {
+            let mut record = Record::default();
+            record.bucket = b;
+            record.set_part(w);
+            let mut direct = Vec::new();
+            prop_assert!(try_append(&record, &mut direct));
+            prop_assert_eq!(direct, encode_with_serde(&record));
+        }
+    }
+
+    #[test]
+    fn other_records_go_through_serde() {
+        let mut record = Record::default();
+        record.set_part(Some(WindowState::Exact {
+            window_ms: 1000,
+            log: vec![crate::core::window::Entry { at: 5, cost: 1 }].into(),
+        }));
+        let mut out = Vec::new();
+        assert!(!try_append(&record, &mut out));
+        assert!(out.is_empty());
+        let mut boxed = Record::default();
+        let mut penalty = crate::core::penalty::Penalty::default();
+        penalty.trip(1, 60_000, 1_700_000_000_000);
+        boxed.set_penalty(penalty, 1_700_000_000_000);
+        assert!(!try_append(&boxed, &mut out));
+    }
+}
