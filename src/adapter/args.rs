@@ -129,12 +129,22 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
 /// zeros), returned in milliseconds, at most
 /// [`crate::core::limits::MAX_DURATION_MS`]. One pass, no allocation.
 pub fn parse_duration_ms(bytes: &[u8]) -> Option<u64> {
-    let dot = bytes.iter().position(|&b| b == b'.');
-    let (whole, fraction) = match dot {
-        Some(at) => (&bytes[..at], Some(&bytes[at + 1..])),
-        None => (bytes, None),
-    };
-    let seconds = parse_integer(whole)?;
+    // Whole seconds up to the dot, in the same pass that finds it.
+    let mut seconds = 0u64;
+    let mut digits = 0usize;
+    for &b in bytes {
+        if b == b'.' {
+            break;
+        }
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        seconds = seconds.checked_mul(10)?.checked_add(u64::from(digit))?;
+        digits += 1;
+    }
+    // As `parse_integer`: 1 to 20 digits.
+    if digits == 0 || digits > 20 {
+        return None;
+    }
+    let fraction = bytes.get(digits + 1..).filter(|_| digits < bytes.len());
     let mut ms = 0u64;
     if let Some(fraction) = fraction {
         if fraction.is_empty() {

@@ -64,8 +64,6 @@ macro_rules! parts {
             /// The other parts; `None` when all of them are (never an
             /// allocation holding nothing).
             others: Option<Box<Others>>,
-            /// The other parts reached for writing since the last commit.
-            touched: Touched,
         }
 
         /// The position of each part in encoding order (its bit in a
@@ -81,6 +79,10 @@ macro_rules! parts {
         #[derive(Clone, Debug, Default, PartialEq, Eq)]
         struct Others {
             $($oname: Option<$oty>,)*
+            /// The other parts reached for writing since the last commit
+            /// (kept here, not in the record, so a bucket-only record is
+            /// as small as its parts).
+            touched: Touched,
         }
 
         impl Others {
@@ -109,19 +111,25 @@ macro_rules! parts {
                     self.others.as_ref()?.$oname.as_ref()
                 }
                 fn slot(&mut self) -> Option<&mut Option<$oty>> {
-                    self.touched.0.insert(PartIndex::$oname as u32);
-                    self.others.as_deref_mut().map(|o| &mut o.$oname)
+                    self.others.as_deref_mut().map(|o| {
+                        o.touched.0.insert(PartIndex::$oname as u32);
+                        &mut o.$oname
+                    })
                 }
                 fn set(&mut self, part: Option<$oty>) {
-                    self.touched.0.insert(PartIndex::$oname as u32);
                     match (self.others.as_deref_mut(), part) {
-                        (Some(others), part) => others.$oname = part,
+                        (Some(others), part) => {
+                            others.touched.0.insert(PartIndex::$oname as u32);
+                            others.$oname = part;
+                        }
                         (None, None) => {}
                         (None, part) => {
-                            self.others = Some(Box::new(Others {
+                            let mut others = Others {
                                 $oname: part,
                                 ..Others::default()
-                            }))
+                            };
+                            others.touched.0.insert(PartIndex::$oname as u32);
+                            self.others = Some(Box::new(others));
                         }
                     }
                     self.drop_empty_others();
@@ -237,7 +245,7 @@ macro_rules! parts {
             pub fn untouched_present(&self) -> PartMask {
                 let mut mask = PartMask::NONE;
                 if let Some(o) = self.others.as_deref() {
-                    $(if o.$oname.is_some() && !self.touched.0.contains(PartIndex::$oname as u32) {
+                    $(if o.$oname.is_some() && !o.touched.0.contains(PartIndex::$oname as u32) {
                         mask.insert(PartIndex::$oname as u32);
                     })*
                 }
@@ -471,8 +479,8 @@ impl Record {
     /// The leases to change in place, an empty set first when there are
     /// none: [`Record::prune`] removes the set if it stays empty.
     pub fn leases_or_insert(&mut self) -> &mut Leases {
-        self.touched.0.insert(PartIndex::leases as u32);
         let others = self.others.get_or_insert_with(Box::default);
+        others.touched.0.insert(PartIndex::leases as u32);
         others.leases.get_or_insert_with(Box::default)
     }
 
@@ -493,7 +501,9 @@ impl Record {
     /// the record as committed (and replicated) is the base of the next
     /// patch.
     pub fn clear_touched(&mut self) {
-        self.touched = Touched::default();
+        if let Some(others) = self.others.as_deref_mut() {
+            others.touched = Touched::default();
+        }
         self.mark_parts_committed();
     }
 
@@ -554,6 +564,12 @@ mod tests {
         assert_eq!(leased.prune(NOW + 30_000), Retention::Delete);
         assert_eq!(leased, Record::default());
         assert_eq!(empty, Record::default());
+    }
+
+    #[test]
+    fn a_bucket_only_record_is_its_parts_and_two_pointers() {
+        // 48 bytes: the allocator's 48-byte class, not the 64-byte one.
+        assert_eq!(std::mem::size_of::<Record>(), 48);
     }
 
     #[test]

@@ -143,6 +143,14 @@ fn write_hex(out: &mut [u8], mut value: u64) {
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct GeneratedId([u8; GENERATED_ID_LEN]);
 
+impl GeneratedId {
+    /// The id's bytes (hex digits), without the UTF-8 check of reading it
+    /// as a `str`.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl std::ops::Deref for GeneratedId {
     type Target = str;
 
