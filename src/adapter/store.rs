@@ -50,6 +50,20 @@ pub struct RlKey {
     /// The record was created by [`RlKey::edit`] in this call: the key did
     /// not exist before, so deleting it again is not an effect.
     created: bool,
+    /// What the key holds, read once at open and kept up to date by this
+    /// key's own writes (nothing else writes it during a command).
+    held: Held,
+}
+
+/// What an open key holds.
+#[derive(Clone, Copy)]
+enum Held {
+    /// Nothing (no key, or the key could not be opened).
+    Nothing,
+    /// An rl record, owned by Redis.
+    Record(*mut Record),
+    /// A value of another type.
+    Other,
 }
 
 impl RlKey {
@@ -64,6 +78,7 @@ impl RlKey {
             raw,
             name,
             created: false,
+            held: held_by(raw),
         }
     }
 
@@ -112,19 +127,12 @@ impl RlKey {
     /// from [`RlKey::record`], or `&mut` through `&mut self`.
     #[allow(clippy::mut_from_ref)]
     fn value(&self) -> Result<Option<&mut Record>, WrongType> {
-        if self.raw.is_null() {
-            return Ok(None);
+        match self.held {
+            Held::Nothing => Ok(None),
+            // Redis owns the value while the key holds it.
+            Held::Record(record) => Ok(unsafe { record.as_mut() }),
+            Held::Other => Err(WrongType),
         }
-        let kind = unsafe { api!(RedisModule_KeyType)(self.raw) } as isize;
-        if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Ok(None);
-        }
-        if kind != raw::REDISMODULE_KEYTYPE_MODULE
-            || unsafe { api!(RedisModule_ModuleTypeGetType)(self.raw) } != rl_type()
-        {
-            return Err(WrongType);
-        }
-        Ok(unsafe { from_raw(api!(RedisModule_ModuleTypeGetValue)(self.raw)) })
     }
 
     /// Put `record` in the key, in place when it already holds one (which
@@ -136,9 +144,14 @@ impl RlKey {
             Ok(Some(existing)) => *existing = record,
             missing_or_other => {
                 self.created |= missing_or_other.is_ok();
-                unsafe {
-                    api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), into_raw(record));
-                }
+                let value = into_raw(record);
+                let set =
+                    unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) };
+                self.held = if set == raw::REDISMODULE_OK as c_int {
+                    Held::Record(value.cast::<Record>())
+                } else {
+                    held_by(self.raw)
+                };
             }
         }
     }
@@ -201,12 +214,34 @@ impl RlKey {
         };
     }
 
-    fn delete(&self) {
+    fn delete(&mut self) {
         unsafe { api!(RedisModule_DeleteKey)(self.raw) };
+        self.held = Held::Nothing;
     }
 
     fn signal_modified(&self, ctx: Ctx) {
         unsafe { api!(RedisModule_SignalModifiedKey)(ctx.ptr(), self.name.0) };
+    }
+}
+
+/// What the open key `raw` holds (null: nothing).
+fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
+    if raw.is_null() {
+        return Held::Nothing;
+    }
+    let kind = unsafe { api!(RedisModule_KeyType)(raw) } as isize;
+    if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
+        return Held::Nothing;
+    }
+    if kind != raw::REDISMODULE_KEYTYPE_MODULE
+        || unsafe { api!(RedisModule_ModuleTypeGetType)(raw) } != rl_type()
+    {
+        return Held::Other;
+    }
+    let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
+    match unsafe { from_raw(value) } {
+        Some(record) => Held::Record(record),
+        None => Held::Nothing,
     }
 }
 

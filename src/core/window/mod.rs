@@ -297,6 +297,19 @@ impl WindowState {
     /// one millisecond later), `None` if nothing counts at `now`. Read under
     /// the parameters it was written with: the state alone says it.
     pub fn counts_until(&self, now: Millis) -> Option<Millis> {
+        if let WindowState::Sliding {
+            start,
+            prev,
+            curr,
+            window_ms,
+        } = self
+        {
+            // The estimate is positive exactly when a count is (the
+            // elapsed time stays below `w`): no need to compute it.
+            let w = i128::from((*window_ms).max(1));
+            let r = roll(*start, *prev, *curr, w, now);
+            return r.end(w).map(|end| clamp_i64(end - 1));
+        }
         match self.lump(now) {
             (0, _) => None,
             (_, end) => Some(clamp_i64(end - 1)),
