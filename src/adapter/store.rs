@@ -150,6 +150,8 @@ impl RlKey {
                 self.held = if set == raw::REDISMODULE_OK as c_int {
                     Held::Record(value.cast::<Record>())
                 } else {
+                    // Not taken (a key not open for writing): ours to free.
+                    drop(unsafe { Box::from_raw(value.cast::<Record>()) });
                     held_by(self.raw)
                 };
             }
