@@ -67,6 +67,17 @@ local function tier_policies(tier_name, tier, suffix, key_budget, tenant_budget)
     }
 end
 
+--- The request id (made on first use: an allowed request without
+--- leases never needs one, and reading it costs a variable lookup).
+local function request_id(req, state)
+    local id = state.request_id
+    if not id then
+        id = req.request_id()
+        state.request_id = id
+    end
+    return id
+end
+
 --- What every request of a tier needs, made once: its policies and
 --- their RateLimit-Policy value.
 function Gateway:tier_view(tier_name, tier)
@@ -103,7 +114,7 @@ function Gateway:refuse(req, state, status, kind, decision, fields)
     end
     state.decision = decision
     fields.instance = state.path
-    fields.request_id = state.request_id
+    fields.request_id = request_id(req, state)
     state.headers["Content-Type"] = problem.CONTENT_TYPE
     return req.exit(status, problem.encode(conf, kind, status, fields), state.headers)
 end
@@ -200,7 +211,7 @@ function Gateway:acquire_leases(req, state, ident, tier)
         local max = policy.lease_max(spec, tier)
         -- recorded before the call: a timed-out ACQUIRE may have been
         -- granted, and releasing a lease that is not held is harmless
-        state.leases[#state.leases + 1] = { key = key, id = state.request_id }
+        state.leases[#state.leases + 1] = { key = key, id = request_id(req, state) }
         local res, err = store.acquire(state.route.store_conf or conf, key, max, spec.ttl,
             state.request_id)
         if not res then
@@ -264,8 +275,8 @@ function Gateway:access(req)
     deny.ensure_poller(conf)
     local path = req.path()
     local route = policy.match_route(conf, req.method(), path)
-    local state = { route = route, path = path, request_id = req.request_id(), headers = {},
-                 leases = {}, decision = "allowed" }
+    local state = { route = route, path = path, headers = {}, leases = {},
+                    decision = "allowed" }
     req.ctx().rl = state
     if route.auth then
         return self:auth_access(req, state)
@@ -371,7 +382,7 @@ function Gateway:auth_access(req, state)
     state.auth = { windows = windows, subject = subject, ip = ip }
     state.headers["RateLimit-Policy"] = headers.policy(policies)
     if attempt_key then
-        state.leases[1] = { key = attempt_key, id = state.request_id }
+        state.leases[1] = { key = attempt_key, id = request_id(req, state) }
         -- the previous attempt's lease is released just after its
         -- response: a client retrying at once waits for it (polling, up to
         -- attempt_wait_ms) rather than getting a 429
@@ -528,7 +539,7 @@ function Gateway:log(req)
     if not QUIET[state.decision] then
         local ident = state.ident or {}
         req.warn("rl_event " .. (cjson.encode({
-            request_id = state.request_id,
+            request_id = request_id(req, state),
             decision = state.decision,
             would_be = state.would_be,
             route = state.route.name,
