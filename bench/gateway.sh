@@ -41,6 +41,10 @@
 #   RL_BENCH_GW_UPSTREAM_WORKERS=1   worker_processes of the upstream nginx
 #   RL_BENCH_GW_ONLY="plain incr rl" only these targets (plain always runs)
 #   RL_BENCH_GW_KEEP=1         keep the work directory (configurations, logs)
+#   RL_BENCH_GW_LIB=dir        the gateway/ directory to measure (default: this
+#                              checkout's; another checkout's for a before/after)
+#   RL_BENCH_GW_PROFILE=MODE   LuaJIT's profiler (jit.p) in each gateway
+#                              worker, its report printed at the end
 
 set -euo pipefail
 
@@ -113,7 +117,8 @@ free_port() {
 log "starting redis-server with $MODULE"
 start_server redis
 REDIS_PORT=$PORT_redis
-export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$REDIS_PORT RL_BENCH_GATEWAY_DIR=$ROOT/gateway
+GW=${RL_BENCH_GW_LIB:-$ROOT/gateway}
+export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$REDIS_PORT RL_BENCH_GATEWAY_DIR=$GW
 
 declare -A PORT
 for t in upstream plain incr rl limit_req; do
@@ -179,7 +184,6 @@ PROXY='
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_pass http://api_backend;'
-GW=$ROOT/gateway
 start_nginx gateway "$WORKERS" "
     lua_package_path \"$GW/lib/?.lua;$GW/nginx/?.lua;$ROOT/bench/?.lua;/usr/share/lua/5.1/?.lua;;\";
     lua_shared_dict rl_metrics 1m;
