@@ -5,6 +5,7 @@
 //! on a rule policy: the first get the local limiter's answers marked
 //! `X-RateLimit-Degraded: fallback` (a refusal's body too), counted in
 //! `/metrics`; the second waits for Redis and is answered by it, unmarked.
+//! Then an error reply (a bucket key holding a string) is marked likewise.
 //! Real nginx (2 workers), Redis with the module, real HTTP.
 
 mod common;
@@ -174,6 +175,24 @@ fn answers_decided_without_redis_are_marked_and_a_route_budget_outlasts_a_pause(
             "{metrics}"
         );
     }
+
+    // an error reply (the key's bucket is not a bucket): decided without
+    // Redis too, marked, counted as an error; fixed, Redis decides again
+    let (base, binding, v) = &fronts[0];
+    let mut con = redis.client();
+    common::call_ok(&mut con, "SET tier:{t:t1}:key:s1 not-a-bucket");
+    check_degraded(&get(&a, &format!("{base}{v}/fast"), &[KEY]), binding);
+    let metrics = get(&a, &format!("{base}/metrics"), &[]).body;
+    assert!(
+        metrics.contains("rl_gateway_redis_errors_total{kind=\"error\"}"),
+        "{metrics}"
+    );
+    common::call_ok(&mut con, "DEL tier:{t:t1}:key:s1");
+    let r = get(&a, &format!("{base}{v}/fast"), &[KEY]);
+    assert_eq!(r.status, 200, "{r:#?}");
+    assert!(r.header(DEGRADED).is_none(), "{r:#?}");
+    assert_eq!(ratelimit(&r).0, *binding);
+
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",

@@ -127,14 +127,71 @@ function _M.encode(args)
     return table.concat(out)
 end
 
+-- The reply of one command that answers an array of `n` integers (the
+-- limiter replies), read in one piece: lua-resty-redis has no call for
+-- that and reads one line per element (a `receive` each, the dearest part
+-- of the allowed path's reply; see bench/RESULTS.md). Returns the
+-- integers, {false, message} for an error reply (as the driver gives
+-- one), or nil and an error: a timeout, or any other shape (the caller
+-- then closes the connection).
+local INT_ARRAYS = {}
+local MAX_READS = 16
+local function read_int_array(sock, n)
+    local pat = INT_ARRAYS[n]
+    if not pat then
+        pat = "^%*" .. n .. "\r\n" .. string.rep(":(%-?%d+)\r\n", n) .. "$"
+        INT_ARRAYS[n] = pat
+    end
+    local buf = ""
+    for _ = 1, MAX_READS do
+        local data, err = sock:receiveany(4096)
+        if not data then
+            return nil, err
+        end
+        buf = buf .. data
+        local out = { buf:match(pat) }
+        if out[n] then
+            for i = 1, n do
+                out[i] = tonumber(out[i])
+            end
+            return out
+        end
+        local msg = buf:match("^%-(.-)\r\n$")
+        if msg then
+            return { false, msg }
+        end
+        local _, lines = buf:gsub("\r\n", "")
+        if lines > n then
+            return nil, "unexpected reply"
+        end
+    end
+    return nil, "unexpected reply"
+end
+
 --- Sends `cmds` on `red` in one pipeline; `asking[i]` sends ASKING
 --- before command i (its OK is not returned). A command with a `resp`
 --- field (its RESP request as a list of strings, the fixed parts made by
 --- `encode` once) goes into the driver's pipeline as it is: the driver
---- would format every argument of every call. Returns one reply per
+--- would format every argument of every call; alone, with `ints` (its
+--- reply is an array of that many integers), it is also read in one piece. Returns one reply per
 --- command (an error reply is {false, "ERR ..."} in its place), or nil
 --- and an error (the connection is then closed).
 function _M.send(red, cmds, asking)
+    local one = cmds[1]
+    local sock = rawget(red, "_sock")
+    if #cmds == 1 and not asking and one.resp and one.ints and sock then
+        -- one limiter call (the tier form's RL.TAKE): its reply in one read
+        local bytes, err = sock:send(one.resp)
+        local reply
+        if bytes then
+            reply, err = read_int_array(sock, one.ints)
+        end
+        if not reply then
+            red:close()
+            return nil, err
+        end
+        return { reply }
+    end
     red:init_pipeline()
     -- lua-resty-redis's pipeline: the encoded requests, sent by
     -- commit_pipeline, one reply read per entry

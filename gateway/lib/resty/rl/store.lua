@@ -135,7 +135,7 @@ function _M.take(conf, key, tenant_key, tier, cost)
         "ALSO", tenant_key, a[4], a[5], a[3],
         "STRIKES", a[6], a[7],
         "BOX", a[8], a[9], a[10],
-        "OFFENSES", a[11], resp = take_resp(a, key, tenant_key, cost) }))
+        "OFFENSES", a[11], resp = take_resp(a, key, tenant_key, cost), ints = 8 }))
 end
 
 -- The arguments of RL.WINDOW for one failed-login counter.
