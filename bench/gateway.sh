@@ -20,7 +20,9 @@
 # then runs wrk (Debian's wrk, installed by .ci/deps) on each, interleaved
 # (upstream plain incr rl limit_req, then again) over $RL_BENCH_GW_ROUNDS
 # rounds, after a short warm-up of each. It prints one line per run
-# (requests/s, p50, p99, non-2xx answers), the medians per target, and
+# (requests/s, p50, p99, non-2xx answers, and the CPU time per request of
+# the gateway's workers and of redis-server, steadier than requests/s on a
+# shared machine), the medians per target, and
 #   RATIO <name> <x>     median over the rounds of that round's requests/s
 #                        of <name> over the plain proxy's
 #   RATIO rl_vs_incr <x>, RATIO rl_vs_limit_req <x>   likewise, rl over them

@@ -265,6 +265,10 @@ local function validate_route(i, r, tiers)
         r.range.from_arg = r.range.from_arg or "from"
         r.range.to_arg = r.range.to_arg or "to"
     end
+    if r.timeout_ms == ngx.null then
+        -- a schema's unset field (Kong): the configuration's budget
+        r.timeout_ms = nil
+    end
     check(r.timeout_ms == nil or type(r.timeout_ms) == "number" and r.timeout_ms > 0,
         "routes[%d] (%s): timeout_ms must be > 0", i, r.template)
     r.name = (r.method or "ANY") .. " " .. r.template
