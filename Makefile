@@ -5,6 +5,7 @@
 #               on redis-server, then the integration tests again on Valkey
 #   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
+#   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
@@ -41,7 +42,7 @@ SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway clean reliability reliability-report
 
 all: build
 
@@ -132,7 +133,7 @@ test-gateway: deps build
 		--test gateway_rules --test gateway_examples --test gateway_ledger \
 		--test gateway_cluster --test gateway_sentinel --test gateway_usage \
 		--test gateway_settle --test gateway_allowance --test gateway_distinct \
-		--test gateway_jwt \
+		--test gateway_jwt --test gateway_degraded \
 		-- --test-threads=$(TEST_THREADS)
 
 # The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and
@@ -197,6 +198,15 @@ bench-core:
 WORKLOAD ?= take
 bench-profile: deps
 	bash bench/profile.sh $(WORKLOAD)
+
+# The gateway's speed (bench/gateway.sh, about 2 minutes; not part of
+# `make test`): wrk on the upstream direct, a plain nginx proxy, the proxy
+# with one pooled INCR per request (the floor), the proxy with rl (the
+# sample policy's allowed path) and with nginx's limit_req, in interleaved
+# rounds; prints RATIO lines (to the plain proxy, and rl to the floor),
+# p50/p99 and CPU time per request. Results: bench/RESULTS.md.
+bench-gateway: deps build
+	RL_MODULE=$(MODULE) bash bench/gateway.sh
 
 clean:
 	$(CARGO) clean

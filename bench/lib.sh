@@ -1,9 +1,36 @@
-# Sourced by bench/run.sh: starting servers, reading INFO, one
+# Sourced by bench/run.sh and bench/gateway.sh: the log, the module,
+# stopping what they started, starting servers, reading INFO, one
 # redis-benchmark run, the interleaved rounds of a configuration and one
 # memory measurement. They use run.sh's globals: HOST, WORK, MODULE,
 # PEER_ARGS, PIDS, PORT (the master's, through `cli`), MASTER_PID,
 # CLIENTS, KEYSPACE, SECS, ROUNDS, MEM_KEYS, WORKLOADS, CMD, STAT, PATHOK,
 # RESULTS and MEMORY, and its `log` and `cli` functions.
+
+T_START=$(date +%s)
+log() { printf '[%4ds] %s\n' "$(( $(date +%s) - T_START ))" "$*" >&2; }
+
+# use_module: MODULE is $RL_MODULE, else the release module, built now.
+use_module() {
+    if [[ -z "${RL_MODULE:-}" ]]; then
+        log "building the release module"
+        cargo build --release --quiet
+        MODULE="${CARGO_TARGET_DIR:-$ROOT/target}/release/librl.so"
+    else
+        MODULE=$RL_MODULE
+    fi
+    [[ -f "$MODULE" ]] || { echo "bench: no module at $MODULE" >&2; exit 1; }
+}
+
+# stop_pids: TERM to every process of PIDS, then wait for each.
+stop_pids() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
 
 port_is_free() { ! (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 

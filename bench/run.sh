@@ -80,37 +80,22 @@ for tool in redis-server redis-cli redis-benchmark; do
     command -v "$tool" >/dev/null || { echo "bench: $tool not found (make deps)" >&2; exit 1; }
 done
 
-T_START=$(date +%s)
-log() { printf '[%4ds] %s\n' "$(( $(date +%s) - T_START ))" "$*" >&2; }
-
-if [[ -z "${RL_MODULE:-}" ]]; then
-    log "building the release module"
-    cargo build --release --quiet
-    MODULE="${CARGO_TARGET_DIR:-$ROOT/target}/release/librl.so"
-else
-    MODULE=$RL_MODULE
-fi
-[[ -f "$MODULE" ]] || { echo "bench: no module at $MODULE" >&2; exit 1; }
+# Helpers (bench/lib.sh): log, use_module, stop_pids, starting servers, ...
+source "$ROOT/bench/lib.sh"
+use_module
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/rl-bench.XXXXXX")
 PIDS=()
 cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
+    stop_pids
     rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 
-# Helpers (bench/lib.sh), the peers (bench/peers.sh), pipe_keys TEMPLATE
-# COUNT REPEAT (bench/pipe_keys.sh) and the report (bench/report.sh).
-source "$ROOT/bench/lib.sh"
+# The peers (bench/peers.sh), pipe_keys TEMPLATE COUNT REPEAT
+# (bench/pipe_keys.sh) and the report (bench/report.sh).
 source "$ROOT/bench/peers.sh"
 source "$ROOT/bench/pipe_keys.sh"
 source "$ROOT/bench/report.sh"

@@ -270,6 +270,12 @@ local function validate_route(i, r, tiers)
         r.range.from_arg = r.range.from_arg or "from"
         r.range.to_arg = r.range.to_arg or "to"
     end
+    if r.timeout_ms == ngx.null then
+        -- a schema's unset field (Kong): the configuration's budget
+        r.timeout_ms = nil
+    end
+    check(r.timeout_ms == nil or type(r.timeout_ms) == "number" and r.timeout_ms > 0,
+        "routes[%d] (%s): timeout_ms must be > 0", i, r.template)
     r.name = (r.method or "ANY") .. " " .. r.template
     r.pattern = _M.template_pattern(r.template)
     r.critical = r.critical and true or false
@@ -347,6 +353,30 @@ local function validate_general(conf)
         "usage must be false or { dict = <lua_shared_dict name>, reports_per_second = <n >= 1> }")
 end
 
+-- The Redis budget of a route (`timeout_ms`, over redis.timeout_ms): its
+-- `store_conf`, the configuration with that budget in its `redis` table,
+-- for the Redis calls of its requests (every other field is the
+-- configuration's own, through __index).
+local function route_budgets(conf)
+    local routes = { conf.default_route }
+    for _, r in ipairs(conf.routes) do
+        routes[#routes + 1] = r
+    end
+    check(conf.default_route.timeout_ms == nil or type(conf.default_route.timeout_ms) == "number"
+        and conf.default_route.timeout_ms > 0, "default_route.timeout_ms must be > 0")
+    for _, r in ipairs(routes) do
+        if r.timeout_ms then
+            local rconf = {}
+            for k, v in pairs(conf.redis) do
+                rconf[k] = v
+            end
+            rconf.timeout_ms = r.timeout_ms
+            r.store_conf = setmetatable({ redis = rconf }, { __index = conf })
+        end
+    end
+    return conf
+end
+
 --- A rule policy (a configuration with `rules`): the general options over
 --- the defaults, the user's tiers and routes only (the sample tiers and
 --- routes are those of the tier form), then resty.rl.rules.
@@ -369,7 +399,7 @@ function _M.build_rules(conf, user)
     end
     conf.default_route.name = conf.default_route.template
     conf.default_route.critical = conf.default_route.critical and true or false
-    return require("resty.rl.rules").compile(conf)
+    return route_budgets(require("resty.rl.rules").compile(conf))
 end
 
 --- Builds a complete, validated configuration from `user` (a partial
@@ -431,7 +461,7 @@ function _M.build(user)
         fail[s] = true
     end
     a.fail_set = fail
-    return conf
+    return route_budgets(conf)
 end
 
 return _M

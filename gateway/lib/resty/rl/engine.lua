@@ -318,7 +318,7 @@ function Engine:refuse_with(req, state, e, decision_as)
         level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
         upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
         concurrency_limit = o.concurrency or null, instance = state.path,
-        request_id = state.request_id, error = a.error or null,
+        request_id = state.request_id, error = a.error or null, degraded = state.degraded or null,
         ends_at = (o.state == "boxed" and o.retry_ms)
             and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
     }
@@ -373,6 +373,9 @@ function Engine:redis_failed(req, state, err)
             .. wait .. " s.")
     end
     state.decision = "degraded_allowed"
+    -- decided here, without Redis: the response (and a refusal's body) says so
+    state.degraded = headers.DEGRADED_VALUE
+    headers.degraded(state.headers)
     for _, e in ipairs(state.entries or {}) do
         local p, mode = e.params, rules.resolve(e.rule.on_redis_failure, state.ident) or "local"
         if mode == "local" and (p.kind == "bucket" or p.kind == "window") and not e.probe then
@@ -483,7 +486,8 @@ function Engine:access(req)
         end
     end
     local res
-    res, err = store.pipeline(conf, cmds)
+    -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+    res, err = store.pipeline(route.store_conf or conf, cmds)
     if not res then
         return self:redis_failed(req, state, err)
     end
@@ -512,7 +516,7 @@ function Engine:access(req)
         for i, e in ipairs(record) do
             rc[i] = limiters.KINDS.window.command(e, e.cost, true)
         end
-        res, err = store.pipeline(conf, rc)
+        res, err = store.pipeline(route.store_conf or conf, rc)
         if not res then
             return self:redis_failed(req, state, err)
         end

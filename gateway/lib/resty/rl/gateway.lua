@@ -50,7 +50,10 @@ function _M.new(user_conf)
     if conf.rules then
         return require("resty.rl.engine").new(conf)
     end
-    return setmetatable({ conf = conf }, Gateway)
+    -- per tier and per API key identity, what the allowed path needs of
+    -- them, made once (see Gateway:tier_view, Gateway:bucket_keys)
+    return setmetatable({ conf = conf, views = {},
+                          keys = setmetatable({}, { __mode = "k" }) }, Gateway)
 end
 
 --- The rate policies of a tier, in the order of the RL.TAKE buckets.
@@ -65,6 +68,41 @@ local function tier_policies(tier_name, tier, suffix, key_budget, tenant_budget)
     }
 end
 
+--- The request id (made on first use: an allowed request without
+--- leases never needs one, and reading it costs a variable lookup).
+local function request_id(req, state)
+    local id = state.request_id
+    if not id then
+        id = req.request_id()
+        state.request_id = id
+    end
+    return id
+end
+
+--- What every request of a tier needs, made once: its policies and
+--- their RateLimit-Policy value.
+function Gateway:tier_view(tier_name, tier)
+    local v = self.views[tier_name]
+    if not v then
+        local policies = tier_policies(tier_name, tier)
+        v = { policies = policies, policy_field = headers.policy(policies) }
+        self.views[tier_name] = v
+    end
+    return v
+end
+
+--- The bucket keys of an identity (policy.bucket_keys), made once per
+--- identity table (the static API keys' entries live as long as the
+--- configuration).
+function Gateway:bucket_keys(ident)
+    local k = self.keys[ident]
+    if not k then
+        k = { policy.bucket_keys(self.conf, ident) }
+        self.keys[ident] = k
+    end
+    return k[1], k[2]
+end
+
 --- Refuses the request with a problem+json body, or, in shadow mode, logs
 --- what would have happened and lets it through without rate-limit fields.
 function Gateway:refuse(req, state, status, kind, decision, fields)
@@ -77,7 +115,7 @@ function Gateway:refuse(req, state, status, kind, decision, fields)
     end
     state.decision = decision
     fields.instance = state.path
-    fields.request_id = state.request_id
+    fields.request_id = request_id(req, state)
     state.headers["Content-Type"] = problem.CONTENT_TYPE
     return req.exit(status, problem.encode(conf, kind, status, fields), state.headers)
 end
@@ -112,6 +150,8 @@ function Gateway:redis_failed(req, state, err, tier, key, tenant_key)
             quota_tier = state.tier_name or null,
         })
     end
+    -- decided here, without Redis: the response says so
+    headers.degraded(state.headers)
     if not tier then
         state.decision = "degraded_allowed"
         return
@@ -145,6 +185,7 @@ function Gateway:redis_failed(req, state, err, tier, key, tenant_key)
         recommended_backoff = problem.backoff(secs),
         quota_tier = state.tier_name,
         penalty_strikes_remaining = null,
+        degraded = headers.DEGRADED_VALUE,
     })
 end
 
@@ -171,8 +212,9 @@ function Gateway:acquire_leases(req, state, ident, tier)
         local max = policy.lease_max(spec, tier)
         -- recorded before the call: a timed-out ACQUIRE may have been
         -- granted, and releasing a lease that is not held is harmless
-        state.leases[#state.leases + 1] = { key = key, id = state.request_id }
-        local res, err = store.acquire(conf, key, max, spec.ttl, state.request_id)
+        state.leases[#state.leases + 1] = { key = key, id = request_id(req, state) }
+        local res, err = store.acquire(state.route.store_conf or conf, key, max, spec.ttl,
+            state.request_id)
         if not res then
             -- Redis failed: the leases recorded so far are released after
             -- the response (a second call now would only add a timeout)
@@ -234,8 +276,8 @@ function Gateway:access(req)
     deny.ensure_poller(conf)
     local path = req.path()
     local route = policy.match_route(conf, req.method(), path)
-    local state = { route = route, path = path, request_id = req.request_id(), headers = {},
-                 leases = {}, decision = "allowed" }
+    local state = { route = route, path = path, headers = {}, leases = {},
+                    decision = "allowed" }
     req.ctx().rl = state
     if route.auth then
         return self:auth_access(req, state)
@@ -248,9 +290,10 @@ function Gateway:access(req)
     end
     state.ident, state.tier_name = ident, ident.tier
     local tier = conf.tiers[ident.tier]
-    state.headers["RateLimit-Policy"] = headers.policy(tier_policies(ident.tier, tier))
+    local view = self:tier_view(ident.tier, tier)
+    state.headers["RateLimit-Policy"] = view.policy_field
     state.cost = policy.cost(route, req)
-    local key, tenant_key = policy.bucket_keys(conf, ident)
+    local key, tenant_key = self:bucket_keys(ident)
     -- the edge deny cache: a key known to be boxed is answered here
     local reply, err
     local box = deny.get(conf, key)
@@ -260,7 +303,7 @@ function Gateway:access(req)
                   retry_after_ms = box.retry_ms, box_level = box.level, strikes_remaining = 0,
                   binding = 0 }
     else
-        reply, err = store.take(conf, key, tenant_key, tier, state.cost)
+        reply, err = store.take(route.store_conf or conf, key, tenant_key, tier, state.cost)
         if not reply then
             return self:redis_failed(req, state, err, tier, key, tenant_key)
         end
@@ -269,14 +312,17 @@ function Gateway:access(req)
         end
     end
     local status, binding = reply.status, reply.binding + 1
-    local policies = tier_policies(ident.tier, tier)
+    local policies = view.policies
     state.policy, state.strikes_remaining = policies[binding].name, reply.strikes_remaining
     headers.ratelimit(state.headers, conf, policies, {
         name = policies[binding].name, limit = reply.limit, remaining = reply.remaining,
         reset_ms = reply.reset_ms,
-    })
+    }, view.policy_field)
     if status == 1 or status == 2 then
-        return self:acquire_leases(req, state, ident, tier)
+        if state.route.leases then
+            return self:acquire_leases(req, state, ident, tier)
+        end
+        return
     end
     if status == -1 then
         return self:boxed(req, state, reply, "boxed", string.format(
@@ -317,6 +363,8 @@ end
 function Gateway:auth_access(req, state)
     local conf = self.conf
     local auth = conf.auth
+    -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+    local sconf = state.route.store_conf or conf
     local subject, ambiguous = policy.auth_subject(req, auth.subject_arg)
     if ambiguous then
         return self:ambiguous(req, state, auth.subject_arg)
@@ -335,13 +383,13 @@ function Gateway:auth_access(req, state)
     state.auth = { windows = windows, subject = subject, ip = ip }
     state.headers["RateLimit-Policy"] = headers.policy(policies)
     if attempt_key then
-        state.leases[1] = { key = attempt_key, id = state.request_id }
+        state.leases[1] = { key = attempt_key, id = request_id(req, state) }
         -- the previous attempt's lease is released just after its
         -- response: a client retrying at once waits for it (polling, up to
         -- attempt_wait_ms) rather than getting a 429
         local waited, res, err = 0, nil, nil
         while true do
-            res, err = store.acquire(conf, attempt_key, 1, auth.attempt_ttl, state.request_id)
+            res, err = store.acquire(sconf, attempt_key, 1, auth.attempt_ttl, state.request_id)
             if not res or res.granted or waited >= auth.attempt_wait_ms then
                 break
             end
@@ -367,7 +415,7 @@ function Gateway:auth_access(req, state)
             })
         end
     end
-    local replies, err = store.auth_windows(conf, windows, 0)
+    local replies, err = store.auth_windows(sconf, windows, 0)
     if not replies then
         return self:redis_failed(req, state, err)
     end
@@ -383,7 +431,7 @@ function Gateway:auth_access(req, state)
             rec[j] = windows[i]
         end
         local recorded
-        recorded, err = store.auth_windows(conf, rec, 1)
+        recorded, err = store.auth_windows(sconf, rec, 1)
         if not recorded then
             return self:redis_failed(req, state, err)
         end
@@ -493,7 +541,7 @@ function Gateway:log(req)
     if not QUIET[state.decision] then
         local ident = state.ident or {}
         req.warn("rl_event " .. (cjson.encode({
-            request_id = state.request_id,
+            request_id = request_id(req, state),
             decision = state.decision,
             would_be = state.would_be,
             route = state.route.name,

@@ -15,9 +15,22 @@ function _M.seconds(ms)
     return ceil(ms / 1000)
 end
 
+-- Quoted names seen before (policy names come from the configuration: a
+-- few dozen; the cache starts over past MAX_QUOTED).
+local quoted, n_quoted, MAX_QUOTED = {}, 0, 1000
+
 -- A structured-field String item.
 local function sf_string(s)
-    return '"' .. s:gsub('[\\"]', "\\%0") .. '"'
+    local q = quoted[s]
+    if q then
+        return q
+    end
+    q = '"' .. s:gsub('[\\"]', "\\%0") .. '"'
+    if n_quoted >= MAX_QUOTED then
+        quoted, n_quoted = {}, 0
+    end
+    quoted[s], n_quoted = q, n_quoted + 1
+    return q
 end
 
 --- One quota policy item: "name";q=quota[;qu="unit"][;w=window]: `qu`
@@ -75,9 +88,11 @@ end
 --- `binding`: {name, limit, remaining, reset_ms, window} for the policy
 --- that binds (reset_ms -1 or nil: no reset time, as in a manual box; `t`
 --- is at most `window` when given: a window or quota, not a bucket, whose
---- time to be full again may be longer than its refill period).
-function _M.ratelimit(out, conf, policies, binding)
-    out["RateLimit-Policy"] = _M.policy(policies)
+--- time to be full again may be longer than its refill period);
+--- `policy_field`: the RateLimit-Policy value of `policies` when the caller
+--- has it already (made once per tier), else it is made here.
+function _M.ratelimit(out, conf, policies, binding, policy_field)
+    out["RateLimit-Policy"] = policy_field or _M.policy(policies)
     local rl = sf_string(binding.name) .. ";r=" .. math.max(binding.remaining, 0)
     local has_reset = binding.reset_ms and binding.reset_ms >= 0
     -- t is at most the window w (a sliding window may take two to be empty)
@@ -96,6 +111,18 @@ function _M.ratelimit(out, conf, policies, binding)
             out["RateLimit-Reset"] = tostring(t)
         end
     end
+    return out
+end
+
+--- The field that marks an answer decided without Redis (by the local
+--- limiter, or let through, while Redis failed or was over its budget),
+--- and its value (also the `degraded` member of such a refusal's body).
+_M.DEGRADED = "X-RateLimit-Degraded"
+_M.DEGRADED_VALUE = "fallback"
+
+--- Marks `out` (a header table) as a degraded answer.
+function _M.degraded(out)
+    out[_M.DEGRADED] = _M.DEGRADED_VALUE
     return out
 end
 

@@ -17,12 +17,33 @@ local function dict(conf)
     return conf.metrics_dict and ngx.shared[conf.metrics_dict]
 end
 
+-- The counter names of decisions, by decision, route and tier (all three
+-- from the configuration or this file: a bounded set), made once each.
+local decision_keys = {}
+
 --- Counts one decision on `route` for `tier`.
 function _M.decision(conf, decision, route, tier)
     local d = dict(conf)
-    if d then
-        d:incr("req" .. SEP .. decision .. SEP .. route .. SEP .. (tier or "none"), 1, 0)
+    if not d then
+        return
     end
+    tier = tier or "none"
+    local by_route = decision_keys[decision]
+    if not by_route then
+        by_route = {}
+        decision_keys[decision] = by_route
+    end
+    local by_tier = by_route[route]
+    if not by_tier then
+        by_tier = {}
+        by_route[route] = by_tier
+    end
+    local key = by_tier[tier]
+    if not key then
+        key = "req" .. SEP .. decision .. SEP .. route .. SEP .. tier
+        by_tier[tier] = key
+    end
+    d:incr(key, 1, 0)
 end
 
 --- Counts one failed Redis call, by kind of failure.

@@ -39,9 +39,25 @@ local function body_args()
     return args
 end
 
+-- The ngx.var names of request headers ("X-Api-Key" -> "http_x_api_key"),
+-- made once per name (names come from the configuration).
+local header_vars = {}
+
 --- The request adapter of resty.rl.gateway for ngx_lua.
 _M.adapter = {
+    -- a request header: a string, or a list for a repeated one
     header = function(name)
+        local var = header_vars[name]
+        if not var then
+            var = "http_" .. name:lower():gsub("-", "_")
+            header_vars[name] = var
+        end
+        -- $http_<name> is the one header, or (nginx 1.23+, or a header
+        -- nginx joins) repeated ones joined with commas: then the list
+        local v = ngx.var[var]
+        if v == nil or not v:find(",", 1, true) then
+            return v
+        end
         return ngx.req.get_headers(100)[name]
     end,
     method = function()

@@ -66,7 +66,8 @@ end
 --- The body of a rule policy's refusal: (content type, body). `vars`:
 --- status, type, message, retry_after, policy, tier, strikes, level,
 --- ends_at, block_type, upgrade_url, challenge, concurrency_limit,
---- instance, request_id, error; `fields` a rule's own extra members.
+--- instance, request_id, error, degraded ("fallback": decided without
+--- Redis); `fields` a rule's own extra members.
 --- Format "problem" (default): application/problem+json with the ledger
 --- design's members; format "json": conf.body.template filled with vars.
 function _M.render(conf, vars, boxed, fields)
@@ -105,7 +106,7 @@ function _M.render(conf, vars, boxed, fields)
         body.penalty_level = vars.level
         body.lockout_ends_at = vars.ends_at
     end
-    for _, k in ipairs({ "block_type", "upgrade_url", "challenge", "concurrency_limit" }) do
+    for _, k in ipairs({ "block_type", "upgrade_url", "challenge", "concurrency_limit", "degraded" }) do
         if vars[k] ~= nil and vars[k] ~= ngx.null then
             body[k] = vars[k]
         end

@@ -46,9 +46,13 @@ function _M.deadline(rconf)
     return ngx.now() * 1000 + rconf.timeout_ms
 end
 
--- What is left of the budget (ms), nil when nothing is.
-local function left(deadline)
-    ngx.update_time()
+-- What is left of the budget (ms), nil when nothing is; `fresh`: the
+-- clock was refreshed since the last I/O (ngx.update_time() formats
+-- nginx's cached time strings: too dear to call twice in a row).
+local function left(deadline, fresh)
+    if not fresh then
+        ngx.update_time()
+    end
     local ms = deadline - ngx.now() * 1000
     if ms < 1 then
         return nil
@@ -58,8 +62,9 @@ end
 
 --- A pooled connection to host:port (one pool per node and database),
 --- authenticated and on its database at first use; nil and an error.
-function _M.connect(rconf, host, port, deadline, database)
-    local ms = left(deadline)
+--- `fresh`: the deadline was just made (no I/O since).
+function _M.connect(rconf, host, port, deadline, database, fresh)
+    local ms = left(deadline, fresh)
     if not ms then
         return nil, "timeout (no budget left to connect)"
     end
@@ -76,20 +81,22 @@ function _M.connect(rconf, host, port, deadline, database)
     if not ok then
         return nil, "connect " .. host .. ":" .. port .. ": " .. tostring(err)
     end
-    if red:get_reused_times() == 0 then
-        if rconf.password then
-            ok, err = red:auth(rconf.password)
-            if not ok then
-                red:close()
-                return nil, "auth: " .. tostring(err)
-            end
+    if red:get_reused_times() > 0 then
+        -- from the pool: no I/O since `ms` was measured
+        return red
+    end
+    if rconf.password then
+        ok, err = red:auth(rconf.password)
+        if not ok then
+            red:close()
+            return nil, "auth: " .. tostring(err)
         end
-        if database then
-            ok, err = red:select(database)
-            if not ok then
-                red:close()
-                return nil, "select: " .. tostring(err)
-            end
+    end
+    if database then
+        ok, err = red:select(database)
+        if not ok then
+            red:close()
+            return nil, "select: " .. tostring(err)
         end
     end
     ms = left(deadline)
@@ -109,17 +116,95 @@ function _M.keepalive(red, rconf)
     end
 end
 
+--- The RESP encoding of `args` (strings or numbers) as one string: the
+--- fixed part of a command, encoded once (see `send`).
+function _M.encode(args)
+    local out = {}
+    for i, a in ipairs(args) do
+        a = tostring(a)
+        out[i] = "$" .. #a .. "\r\n" .. a .. "\r\n"
+    end
+    return table.concat(out)
+end
+
+-- The reply of one command that answers an array of `n` integers (the
+-- limiter replies), read in one piece: lua-resty-redis has no call for
+-- that and reads one line per element (a `receive` each, the dearest part
+-- of the allowed path's reply; see bench/RESULTS.md). Returns the
+-- integers, {false, message} for an error reply (as the driver gives
+-- one), or nil and an error: a timeout, or any other shape (the caller
+-- then closes the connection).
+local INT_ARRAYS = {}
+local MAX_READS = 16
+local function read_int_array(sock, n)
+    local pat = INT_ARRAYS[n]
+    if not pat then
+        pat = "^%*" .. n .. "\r\n" .. string.rep(":(%-?%d+)\r\n", n) .. "$"
+        INT_ARRAYS[n] = pat
+    end
+    local buf = ""
+    for _ = 1, MAX_READS do
+        local data, err = sock:receiveany(4096)
+        if not data then
+            return nil, err
+        end
+        buf = buf .. data
+        local out = { buf:match(pat) }
+        if out[n] then
+            for i = 1, n do
+                out[i] = tonumber(out[i])
+            end
+            return out
+        end
+        local msg = buf:match("^%-(.-)\r\n$")
+        if msg then
+            return { false, msg }
+        end
+        local _, lines = buf:gsub("\r\n", "")
+        if lines > n then
+            return nil, "unexpected reply"
+        end
+    end
+    return nil, "unexpected reply"
+end
+
 --- Sends `cmds` on `red` in one pipeline; `asking[i]` sends ASKING
---- before command i (its OK is not returned). Returns one reply per
+--- before command i (its OK is not returned). A command with a `resp`
+--- field (its RESP request as a list of strings, the fixed parts made by
+--- `encode` once) goes into the driver's pipeline as it is: the driver
+--- would format every argument of every call; alone, with `ints` (its
+--- reply is an array of that many integers), it is also read in one piece. Returns one reply per
 --- command (an error reply is {false, "ERR ..."} in its place), or nil
 --- and an error (the connection is then closed).
 function _M.send(red, cmds, asking)
+    local one = cmds[1]
+    local sock = rawget(red, "_sock")
+    if #cmds == 1 and not asking and one.resp and one.ints and sock then
+        -- one limiter call (the tier form's RL.TAKE): its reply in one read
+        local bytes, err = sock:send(one.resp)
+        local reply
+        if bytes then
+            reply, err = read_int_array(sock, one.ints)
+        end
+        if not reply then
+            red:close()
+            return nil, err
+        end
+        return { reply }
+    end
     red:init_pipeline()
+    -- lua-resty-redis's pipeline: the encoded requests, sent by
+    -- commit_pipeline, one reply read per entry
+    local reqs = rawget(red, "_reqs")
     for i, c in ipairs(cmds) do
         if asking and asking[i] then
             red:asking()
         end
-        red[c[1]](red, unpack(c, 2))
+        if c.resp and type(reqs) == "table" then
+            reqs[#reqs + 1] = c.resp
+        else
+            red[c[1]](red, unpack(c, 2))
+        end
     end
     local res, err = red:commit_pipeline()
     if not res then
@@ -141,8 +226,8 @@ function _M.send(red, cmds, asking)
 end
 
 -- One round trip to host:port.
-local function on_node(rconf, host, port, cmds, deadline, database)
-    local red, err = _M.connect(rconf, host, port, deadline, database)
+local function on_node(rconf, host, port, cmds, deadline, database, fresh)
+    local red, err = _M.connect(rconf, host, port, deadline, database, fresh)
     if not red then
         return nil, err
     end
@@ -249,7 +334,7 @@ function _M.run(rconf, cmds)
         end
         return res
     end
-    return on_node(rconf, rconf.host, rconf.port, cmds, deadline, rconf.database)
+    return on_node(rconf, rconf.host, rconf.port, cmds, deadline, rconf.database, true)
 end
 
 return _M

@@ -30,6 +30,14 @@ local function one(conf, cmd)
     return r
 end
 
+-- A "none" field of a limiter reply (-1) as nil.
+local function none(v)
+    if v < 0 then
+        return nil
+    end
+    return v
+end
+
 --- The one decoder of the module's 8-integer limiter reply (RL.TAKE,
 --- RL.WINDOW, RL.QUOTA): a table of named fields, or nil when `res` is not
 --- such a reply. Values the reference gives as "none" are nil:
@@ -44,12 +52,6 @@ function _M.decode(res)
         if type(res[i]) ~= "number" then
             return nil
         end
-    end
-    local function none(v)
-        if v < 0 then
-            return nil
-        end
-        return v
     end
     return {
         status = res[1],
@@ -89,17 +91,51 @@ local function limiter_reply(res, err)
     return d
 end
 
+-- The tier's arguments of RL.TAKE as strings, made once per tier table
+-- (weak-keyed: a configuration dropped takes them along): the driver
+-- formats every number of every call otherwise.
+local take_args = setmetatable({}, { __mode = "k" })
+local function take_args_of(tier)
+    local s = tier.strikes
+    local args = { tier.key.burst, tier.key.rate, tier.period, tier.tenant.burst,
+                   tier.tenant.rate, s.threshold, s.window, tier.box[1], tier.box[2],
+                   tier.box[3], tier.offenses_ttl }
+    for i, v in ipairs(args) do
+        args[i] = tostring(v)
+    end
+    -- the RESP request's fixed parts (resty.rl.redis.send): between the
+    -- key and the cost, between the cost and the tenant key, after it
+    args.head = "*21\r\n" .. transport.encode({ "RL.TAKE" })
+    args.before_cost = transport.encode({ args[1], args[2], args[3], "COST" })
+    args.before_also = transport.encode({ "ALSO" })
+    args.tail = transport.encode({ args[4], args[5], args[3], "STRIKES", args[6], args[7],
+        "BOX", args[8], args[9], args[10], "OFFENSES", args[11] })
+    return args
+end
+
+-- The RESP request of RL.TAKE (see take_args_of).
+local function take_resp(a, key, tenant_key, cost)
+    cost = tostring(cost)
+    return { a.head, "$", #key, "\r\n", key, "\r\n", a.before_cost,
+             "$", #cost, "\r\n", cost, "\r\n", a.before_also,
+             "$", #tenant_key, "\r\n", tenant_key, "\r\n", a.tail }
+end
+
 --- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
 --- and boxes. Returns the decoded reply (see decode) or nil and an error.
 function _M.take(conf, key, tenant_key, tier, cost)
-    local s = tier.strikes
+    local a = take_args[tier]
+    if not a then
+        a = take_args_of(tier)
+        take_args[tier] = a
+    end
     return limiter_reply(one(conf, { "RL.TAKE",
-        key, tier.key.burst, tier.key.rate, tier.period,
+        key, a[1], a[2], a[3],
         "COST", cost,
-        "ALSO", tenant_key, tier.tenant.burst, tier.tenant.rate, tier.period,
-        "STRIKES", s.threshold, s.window,
-        "BOX", tier.box[1], tier.box[2], tier.box[3],
-        "OFFENSES", tier.offenses_ttl }))
+        "ALSO", tenant_key, a[4], a[5], a[3],
+        "STRIKES", a[6], a[7],
+        "BOX", a[8], a[9], a[10],
+        "OFFENSES", a[11], resp = take_resp(a, key, tenant_key, cost), ints = 8 }))
 end
 
 -- The arguments of RL.WINDOW for one failed-login counter.

@@ -79,6 +79,8 @@ local route = {
         { template = { type = "string", required = true, starts_with = "/" } },
         { cost = { type = "integer", gt = 0 } },
         { critical = { type = "boolean", default = false } },
+        -- the route's own Redis budget (ms), over redis.timeout_ms
+        { timeout_ms = { type = "number", gt = 0 } },
         { auth = { type = "boolean", default = false } },
         { range = { type = "record", fields = {
             { from_arg = { type = "string", default = "from" } },
