@@ -178,7 +178,7 @@ pub fn run_parsed<L>(
     ctx: Ctx,
     args: &[Arg],
     key_positions: &[usize],
-    parsed: Result<(Request<L>, Effect), ArgError>,
+    parsed: Result<(&Request<L>, Effect), &ArgError>,
     outcomes: &Outcomes,
 ) -> c_int
 where
@@ -199,9 +199,9 @@ where
         Ok(call) => call,
         Err(replied) => return replied,
     };
-    let decision = decide_call(&mut call, &req, effect);
+    let decision = decide_call(&mut call, req, effect);
     outcomes.record(decision.status);
-    stats::settled(&req, &decision);
+    stats::settled(req, &decision);
     if req.partial_min.is_some() {
         reply_partial(ctx, &decision)
     } else {

@@ -71,7 +71,8 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
             Effect::DryRun,
         ),
     });
-    run_parsed(ctx, args, &keys, parsed, &stats::QUOTA)
+    let lent = parsed.as_ref().map(|(req, effect)| (req, *effect));
+    run_parsed(ctx, args, &keys, lent, &stats::QUOTA)
 }
 
 #[cfg(test)]

@@ -67,8 +67,9 @@ fn window<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Windo
 /// Run `RL.WINDOW`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = KeyPositions::new();
-    let parsed = parse(args, &mut keys).map(|req| (req, Effect::Commit));
-    run_parsed(ctx, args, &keys, parsed, &stats::WINDOW)
+    let parsed = parse(args, &mut keys);
+    let lent = parsed.as_ref().map(|req| (req, Effect::Commit));
+    run_parsed(ctx, args, &keys, lent, &stats::WINDOW)
 }
 
 #[cfg(test)]

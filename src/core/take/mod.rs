@@ -174,10 +174,12 @@ pub fn decide<L: Limiter>(
     let n = req.limits.len().min(states.len()).min(MAX_BUCKETS);
     let limits = &req.limits[..n];
     let states = &mut states[..n];
-    let mut seen = [L::Seen::default(); MAX_BUCKETS];
-    for ((slot, state), limit) in seen.iter_mut().zip(states.iter()).zip(limits) {
-        *slot = limit.see(state.borrow().as_ref(), now);
-    }
+    // One reading per key (as many as keys: a reading can be large).
+    let mut seen: ArrayVec<L::Seen, MAX_BUCKETS> = states
+        .iter()
+        .zip(limits)
+        .map(|(state, limit)| limit.see(state.borrow().as_ref(), now))
+        .collect();
     let strikes_left = |p: &Penalty| {
         req.penalty
             .as_ref()
