@@ -343,9 +343,20 @@ impl Server {
     /// that is still running is SIGKILLed first. Waits until ready.
     pub fn restart(&self) {
         self.kill9();
-        let proc = self
-            .spawn_and_wait()
-            .unwrap_or_else(|e| panic!("restart: {e}"));
+        // The port is ours again once the old server is gone, but another
+        // process may hold it for a moment in between (an outgoing
+        // connection's ephemeral port, a free-port probe): a few tries.
+        let mut tries = 0;
+        let proc = loop {
+            match self.spawn_and_wait() {
+                Ok(proc) => break proc,
+                Err(e) if tries < 4 && e.contains("Address already in use") => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                }
+                Err(e) => panic!("restart: {e}"),
+            }
+        };
         *self.lock() = Some(proc);
     }
 }
