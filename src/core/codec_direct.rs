@@ -5,7 +5,8 @@
 //! machinery, which costs more than the record's own arithmetic. Every
 //! other record goes through serde ([`super::codec`]).
 
-use rmp::encode::{write_array_len, write_map_len, write_nil, write_sint, write_str, write_uint};
+use rmp::encode::{write_sint, write_uint};
+use rmp::Marker;
 
 use super::bucket::Bucket;
 use super::codec::PAYLOAD_VERSION;
@@ -24,10 +25,12 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
     if matches!(window, Some(WindowState::Exact { .. })) {
         return false;
     }
-    out.push(PAYLOAD_VERSION);
     let parts = Record::parts_in(PAYLOAD_VERSION);
-    // Writing into a Vec cannot fail.
-    let _ = write_array_len(out, parts as u32);
+    // The version byte, a fixed array of the parts (fewer than 16), at most
+    // 9 bytes per integer.
+    out.reserve(2 + parts + 48);
+    out.push(PAYLOAD_VERSION);
+    out.push(Marker::FixArray(parts as u8).to_u8());
     for index in 0..parts {
         match (&record.bucket, window) {
             (Some(bucket), _) if index == Record::BUCKET_INDEX => write_bucket(out, bucket),
@@ -39,11 +42,12 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
 }
 
 fn nil(out: &mut Vec<u8>) {
-    let _ = write_nil(out);
+    out.push(Marker::Null.to_u8());
 }
 
+/// Writing into a Vec cannot fail, so the writers' results are dropped.
 fn write_bucket(out: &mut Vec<u8>, b: &Bucket) {
-    let _ = write_array_len(out, 4);
+    out.push(Marker::FixArray(4).to_u8());
     let _ = write_sint(out, b.tat_ms);
     let _ = write_uint(out, b.tat_frac);
     let _ = write_uint(out, b.tokens.get());
@@ -53,7 +57,7 @@ fn write_bucket(out: &mut Vec<u8>, b: &Bucket) {
 /// A `Sliding` or `Fixed` state as serde writes an enum: a one-key map
 /// from the variant's name to its fields as an array.
 fn write_window(out: &mut Vec<u8>, w: &WindowState) {
-    let _ = write_map_len(out, 1);
+    out.push(Marker::FixMap(1).to_u8());
     match w {
         WindowState::Sliding {
             start,
@@ -61,16 +65,16 @@ fn write_window(out: &mut Vec<u8>, w: &WindowState) {
             curr,
             window_ms,
         } => {
-            let _ = write_str(out, "s");
-            let _ = write_array_len(out, 4);
+            out.extend_from_slice(&[Marker::FixStr(1).to_u8(), b's']);
+            out.push(Marker::FixArray(4).to_u8());
             let _ = write_sint(out, *start);
             let _ = write_uint(out, *prev);
             let _ = write_uint(out, *curr);
             let _ = write_uint(out, *window_ms);
         }
         WindowState::Fixed { end, count } => {
-            let _ = write_str(out, "f");
-            let _ = write_array_len(out, 2);
+            out.extend_from_slice(&[Marker::FixStr(1).to_u8(), b'f']);
+            out.push(Marker::FixArray(2).to_u8());
             let _ = write_sint(out, *end);
             let _ = write_uint(out, *count);
         }
