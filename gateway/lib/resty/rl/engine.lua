@@ -376,8 +376,8 @@ end
 --- Access phase (see the file comment).
 function Engine:access(req)
     local conf = self.conf
-    local state = phases.start(conf, req, { request_id = req.request_id(), entries = {},
-                                            engine = true })
+    local state = phases.start(conf, req)
+    state.request_id, state.entries, state.engine = req.request_id(), {}, true
     local route = state.route
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then

@@ -266,7 +266,7 @@ end
 --- leases, and refuses the request when the policy says so.
 function Gateway:access(req)
     local conf = self.conf
-    local state = phases.start(conf, req, {})
+    local state = phases.start(conf, req)
     local route = state.route
     if route.auth then
         return self:auth_access(req, state)

@@ -18,15 +18,17 @@ local _M = {}
 --- Interval of the polls of a one-attempt lease (acquire_waiting).
 _M.ATTEMPT_POLL_MS = 20
 
---- Access phase, first step: the route of the request and its state
---- (`state`, the form's own fields, completed with route, path, headers,
---- leases and the decision "allowed"), kept in req.ctx().rl. Starts the
---- edge deny cache's poller on first use.
-function _M.start(conf, req, state)
+--- Access phase, first step: the state of the request (its route, path,
+--- fields to send, leases held, the decision "allowed"; the form adds its
+--- own), kept in req.ctx().rl. Starts the edge deny cache's poller on
+--- first use.
+function _M.start(conf, req)
     deny.ensure_poller(conf)
     local path = req.path()
-    state.route = policy.match_route(conf, req.method(), path)
-    state.path, state.headers, state.leases, state.decision = path, {}, {}, "allowed"
+    -- made whole by one constructor (filled in later, the table would be
+    -- resized on the allowed path)
+    local state = { route = policy.match_route(conf, req.method(), path), path = path,
+                    headers = {}, leases = {}, decision = "allowed" }
     req.ctx().rl = state
     return state
 end
