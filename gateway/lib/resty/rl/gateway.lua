@@ -19,6 +19,11 @@
 -- clears ngx.ctx: the log phase then finds no state, and the leases of the
 -- request are only given back by their ttl. Keep such redirects off the
 -- locations that run the gateway (see gateway/README.md).
+--
+-- This file holds the tier form's decisions (its RL.TAKE, leases, token
+-- endpoint, degraded path, bodies); the plumbing around them (the request
+-- state, shadow mode, fail-closed, the header filter, the log phase) is
+-- resty.rl.phases, shared with the rule engine.
 
 local config = require "resty.rl.config"
 local policy = require "resty.rl.policy"
