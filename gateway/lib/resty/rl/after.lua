@@ -11,13 +11,11 @@ local rules = require "resty.rl.rules"
 local limiters = require "resty.rl.limiters"
 local store = require "resty.rl.store"
 local headers = require "resty.rl.headers"
-local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
-local usage = require "resty.rl.usage"
 local settle = require "resty.rl.settle"
 local distinct = require "resty.rl.distinct"
 local quota_alerts = require "resty.rl.quota_alerts"
-local cjson = require "cjson.safe"
+local phases = require "resty.rl.phases"
 
 local _M = {}
 
@@ -53,8 +51,7 @@ end
 local function record_distinct(conf, state, failed, warn)
     local boxed, err = distinct.record_failures(conf, failed)
     if not boxed then
-        metrics.redis_error(conf, err)
-        warn("rl: distinct members not recorded: " .. tostring(err))
+        phases.work_failed(conf, warn, "distinct members not recorded", err)
         return
     end
     local cmds = {}
@@ -73,8 +70,7 @@ end
 local function after_response(_premature, conf, cmds, egress, warn, later)
     local res, err = store.pipeline(conf, cmds)
     if not res then
-        metrics.redis_error(conf, err)
-        warn("rl: after-response work failed: " .. tostring(err))
+        phases.work_failed(conf, warn, "after-response work failed", err)
     end
     if #later.failed > 0 then
         record_distinct(conf, later.state, later.failed, warn)
@@ -98,39 +94,36 @@ local function after_response(_premature, conf, cmds, egress, warn, later)
                   reset_ms = d.reset_ms }, cost)
         end
         if not res then
-            metrics.redis_error(conf, err)
-            warn("rl: response bytes not counted: " .. tostring(err))
+            phases.work_failed(conf, warn, "response bytes not counted", err)
         end
     end
     if #later.quota > 0 then
         local _, qerr = quota_alerts.send(conf, later.quota)
         if qerr then
-            metrics.redis_error(conf, qerr)
-            warn("rl: quota events not added: " .. tostring(qerr))
+            phases.work_failed(conf, warn, "quota events not added", qerr)
         end
     end
+end
+
+-- The fields of the event line of a refused request (resty.rl.phases.log).
+local function event(_req, state, status)
+    local tenant, key_id, user, brand = log_ident(state)
+    return {
+        request_id = state.request_id, decision = state.decision, would_be = state.would_be,
+        route = state.route.name, tenant = tenant, key_id = key_id, user = user,
+        brand = brand, tier = state.tier_name, status = status, policy = state.policy,
+        retry_after = state.retry_after, box_level = state.box_level,
+        strikes_remaining = state.strikes_remaining, redis_error = state.redis_error,
+        deny_cache = state.deny_cached,
+    }
 end
 
 --- Log phase of a rule policy: counters, one structured line per
 --- refusal, and the work after the response (in a timer).
 function _M.log(conf, req)
-    local state = req.ctx().rl
+    local state, status = phases.log(conf, req, event)
     if not state then
         return
-    end
-    local status = req.status()
-    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
-    usage.count(conf, state)
-    if state.decision ~= "allowed" and state.decision ~= "degraded_allowed" then
-        local tenant, key_id, user, brand = log_ident(state)
-        req.warn("rl_event " .. (cjson.encode({
-            request_id = state.request_id, decision = state.decision, would_be = state.would_be,
-            route = state.route.name, tenant = tenant, key_id = key_id, user = user,
-            brand = brand, tier = state.tier_name, status = status, policy = state.policy,
-            retry_after = state.retry_after, box_level = state.box_level,
-            strikes_remaining = state.strikes_remaining, redis_error = state.redis_error,
-            deny_cache = state.deny_cached,
-        }) or "{}"):gsub("\\/", "/"))
     end
     local cmds, egress = {}, {}
     if state.admitted then
@@ -159,10 +152,7 @@ function _M.log(conf, req)
     local later = { state = state, failed = distinct.failures(state, status),
                     quota = quota_alerts.events(state) }
     if #cmds > 0 or #egress > 0 or #later.failed > 0 or #later.quota > 0 then
-        local ok, err = ngx.timer.at(0, after_response, conf, cmds, egress, req.warn, later)
-        if not ok then
-            req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
-        end
+        phases.after(req, after_response, conf, cmds, egress, req.warn, later)
     end
 end
 

@@ -27,11 +27,11 @@ local store = require "resty.rl.store"
 local headers = require "resty.rl.headers"
 local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
-local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local after = require "resty.rl.after"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
+local phases = require "resty.rl.phases"
 
 local _M = {}
 
@@ -161,9 +161,6 @@ function Engine:entry(req, state, rule, ident)
     return e
 end
 
--- Interval of the one_in_flight lease polls.
-local ATTEMPT_POLL_MS = 20
-
 --- One attempt in flight per scope (`one_in_flight` of a rule counting
 --- failures, e.g. logins per subject): the attempt lease `<key>:attempt`,
 --- held until this attempt's failure is recorded after the response, so
@@ -174,20 +171,12 @@ function Engine:one_in_flight(state, e)
     local f = e.rule.one_in_flight
     local key = e.key .. ":attempt"
     state.leases[#state.leases + 1] = { key = key, id = state.request_id }
-    local waited = 0
-    while true do
-        local res, err = store.acquire(self.conf, key, 1, f.ttl, state.request_id)
-        if not res then
-            return nil, err
-        end
-        if res.granted then
-            return nil
-        end
-        if waited >= f.wait_ms then
-            break
-        end
-        ngx.sleep(ATTEMPT_POLL_MS / 1000)
-        waited = waited + ATTEMPT_POLL_MS
+    local res, err = phases.acquire_waiting(self.conf, key, f.ttl, state.request_id, f.wait_ms)
+    if not res then
+        return nil, err
+    end
+    if res.granted then
+        return nil
     end
     -- not ours: nothing to release
     state.leases[#state.leases] = nil
@@ -322,31 +311,22 @@ function Engine:refuse_with(req, state, e, decision_as)
         ends_at = (o.state == "boxed" and o.retry_ms)
             and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
     }
-    decision = decision_as or decision
-    state.status_would_be = status
-    if conf.shadow then
-        state.decision, state.would_be, state.headers = "shadow_allowed", decision, {}
+    if not phases.refusing(conf, state, status, decision_as or decision) then
         return
     end
-    state.decision = decision
     local ctype, body = problem.render(conf, vars, o.state == "boxed", a.fields)
-    state.headers["Content-Type"] = ctype
-    return req.exit(status, body, state.headers)
+    return phases.exit(req, state, status, ctype, body)
 end
 
 -- A refusal that is not a rule's (401, 400): a problem body.
 function Engine:refuse_plain(req, state, status, kind, decision, detail)
-    state.status_would_be = status
-    if self.conf.shadow then
-        state.decision, state.would_be, state.headers = "shadow_allowed", decision, {}
+    if not phases.refusing(self.conf, state, status, decision) then
         return
     end
-    state.decision = decision
     local ctype, body = problem.render(self.conf, { status = status, type = kind,
         message = detail, instance = state.path, request_id = state.request_id,
         tier = state.tier_name or null }, false)
-    state.headers["Content-Type"] = ctype
-    return req.exit(status, body, state.headers)
+    return phases.exit(req, state, status, ctype, body)
 end
 
 --- Redis failed: fail closed (503) when a rule says so (or the route is
@@ -355,8 +335,7 @@ end
 --- and quota and lease rules let the request through.
 function Engine:redis_failed(req, state, err)
     local conf = self.conf
-    metrics.redis_error(conf, err)
-    state.redis_error = err
+    phases.redis_error(conf, state, err)
     local entries = state.entries or {}
     local closed = state.route.critical and #entries == 0
     for _, e in ipairs(entries) do
@@ -365,12 +344,9 @@ function Engine:redis_failed(req, state, err)
         closed = closed or mode == "closed"
     end
     if closed then
-        local wait = conf.fail_closed_retry_after
-        state.headers = { ["Retry-After"] = tostring(wait) }
-        state.retry_after = wait
+        local _, detail = phases.fail_closed(conf, state, false)
         return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
-            "The rate limiter is unavailable and this route fails closed; retry in "
-            .. wait .. " s.")
+            detail)
     end
     state.decision = "degraded_allowed"
     -- decided here, without Redis: the response (and a refusal's body) says so
@@ -400,12 +376,9 @@ end
 --- Access phase (see the file comment).
 function Engine:access(req)
     local conf = self.conf
-    deny.ensure_poller(conf)
-    local path = req.path()
-    local route = policy.match_route(conf, req.method(), path)
-    local state = { route = route, path = path, request_id = req.request_id(), headers = {},
-                    leases = {}, decision = "allowed", entries = {}, engine = true }
-    req.ctx().rl = state
+    local state = phases.start(conf, req)
+    state.request_id, state.entries, state.engine = req.request_id(), {}, true
+    local route = state.route
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then
             -- a client cannot send the mark itself
@@ -416,8 +389,7 @@ function Engine:access(req)
     if not ident then
         -- the identity store is away and nothing is cached: the caller is
         -- unknown (not refused); the rules of its other attributes apply
-        metrics.redis_error(conf, err)
-        state.redis_error = err
+        phases.redis_error(conf, state, err)
         ident = { attrs = {}, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
         ident.attrs.tier = conf.default_tier
@@ -585,9 +557,7 @@ function Engine:header_filter(req)
                         reset_ms = b.window * 1000, window = b.window, clamp = true }
         headers.ratelimit_field(state.headers, self.conf, next_binding)
     end
-    for k, v in pairs(state.headers) do
-        req.set_header(k, v)
-    end
+    phases.send_headers(req, state)
 end
 
 --- Body filter: the usage of post-paid rules read from the response

@@ -19,6 +19,11 @@
 -- clears ngx.ctx: the log phase then finds no state, and the leases of the
 -- request are only given back by their ttl. Keep such redirects off the
 -- locations that run the gateway (see gateway/README.md).
+--
+-- This file holds the tier form's decisions (its RL.TAKE, leases, token
+-- endpoint, degraded path, bodies); the plumbing around them (the request
+-- state, shadow mode, fail-closed, the header filter, the log phase) is
+-- resty.rl.phases, shared with the rule engine.
 
 local config = require "resty.rl.config"
 local policy = require "resty.rl.policy"
@@ -29,8 +34,7 @@ local fallback = require "resty.rl.fallback"
 local metrics = require "resty.rl.metrics"
 local limiters = require "resty.rl.limiters"
 local deny = require "resty.rl.deny"
-local usage = require "resty.rl.usage"
-local cjson = require "cjson.safe"
+local phases = require "resty.rl.phases"
 
 local _M = {}
 
@@ -38,9 +42,6 @@ local Gateway = {}
 Gateway.__index = Gateway
 
 local null = ngx.null
-
--- Interval of the attempt lease polls of a login attempt.
-local ATTEMPT_POLL_MS = 20
 
 --- A gateway for `user_conf` (a partial configuration over the defaults
 --- of resty.rl.config). Raises an error on an invalid configuration.
@@ -107,17 +108,13 @@ end
 --- what would have happened and lets it through without rate-limit fields.
 function Gateway:refuse(req, state, status, kind, decision, fields)
     local conf = self.conf
-    state.status_would_be = status
-    if conf.shadow then
-        state.decision, state.would_be = "shadow_allowed", decision
-        state.headers = {}
+    if not phases.refusing(conf, state, status, decision) then
         return
     end
-    state.decision = decision
     fields.instance = state.path
     fields.request_id = request_id(req, state)
-    state.headers["Content-Type"] = problem.CONTENT_TYPE
-    return req.exit(status, problem.encode(conf, kind, status, fields), state.headers)
+    return phases.exit(req, state, status, problem.CONTENT_TYPE,
+        problem.encode(conf, kind, status, fields))
 end
 
 --- Refuses a request whose argument `name` has two different values (in
@@ -134,17 +131,11 @@ end
 --- known, or through when it is not.
 function Gateway:redis_failed(req, state, err, tier, key, tenant_key)
     local conf = self.conf
-    metrics.redis_error(conf, err)
-    state.redis_error = err
+    phases.redis_error(conf, state, err)
     if state.route.critical then
-        local wait = conf.fail_closed_retry_after
-        -- the static policies stay; there is no live RateLimit to give
-        state.headers = { ["RateLimit-Policy"] = state.headers["RateLimit-Policy"],
-                       ["Retry-After"] = tostring(wait) }
-        state.retry_after = wait
+        local wait, detail = phases.fail_closed(conf, state, true)
         return self:refuse(req, state, 503, "rate-limiter-unavailable", "failed_closed", {
-            detail = "The rate limiter is unavailable and this route fails closed; retry in "
-                .. wait .. " s.",
+            detail = detail,
             retry_after_seconds = wait,
             recommended_backoff = problem.backoff(wait),
             quota_tier = state.tier_name or null,
@@ -198,6 +189,20 @@ function Gateway:release_now(state)
     state.leases = {}
 end
 
+--- A lease that is not free: refused with `status` (409, 429), to retry in
+--- `secs`; at most `max` concurrent requests (`quota_tier`: the tier, or
+--- "auth" for a login attempt).
+function Gateway:busy(req, state, status, secs, detail, quota_tier, max)
+    state.retry_after = secs
+    return self:refuse(req, state, status, "concurrency-limit-exceeded", "conflict", {
+        detail = detail,
+        retry_after_seconds = secs,
+        recommended_backoff = problem.backoff(secs),
+        quota_tier = quota_tier,
+        concurrency_limit = max,
+    })
+end
+
 --- Acquires the route's leases in order; a full one refuses the request
 --- (409 for a per-ledger lock, 429 for a tenant's concurrency) after giving
 --- back those already held.
@@ -225,19 +230,12 @@ function Gateway:acquire_leases(req, state, ident, tier)
             -- from the route's expected duration, never the lease ttl
             local retry_ms = limiters.lease_retry_ms(spec.ttl, spec.expected, res.retry_after_ms)
             local secs = headers.seconds(retry_ms)
-            state.retry_after = secs
             state.policy = spec.name
             headers.retry_after(state.headers, retry_ms, false)
             local per = spec.scope == "arg" and ("per " .. spec.arg) or "per tenant"
-            return self:refuse(req, state, spec.status, "concurrency-limit-exceeded", "conflict", {
-                detail = string.format(
-                    "Tier %s: at most %d concurrent %s request(s) %s; retry in %d s.",
-                    state.tier_name, max, spec.name, per, secs),
-                retry_after_seconds = secs,
-                recommended_backoff = problem.backoff(secs),
-                quota_tier = state.tier_name,
-                concurrency_limit = max,
-            })
+            return self:busy(req, state, spec.status, secs, string.format(
+                "Tier %s: at most %d concurrent %s request(s) %s; retry in %d s.",
+                state.tier_name, max, spec.name, per, secs), state.tier_name, max)
         end
     end
 end
@@ -273,12 +271,8 @@ end
 --- leases, and refuses the request when the policy says so.
 function Gateway:access(req)
     local conf = self.conf
-    deny.ensure_poller(conf)
-    local path = req.path()
-    local route = policy.match_route(conf, req.method(), path)
-    local state = { route = route, path = path, headers = {}, leases = {},
-                    decision = "allowed" }
-    req.ctx().rl = state
+    local state = phases.start(conf, req)
+    local route = state.route
     if route.auth then
         return self:auth_access(req, state)
     end
@@ -384,18 +378,8 @@ function Gateway:auth_access(req, state)
     state.headers["RateLimit-Policy"] = headers.policy(policies)
     if attempt_key then
         state.leases[1] = { key = attempt_key, id = request_id(req, state) }
-        -- the previous attempt's lease is released just after its
-        -- response: a client retrying at once waits for it (polling, up to
-        -- attempt_wait_ms) rather than getting a 429
-        local waited, res, err = 0, nil, nil
-        while true do
-            res, err = store.acquire(sconf, attempt_key, 1, auth.attempt_ttl, state.request_id)
-            if not res or res.granted or waited >= auth.attempt_wait_ms then
-                break
-            end
-            ngx.sleep(ATTEMPT_POLL_MS / 1000)
-            waited = waited + ATTEMPT_POLL_MS
-        end
+        local res, err = phases.acquire_waiting(sconf, attempt_key, auth.attempt_ttl,
+            state.request_id, auth.attempt_wait_ms)
         if not res then
             -- released after the response, as any lease of a Redis failure
             return self:redis_failed(req, state, err)
@@ -403,16 +387,10 @@ function Gateway:auth_access(req, state)
         if not res.granted then
             state.leases = {}
             local wait = auth.busy_retry_after
-            state.retry_after = wait
             state.headers["Retry-After"] = tostring(wait)
-            return self:refuse(req, state, 429, "concurrency-limit-exceeded", "conflict", {
-                detail = "Another attempt for this client is in progress; retry in "
-                    .. wait .. " s.",
-                retry_after_seconds = wait,
-                recommended_backoff = problem.backoff(wait),
-                quota_tier = "auth",
-                concurrency_limit = 1,
-            })
+            return self:busy(req, state, 429, wait,
+                "Another attempt for this client is in progress; retry in " .. wait .. " s.",
+                "auth", 1)
         end
     end
     local replies, err = store.auth_windows(sconf, windows, 0)
@@ -497,9 +475,7 @@ function Gateway:header_filter(req)
             reset_ms = b.window * 1000, window = b.window,
         })
     end
-    for k, v in pairs(state.headers) do
-        req.set_header(k, v)
-    end
+    phases.send_headers(req, state)
 end
 
 --- Work after the response, in a timer (the log phase cannot use
@@ -511,63 +487,55 @@ local function after_response(_premature, conf, leases, record, warn)
     if record then
         local ok, err = store.auth_windows(conf, record, 1)
         if not ok then
-            metrics.redis_error(conf, err)
-            warn("rl: failed login not recorded: " .. tostring(err))
+            phases.work_failed(conf, warn, "failed login not recorded", err)
         end
     end
     if #leases > 0 then
         local ok, err = store.release(conf, leases)
         if not ok then
-            metrics.redis_error(conf, err)
-            warn("rl: lease release failed: " .. tostring(err))
+            phases.work_failed(conf, warn, "lease release failed", err)
         end
     end
 end
 
-local QUIET = { allowed = true, degraded_allowed = true }
+-- The fields of the event line of a refused request (resty.rl.phases.log).
+local function event(req, state, status)
+    local ident = state.ident or {}
+    return {
+        request_id = request_id(req, state),
+        decision = state.decision,
+        would_be = state.would_be,
+        route = state.route.name,
+        tenant = ident.tenant,
+        key_id = ident.key_id,
+        tier = state.tier_name,
+        cost = state.cost,
+        status = status,
+        policy = state.policy,
+        retry_after = state.retry_after,
+        box_level = state.box_level,
+        strikes_remaining = state.strikes_remaining,
+        redis_error = state.redis_error,
+        deny_cache = state.deny_cached,
+        -- token endpoint: who was refused (a client id is no secret)
+        subject = state.auth and state.auth.subject,
+        client_ip = state.auth and state.auth.ip,
+    }
+end
 
 --- Log phase: counts the decision, writes one structured log line for a
 --- refused (or, in shadow mode, would-be refused) request, and schedules
 --- the lease release and the failed-login record.
 function Gateway:log(req)
     local conf = self.conf
-    local state = req.ctx().rl
+    local state, status = phases.log(conf, req, event)
     if not state then
         return
-    end
-    local status = req.status()
-    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
-    usage.count(conf, state)
-    if not QUIET[state.decision] then
-        local ident = state.ident or {}
-        req.warn("rl_event " .. (cjson.encode({
-            request_id = request_id(req, state),
-            decision = state.decision,
-            would_be = state.would_be,
-            route = state.route.name,
-            tenant = ident.tenant,
-            key_id = ident.key_id,
-            tier = state.tier_name,
-            cost = state.cost,
-            status = status,
-            policy = state.policy,
-            retry_after = state.retry_after,
-            box_level = state.box_level,
-            strikes_remaining = state.strikes_remaining,
-            redis_error = state.redis_error,
-            deny_cache = state.deny_cached,
-            -- token endpoint: who was refused (a client id is no secret)
-            subject = state.auth and state.auth.subject,
-            client_ip = state.auth and state.auth.ip,
-        }) or "{}"):gsub("\\/", "/"))
     end
     local record = state.auth and state.auth.pending and conf.auth.fail_set[status]
         and state.auth.windows or nil
     if #state.leases > 0 or record then
-        local ok, err = ngx.timer.at(0, after_response, conf, state.leases, record, req.warn)
-        if not ok then
-            req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
-        end
+        phases.after(req, after_response, conf, state.leases, record, req.warn)
     end
 end
 

@@ -47,6 +47,23 @@ function _M.policy_item(p)
     return s
 end
 
+-- Sets the RateLimit field (and the legacy triple with legacy_headers)
+-- of the policy `name`: `r` whole units left (not negative), `t` seconds
+-- until the quota is back (nil: none to give, as in a box).
+local function set_ratelimit(out, conf, name, limit, r, t)
+    local v = sf_string(name) .. ";r=" .. r
+    if t then
+        v = v .. ";t=" .. t
+    end
+    out["RateLimit"] = v
+    if conf.legacy_headers then
+        out["RateLimit-Limit"] = tostring(limit)
+        out["RateLimit-Remaining"] = tostring(r)
+        out["RateLimit-Reset"] = t and tostring(t) or nil
+    end
+    return out
+end
+
 --- Sets the RateLimit field (and the legacy triple with legacy_headers)
 --- for `b` = {name, limit, remaining, reset_ms, window, clamp, boxed}: `r`
 --- whole units left, `t` seconds until the quota is back; with `clamp` (a
@@ -54,23 +71,12 @@ end
 --- two windows to count nothing); a bucket's `t` is its time to be full
 --- again, which may exceed its refill period. No `t` for a box.
 function _M.ratelimit_field(out, conf, b)
-    local r = math.max(b.remaining or 0, 0)
-    local v = sf_string(b.name) .. ";r=" .. r
     -- a box has no reset within the window: Retry-After says when it ends
     local t = not b.boxed and b.reset_ms and _M.seconds(b.reset_ms)
     if t and b.clamp and b.window then
         t = math.min(t, math.ceil(b.window))
     end
-    if t then
-        v = v .. ";t=" .. t
-    end
-    out["RateLimit"] = v
-    if conf.legacy_headers then
-        out["RateLimit-Limit"] = tostring(b.limit)
-        out["RateLimit-Remaining"] = tostring(r)
-        out["RateLimit-Reset"] = t and tostring(t) or nil
-    end
-    return out
+    return set_ratelimit(out, conf, b.name, b.limit, math.max(b.remaining or 0, 0), t or nil)
 end
 
 --- The RateLimit-Policy field value: the policies that apply, each
@@ -93,25 +99,13 @@ end
 --- has it already (made once per tier), else it is made here.
 function _M.ratelimit(out, conf, policies, binding, policy_field)
     out["RateLimit-Policy"] = policy_field or _M.policy(policies)
-    local rl = sf_string(binding.name) .. ";r=" .. math.max(binding.remaining, 0)
-    local has_reset = binding.reset_ms and binding.reset_ms >= 0
+    local reset_ms = binding.reset_ms
     -- t is at most the window w (a sliding window may take two to be empty)
-    local t = has_reset and _M.seconds(binding.reset_ms)
+    local t = reset_ms and reset_ms >= 0 and _M.seconds(reset_ms) or nil
     if t and binding.window then
         t = math.min(t, math.ceil(binding.window))
     end
-    if has_reset then
-        rl = rl .. ";t=" .. t
-    end
-    out["RateLimit"] = rl
-    if conf.legacy_headers then
-        out["RateLimit-Limit"] = tostring(binding.limit)
-        out["RateLimit-Remaining"] = tostring(math.max(binding.remaining, 0))
-        if has_reset then
-            out["RateLimit-Reset"] = tostring(t)
-        end
-    end
-    return out
+    return set_ratelimit(out, conf, binding.name, binding.limit, math.max(binding.remaining, 0), t)
 end
 
 --- The field that marks an answer decided without Redis (by the local

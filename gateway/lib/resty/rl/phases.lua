@@ -1,0 +1,138 @@
+-- resty.rl.phases: the request plumbing both policy forms share (the tier
+-- form, resty.rl.gateway; the rule engine, resty.rl.engine): the state of
+-- a request, refusals in shadow mode, a Redis failure counted and failing
+-- closed, the one-attempt lease of a login, the header filter, and the
+-- log phase's counters, event line and after-response timer. What a form
+-- decides stays in its own module; the order of the phases and what each
+-- records in the state are the same.
+
+local policy = require "resty.rl.policy"
+local store = require "resty.rl.store"
+local metrics = require "resty.rl.metrics"
+local deny = require "resty.rl.deny"
+local usage = require "resty.rl.usage"
+local cjson = require "cjson.safe"
+
+local _M = {}
+
+--- Interval of the polls of a one-attempt lease (acquire_waiting).
+_M.ATTEMPT_POLL_MS = 20
+
+--- Access phase, first step: the state of the request (its route, path,
+--- fields to send, leases held, the decision "allowed"; the form adds its
+--- own), kept in req.ctx().rl. Starts the edge deny cache's poller on
+--- first use.
+function _M.start(conf, req)
+    deny.ensure_poller(conf)
+    local path = req.path()
+    -- made whole by one constructor (filled in later, the table would be
+    -- resized on the allowed path)
+    local state = { route = policy.match_route(conf, req.method(), path), path = path,
+                    headers = {}, leases = {}, decision = "allowed" }
+    req.ctx().rl = state
+    return state
+end
+
+--- A refusal with `status`, counted as `decision`. True when the response
+--- is to be sent; false in shadow mode, where the request goes through as
+--- "shadow_allowed" without rate-limit fields and `decision` is only logged
+--- (would_be).
+function _M.refusing(conf, state, status, decision)
+    state.status_would_be = status
+    if conf.shadow then
+        state.decision, state.would_be, state.headers = "shadow_allowed", decision, {}
+        return false
+    end
+    state.decision = decision
+    return true
+end
+
+--- Sends a refusal's body (`ctype`, `body`) with the fields decided so far.
+function _M.exit(req, state, status, ctype, body)
+    state.headers["Content-Type"] = ctype
+    return req.exit(status, body, state.headers)
+end
+
+--- Redis failed (an error, or slower than the budget): counted, and kept
+--- for the request's event line.
+function _M.redis_error(conf, state, err)
+    metrics.redis_error(conf, err)
+    state.redis_error = err
+end
+
+--- A route failing closed while Redis fails: the fields of its 503
+--- (Retry-After; the RateLimit-Policy decided so far when `keep_policy`:
+--- the static policies stay, there is no live RateLimit to give). Returns
+--- the wait in seconds and the refusal's detail.
+function _M.fail_closed(conf, state, keep_policy)
+    local wait = conf.fail_closed_retry_after
+    state.headers = { ["RateLimit-Policy"] = keep_policy and state.headers["RateLimit-Policy"] or nil,
+                      ["Retry-After"] = tostring(wait) }
+    state.retry_after = wait
+    return wait, "The rate limiter is unavailable and this route fails closed; retry in "
+        .. wait .. " s."
+end
+
+--- RL.LEASE ACQUIRE of a one-attempt lease (max 1) with the lease id `id`;
+--- while another attempt holds it, polls every ATTEMPT_POLL_MS up to
+--- `wait_ms` (the previous attempt's lease is released just after its
+--- response: a client retrying at once waits for it rather than being
+--- refused). Returns the last reply (granted or not), or nil and an error.
+function _M.acquire_waiting(conf, key, ttl, id, wait_ms)
+    local waited = 0
+    while true do
+        local res, err = store.acquire(conf, key, 1, ttl, id)
+        if not res or res.granted or waited >= wait_ms then
+            return res, err
+        end
+        ngx.sleep(_M.ATTEMPT_POLL_MS / 1000)
+        waited = waited + _M.ATTEMPT_POLL_MS
+    end
+end
+
+--- Header filter: sets the fields decided for the response.
+function _M.send_headers(req, state)
+    for k, v in pairs(state.headers) do
+        req.set_header(k, v)
+    end
+end
+
+-- Decisions without an event line.
+local QUIET = { allowed = true, degraded_allowed = true }
+
+--- Log phase, common part: the decision counters (resty.rl.metrics,
+--- resty.rl.usage) and, for a refused (or, in shadow mode, would-be
+--- refused) request, one `rl_event` JSON line with the fields
+--- `event(req, state, status)` gives. Returns the state and the response
+--- status, or nil when the request has no state (an internal redirect).
+function _M.log(conf, req, event)
+    local state = req.ctx().rl
+    if not state then
+        return nil
+    end
+    local status = req.status()
+    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    usage.count(conf, state)
+    if not QUIET[state.decision] then
+        req.warn("rl_event " .. (cjson.encode(event(req, state, status)) or "{}"):gsub("\\/", "/"))
+    end
+    return state, status
+end
+
+--- After-response work that failed on Redis: counted, and warned of
+--- ("rl: <what>: <err>") with `warn`.
+function _M.work_failed(conf, warn, what, err)
+    metrics.redis_error(conf, err)
+    warn("rl: " .. what .. ": " .. tostring(err))
+end
+
+--- Runs `work(premature, ...)` after the response, in a timer (the log
+--- phase cannot use cosockets); warns when it cannot be scheduled.
+function _M.after(req, work, ...)
+    local ok, err = ngx.timer.at(0, work, ...)
+    if not ok then
+        req.warn("rl: cannot schedule the after-response work: " .. tostring(err))
+    end
+end
+
+return _M
