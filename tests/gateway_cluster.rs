@@ -321,6 +321,7 @@ fn a_cluster_failover_and_a_killed_primary_are_followed() {
     let mut con = cluster.master_for_key(box_key("b1").as_bytes()).client();
     assert_eq!(common::ints(&mut con, &box_probe("b1"))[0], -1, "boxed");
     let mut admitted = 1;
+    let mut unanswered = 0;
 
     // CLUSTER FAILOVER on the replica of k's primary: coordinated, no write lost
     let primary = cluster.master_for_key(bucket_key(k).as_bytes());
@@ -336,6 +337,7 @@ fn a_cluster_failover_and_a_killed_primary_are_followed() {
     });
     let seen = until_followed(&a, &gw, k);
     admitted += seen.iter().filter(|s| **s == 200).count();
+    unanswered += seen.iter().filter(|s| **s == 503).count();
     assert!(seen.iter().all(|s| [200, 503].contains(s)), "{seen:?}");
 
     // kill -9 of the new primary: its replica (the old primary) takes over
@@ -356,6 +358,7 @@ fn a_cluster_failover_and_a_killed_primary_are_followed() {
     });
     let seen = until_followed(&a, &gw, k);
     admitted += seen.iter().filter(|s| **s == 200).count();
+    unanswered += seen.iter().filter(|s| **s == 503).count();
     assert!(seen.iter().all(|s| [200, 503].contains(s)), "{seen:?}");
     // the rest of k's burst, then refused: nothing admitted beyond it
     for _ in 0..BURST + 2 {
@@ -363,9 +366,11 @@ fn a_cluster_failover_and_a_killed_primary_are_followed() {
             admitted += 1;
         }
     }
-    assert_eq!(
-        admitted, BURST,
-        "exactly the burst admitted across two failovers"
+    // A 503 is a call the gateway gave up on: Redis may still have taken
+    // its point (a timeout after the write), so it may count as spent.
+    assert!(
+        admitted <= BURST && admitted + unanswered >= BURST,
+        "the burst across two failovers: {admitted} admitted, {unanswered} unanswered, burst {BURST}"
     );
     let mut con = live_master_for(&cluster, &bucket_key(k), replica_port);
     assert_eq!(common::ints(&mut con, &bucket_probe(k))[2], 0);
