@@ -19,6 +19,6 @@ return {
     rules = {
         { name = "tenant", scope = { "tenant" },
           limiter = { kind = "bucket", burst = 1e9, rate = 1e9, period = 60 },
-          allowance = { size = 200, max_age = 1 } },
+          allowance = { size = 200, max_age = 1, refill_below = 50 } },
     },
 }
