@@ -131,8 +131,14 @@ GW=${RL_BENCH_GW_LIB:-$ROOT/gateway}
 export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$REDIS_PORT RL_BENCH_GATEWAY_DIR=$GW
 
 declare -A PORT
+TAKEN=" $REDIS_PORT "
 for t in upstream plain incr rl allowance limit_req; do
-    PORT[$t]=$(free_port)
+    # a port no other target (nor Redis) has
+    for _ in $(seq 1 20); do
+        PORT[$t]=$(free_port)
+        [[ "$TAKEN" == *" ${PORT[$t]} "* ]] || break
+    done
+    TAKEN+="${PORT[$t]} "
 done
 
 MODULES=""
