@@ -40,7 +40,8 @@ local Engine = {}
 Engine.__index = Engine
 
 local null = ngx.null
--- An empty table, never written (an option not given).
+-- An empty table, never written (an option not given, a list that
+-- stays empty).
 local NONE = {}
 
 --- An engine for a compiled rule policy (resty.rl.config.build).
@@ -148,7 +149,8 @@ function Engine:entry(req, state, rule, ident)
     local tier = ident.attrs.tier or "none"
     -- failures and response bytes are probed now, charged after the response
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = memo.tier_name(rule.name, tier), also_names = {}, also_keys = {},
+                name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
+                also_keys = params.also and {} or NONE,
                 member = values[rule.limiter.member], tier = tier, static = static }
     e.key = memo.rule_key(conf, rule, values, rule_key)
     for i, a in ipairs(params.also or {}) do
@@ -518,7 +520,7 @@ function Engine:access(req)
             end
         end
     end
-    local res = {}
+    local res = NONE
     if #cmds > 0 then
         -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
         res, err = store.pipeline(route.store_conf or conf, cmds)
@@ -539,7 +541,7 @@ function Engine:access(req)
         limiters.compensate(conf, state, sent)
         return self:redis_failed(req, state, bad)
     end
-    local record = {}
+    local record = #sent > 0 and {} or NONE
     for _, e in ipairs(sent) do
         if e.probe and e.outcome.state == "refused" and e.params.strikes then
             -- no failure left: this attempt counts as one, which trips the box
