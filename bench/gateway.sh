@@ -17,9 +17,9 @@
 #              allowed path: RL.TAKE with the tenant bucket, strikes, boxes)
 #   allowance  the proxy + rl with local allowances (a rule policy,
 #              bench/gateway_allowance_policy.lua: one bucket rule per
-#              tenant with `allowance`, size 200: one RL.TAKE ... PARTIAL
-#              per 200 requests, the others spent from the node's shared
-#              dict)
+#              tenant with `allowance`, size 200, refill_below 50: one
+#              RL.TAKE ... PARTIAL per 200 requests, fetched ahead in a
+#              timer, the requests spent from the node's shared dict)
 #   limit_req  the proxy + nginx's own `limit_req` (burst=1000 nodelay, a rate
 #              no run reaches: every request allowed)
 # then runs wrk (Debian's wrk, installed by .ci/deps) on each, interleaved

@@ -3,7 +3,8 @@
 -- local allowances (gateway/README.md, "Local allowances"), the sample's
 -- API keys, and a bucket so large that a run never exhausts it: every
 -- request is admitted, nearly all from the node's allowance (one
--- `RL.TAKE ... PARTIAL` per `size` requests).
+-- `RL.TAKE ... PARTIAL` per `size` requests, fetched ahead in a timer
+-- once the node holds fewer than `refill_below` points).
 local sample = dofile(os.getenv("RL_BENCH_GATEWAY_DIR") .. "/nginx/policy.lua")
 
 local keys = {}
