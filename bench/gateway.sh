@@ -5,7 +5,7 @@
 # Starts redis-server with the release module (a free 127.0.0.1 port, no
 # persistence), an upstream nginx answering `200 ok` (no Lua), and one
 # gateway nginx (Debian's nginx-extras, `worker_processes auto` as the
-# sample nginx.conf) with five targets on their own ports:
+# sample nginx.conf) with six targets on their own ports:
 #   upstream   the upstream, direct (no proxy)
 #   plain      nginx proxy to the upstream (keepalive pool), nothing else
 #   incr       the proxy + one bare pooled INCR per request
@@ -15,10 +15,15 @@
 #              through resty.rl.nginx, budgets raised by
 #              bench/gateway_policy.lua so that every request takes the
 #              allowed path: RL.TAKE with the tenant bucket, strikes, boxes)
+#   allowance  the proxy + rl with local allowances (a rule policy,
+#              bench/gateway_allowance_policy.lua: one bucket rule per
+#              tenant with `allowance`, size 200, refill_below 50: one
+#              RL.TAKE ... PARTIAL per 200 requests, fetched ahead in a
+#              timer, the requests spent from the node's shared dict)
 #   limit_req  the proxy + nginx's own `limit_req` (burst=1000 nodelay, a rate
 #              no run reaches: every request allowed)
 # then runs wrk (Debian's wrk, installed by .ci/deps) on each, interleaved
-# (upstream plain incr rl limit_req, then again) over $RL_BENCH_GW_ROUNDS
+# (upstream plain incr rl allowance limit_req, then again) over $RL_BENCH_GW_ROUNDS
 # rounds, after a short warm-up of each. It prints one line per run
 # (requests/s, p50, p99, non-2xx answers, and the CPU time per request of
 # the gateway's workers and of redis-server, steadier than requests/s on a
@@ -26,11 +31,13 @@
 #   RATIO <name> <x>     median over the rounds of that round's requests/s
 #                        of <name> over the plain proxy's
 #   RATIO rl_vs_incr <x>, RATIO rl_vs_limit_req <x>   likewise, rl over them
-#   TARGET ...           rl at 0.85x the INCR floor or more
+#   RATIO allowance_vs_limit_req <x>   allowances over limit_req
+#   TARGET ...           rl at 0.85x the INCR floor or more; allowances
+#                        at 0.8x limit_req or more
 # and the share of rl's answers decided by the local fallback (Redis over
 # its budget: `rl_gateway_requests_total{decision="degraded_allowed"}`).
-# The whole run takes about (ROUNDS + 1) x 5 x SECS seconds (2 minutes by
-# default). The machine is shared: absolute numbers move with the load,
+# The whole run takes about ROUNDS x 6 x SECS seconds plus 6 s of warm-up
+# and the start (2 minutes by default). The machine is shared: absolute numbers move with the load,
 # ratios within one run hold. Results: bench/RESULTS.md.
 #
 # Environment (all optional):
@@ -41,7 +48,8 @@
 #   RL_BENCH_GW_THREADS=1      wrk threads (-t)
 #   RL_BENCH_GW_WORKERS=auto   worker_processes of the gateway nginx
 #   RL_BENCH_GW_UPSTREAM_WORKERS=1   worker_processes of the upstream nginx
-#   RL_BENCH_GW_ONLY="plain incr rl" only these targets (plain always runs)
+#   RL_BENCH_GW_ONLY="plain incr rl allowance" only these targets (plain
+#                              always runs)
 #   RL_BENCH_GW_KEEP=1         keep the work directory (configurations, logs)
 #   RL_BENCH_GW_LIB=dir        the gateway/ directory to measure (default: this
 #                              checkout's; another checkout's for a before/after)
@@ -59,10 +67,10 @@ CONNS=${RL_BENCH_GW_CONNECTIONS:-20}
 THREADS=${RL_BENCH_GW_THREADS:-1}
 WORKERS=${RL_BENCH_GW_WORKERS:-auto}
 UPSTREAM_WORKERS=${RL_BENCH_GW_UPSTREAM_WORKERS:-1}
-TARGETS=(upstream plain incr rl limit_req)
+TARGETS=(upstream plain incr rl allowance limit_req)
 if [[ -n "${RL_BENCH_GW_ONLY:-}" ]]; then
     TARGETS=(plain)
-    for t in upstream incr rl limit_req; do
+    for t in upstream incr rl allowance limit_req; do
         [[ " $RL_BENCH_GW_ONLY " == *" $t "* ]] && TARGETS+=("$t")
     done
 fi
@@ -123,8 +131,14 @@ GW=${RL_BENCH_GW_LIB:-$ROOT/gateway}
 export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$REDIS_PORT RL_BENCH_GATEWAY_DIR=$GW
 
 declare -A PORT
-for t in upstream plain incr rl limit_req; do
-    PORT[$t]=$(free_port)
+TAKEN=" $REDIS_PORT "
+for t in upstream plain incr rl allowance limit_req; do
+    # a port no other target (nor Redis) has
+    for _ in $(seq 1 20); do
+        PORT[$t]=$(free_port)
+        [[ "$TAKEN" == *" ${PORT[$t]} "* ]] || break
+    done
+    TAKEN+="${PORT[$t]} "
 done
 
 MODULES=""
@@ -191,6 +205,7 @@ start_nginx gateway "$WORKERS" "
     lua_shared_dict rl_metrics 1m;
     lua_shared_dict rl_deny 4m;
     lua_shared_dict rl_redis 1m;
+    lua_shared_dict rl_allowance 1m;
     lua_socket_log_errors off;
     limit_req_zone \$binary_remote_addr zone=bench:1m rate=1000000r/s;
 $PROFILE
@@ -200,6 +215,7 @@ $PROFILE
     }
     init_by_lua_block {
         require(\"resty.rl.nginx\").configure(\"api\", require(\"gateway_policy\"))
+        require(\"resty.rl.nginx\").configure(\"allow\", require(\"gateway_allowance_policy\"))
     }
     server {
         listen $HOST:${PORT[plain]};
@@ -222,6 +238,15 @@ $PROFILE
             header_filter_by_lua_block { require(\"resty.rl.nginx\").header_filter(\"api\") }
             log_by_lua_block { require(\"resty.rl.nginx\").log(\"api\") }
             proxy_set_header X-Request-Id \$request_id;
+            $PROXY
+        }
+    }
+    server {
+        listen $HOST:${PORT[allowance]};
+        location / {
+            access_by_lua_block { require(\"resty.rl.nginx\").access(\"allow\") }
+            header_filter_by_lua_block { require(\"resty.rl.nginx\").header_filter(\"allow\") }
+            log_by_lua_block { require(\"resty.rl.nginx\").log(\"allow\") }
             $PROXY
         }
     }
@@ -253,8 +278,11 @@ for t in "${TARGETS[@]}"; do
         exit 1
     fi
 done
-curl -s -D - -o /dev/null -H "X-Api-Key: $API_KEY" "$(url rl)" | grep -qi '^RateLimit:' \
-    || { echo "bench: rl answers without a RateLimit field" >&2; exit 1; }
+for t in rl allowance; do
+    [[ " ${TARGETS[*]} " == *" $t "* ]] || continue
+    curl -s -D - -o /dev/null -H "X-Api-Key: $API_KEY" "$(url "$t")" | grep -qi '^RateLimit:' \
+        || { echo "bench: $t answers without a RateLimit field" >&2; exit 1; }
+done
 
 # to_ms VALUE: wrk's latency (us, ms or s) in milliseconds.
 to_ms() {
@@ -361,6 +389,9 @@ fi
 if has rl && has limit_req; then
     echo "RATIO rl_vs_limit_req $(ratio rl limit_req)"
 fi
+if has allowance && has limit_req; then
+    echo "RATIO allowance_vs_limit_req $(ratio allowance limit_req)"
+fi
 if has rl; then
     total=$(( allowed + degraded ))
     awk -v d="$degraded" -v n="$total" 'BEGIN {
@@ -369,6 +400,9 @@ if has rl; then
 fi
 if has rl && has incr; then
     awk -v x="$(ratio rl incr)" 'BEGIN { printf "TARGET rl at >= 0.85x the INCR floor: %s (%.2fx)\n", (x >= 0.85 ? "met" : "missed"), x }'
+fi
+if has allowance && has limit_req; then
+    awk -v x="$(ratio allowance limit_req)" 'BEGIN { printf "TARGET allowances at >= 0.8x limit_req: %s (%.2fx)\n", (x >= 0.8 ? "met" : "missed"), x }'
 fi
 if grep -E '\[(error|alert|crit|emerg)\]' "$WORK/gateway/logs/error.log" >/dev/null; then
     echo "gateway error log (errors):"

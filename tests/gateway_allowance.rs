@@ -25,7 +25,9 @@ const ASYNC: Duration = Duration::from_secs(10);
 /// The policy: `held` (a bucket of 1000 refilled 1 point a day, allowances
 /// of 20 kept up to an hour) on /v1/held, and `busy` (a bucket of 50
 /// refilled 10 points a second, allowances of 10 kept half a second) on
-/// /v1/busy, both per tenant; `aging` as `held` with allowances kept 1 s.
+/// /v1/busy, both per tenant; `aging` as `held` with allowances kept 1 s;
+/// `ahead` as `busy`, its next allowance fetched ahead (a timer) once a
+/// node holds fewer than 5 points.
 const POLICY: &str = r#"return {
     redis = { port = tonumber(os.getenv("RL_REDIS_PORT")), timeout_ms = 1000 },
     key_prefix = "al",
@@ -41,6 +43,9 @@ const POLICY: &str = r#"return {
         { name = "busy", match = { path = "/v1/busy" }, scope = { "tenant" },
           limiter = { kind = "bucket", burst = 50, rate = 10, period = 1 },
           allowance = { size = 10, max_age = 0.5 } },
+        { name = "ahead", match = { path = "/v1/ahead" }, scope = { "tenant" },
+          limiter = { kind = "bucket", burst = 50, rate = 10, period = 1 },
+          allowance = { size = 10, max_age = 0.5, refill_below = 5 } },
     },
 }"#;
 
@@ -169,28 +174,35 @@ fn allowances_are_spent_locally_and_come_back_when_they_age_and_when_nginx_stops
 fn two_nodes_under_concurrent_load_never_admit_beyond_capacity_plus_refill() {
     let redis = Server::start(&[]);
     let nodes = two_nodes(&redis);
-    // the bucket starts full at the first fetch, after `started`
-    let started = Instant::now();
-    let admitted = load(
-        &nodes,
-        "/v1/busy",
-        2,
-        2000,
-        Some(started + Duration::from_secs(3)),
-    );
-    let elapsed = started.elapsed().as_secs_f64();
-    // capacity 50, 10 points a second
-    let bound = 50.0 + 10.0 * elapsed;
-    assert!(
-        (admitted as f64) <= bound,
-        "{admitted} admitted in {elapsed:.2} s: above the bound {bound:.1}"
-    );
-    assert!(admitted >= 50, "the load used the capacity: {admitted}");
-    let refused = info(&redis, "rl_take_throttled");
-    assert!(
-        refused > 0,
-        "the load went beyond the bucket ({admitted} admitted)"
-    );
+    // fetched in the requests (busy), then also ahead in timers (ahead)
+    for path in ["/v1/busy", "/v1/ahead"] {
+        let refused_before = info(&redis, "rl_take_throttled");
+        // the bucket starts full at the first fetch, after `started`
+        let started = Instant::now();
+        let admitted = load(
+            &nodes,
+            path,
+            2,
+            2000,
+            Some(started + Duration::from_secs(3)),
+        );
+        let elapsed = started.elapsed().as_secs_f64();
+        // capacity 50, 10 points a second
+        let bound = 50.0 + 10.0 * elapsed;
+        assert!(
+            (admitted as f64) <= bound,
+            "{path}: {admitted} admitted in {elapsed:.2} s: above the bound {bound:.1}"
+        );
+        assert!(
+            admitted >= 50,
+            "{path}: the load used the capacity: {admitted}"
+        );
+        let refused = info(&redis, "rl_take_throttled") - refused_before;
+        assert!(
+            refused > 0,
+            "{path}: the load went beyond the bucket ({admitted} admitted)"
+        );
+    }
     for node in &nodes {
         node.nginx.assert_no_lua_errors();
     }

@@ -367,6 +367,11 @@ fn bad_reserve_settle_and_allowance_options_stop_nginx_with_the_field_named() {
             r#"allowance = { size = 10, dict = "nope" },"#,
             "lua_shared_dict nope (the allowances of the node) is not declared",
         ),
+        (
+            bucket,
+            "allowance = { size = 10, refill_below = 10 },",
+            "rules[1] (r): allowance.refill_below must be an integer >= 0, below size",
+        ),
     ];
     for (limiter, extra, want) in cases {
         let src = format!(

@@ -126,8 +126,10 @@ function _M.log(conf, req)
         return
     end
     local cmds, egress = {}, {}
+    local settles
     if state.admitted then
         for _, e in ipairs(state.entries) do
+            settles = settles or e.rule.settle ~= nil
             if e.rule.count == "failures" and e.params.kind == "window"
                 and e.rule.fail_set[status] then
                 cmds[#cmds + 1] = limiters.KINDS.window.command(e, e.cost, true)
@@ -139,7 +141,7 @@ function _M.log(conf, req)
             end
         end
     end
-    if state.admitted then
+    if settles then
         -- post-paid rules: DEBT or REFUND of the actual cost's difference
         settle.commands(state, limiters.KINDS, req.bytes_sent(), req.warn, cmds)
     end
@@ -151,6 +153,10 @@ function _M.log(conf, req)
     end
     local later = { state = state, failed = distinct.failures(state, status),
                     quota = quota_alerts.events(state) }
+    if #later.failed > 0 then
+        -- read now: the timer has no request (an alert names it)
+        local _ = state.request_id
+    end
     if #cmds > 0 or #egress > 0 or #later.failed > 0 or #later.quota > 0 then
         phases.after(req, after_response, conf, cmds, egress, req.warn, later)
     end

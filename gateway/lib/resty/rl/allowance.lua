@@ -56,13 +56,34 @@ function _M.validate(where, r, l, check)
     if type(r.cost) == "number" then
         check(a.size >= r.cost, "%s: allowance.size must be at least the cost %d", where, r.cost)
     end
+    a.refill_below = a.refill_below or 0
+    check(type(a.refill_below) == "number" and a.refill_below >= 0 and a.refill_below % 1 == 0
+        and a.refill_below < a.size, "%s: allowance.refill_below must be an integer >= 0, "
+        .. "below size", where)
+end
+
+-- The dict entries' names of a rule key (see the file comment), made once
+-- per key (a per-worker memo of the hot keys; it starts over past
+-- MAX_NAMES keys).
+local MAX_NAMES = 10000
+local names, n_names = {}, 0
+local function names_of(key)
+    local n = names[key]
+    if not n then
+        n = { a = "a:" .. key, g = "g:" .. key, f = "f:" .. key, b = "b:" .. key, p = "p:" .. key }
+        if n_names >= MAX_NAMES then
+            names, n_names = {}, 0
+        end
+        names[key], n_names = n, n_names + 1
+    end
+    return n
 end
 
 --- Spends the cost of entry `e` from the node's allowance: true (and the
 --- points left) when it was there, nil when it was not (fetch one).
 function _M.spend(e)
     local d = ngx.shared[e.rule.allowance.dict]
-    local k = "a:" .. e.key
+    local k = names_of(e.key).a
     local left = d:incr(k, -e.cost)
     if left and left >= 0 then
         return true, left
@@ -73,34 +94,88 @@ function _M.spend(e)
     return nil
 end
 
+-- What the bucket had left in Redis at the node's last fetch for `e`,
+-- read from the dict at most every SEEN_TTL seconds per worker (the
+-- names' record keeps it).
+local SEEN_TTL = 0.1
+local function last_seen(d, e)
+    local n, now = names_of(e.key), ngx.now()
+    if not n.seen_until or now >= n.seen_until then
+        n.seen, n.seen_until = d:get(n.g) or 0, now + SEEN_TTL
+    end
+    return n.seen
+end
+
 --- The outcome of a request admitted from the node's allowance: the
---- binding shows the bucket as last seen in Redis plus what the node
---- still holds (an estimate: other nodes spend too).
+--- binding shows the bucket as last seen in Redis (by this worker, at most
+--- 0.1 s ago) plus what the node still holds (an estimate: other nodes
+--- spend too).
 function _M.local_outcome(e, left)
     local p = e.params
     local d = ngx.shared[e.rule.allowance.dict]
-    local remaining = math.min((d:get("g:" .. e.key) or 0) + left, p.burst)
+    local remaining = math.min(last_seen(d, e) + left, p.burst)
     return { state = "allowed", allowance = true,
              binding = { name = e.name, limit = p.burst, remaining = remaining,
                          reset_ms = math.ceil((p.burst - remaining) * p.period * 1000 / p.rate),
                          window = p.period, unit = e.rule.unit } }
 end
 
+-- Points granted to the node for `e` (`left`: what the bucket in Redis
+-- has left after the grant): kept in the node's allowance. Returns the
+-- points the node now holds.
+local function hold(d, e, points, left)
+    local a, p, n = e.rule.allowance, e.params, names_of(e.key)
+    d:set(n.p, table.concat({ p.burst, p.rate, p.period, a.max_age }, " "))
+    d:set(n.g, left)
+    n.seen_until = nil
+    d:add(n.b, ngx.now())
+    return d:incr(n.a, points, 0)
+end
+
+-- A fetch ahead (a timer: refill_below): the next allowance of `e`, at
+-- least 1 point, kept for the node's next requests.
+local function fetch_ahead(premature, conf, e)
+    local d = ngx.shared[e.rule.allowance.dict]
+    if not premature then
+        local p = e.params
+        local res, err = store.pipeline_ok(conf, { { "RL.TAKE", e.key, p.burst, p.rate, p.period,
+            "COST", e.rule.allowance.size, "PARTIAL", "MIN", 1 } })
+        local r = res and res[1]
+        if type(r) == "table" and r[1] == 1 and type(r[9]) == "number" and r[9] > 0 then
+            hold(d, e, r[9], r[3])
+        elseif not res then
+            metrics.redis_error(conf, err)
+        end
+    end
+    d:delete(names_of(e.key).f)
+end
+
 --- The request's cost of `e` spent from the node's allowance: true (the
 --- outcome set, no Redis call), else false, with `e.fetch` set when this
 --- request fetches the node's next allowance (its command is then
---- resty.rl.allowance.command; else the rule's usual command).
+--- resty.rl.allowance.command; else the rule's usual command). With
+--- `refill_below`, a spend that leaves fewer points starts a fetch ahead
+--- (one timer, no wait).
 function _M.spent(conf, e)
     _M.ensure_sweeper(conf, e)
     local ok, left = _M.spend(e)
+    local a = e.rule.allowance
     if ok then
         e.outcome = _M.local_outcome(e, left)
+        if left < a.refill_below and ngx.shared[a.dict]:add(names_of(e.key).f, true,
+            FETCH_LOCK_TTL) then
+            local started, err = ngx.timer.at(0, fetch_ahead, conf, e)
+            if not started then
+                ngx.shared[a.dict]:delete(names_of(e.key).f)
+                ngx.log(ngx.WARN, "rl: cannot fetch the next allowance ahead: ", tostring(err))
+            end
+        end
         return true
     end
     -- one fetch per key and node at a time: the requests that miss meanwhile
     -- pay their own cost in Redis (as without allowance), so that the node
     -- holds about one allowance, not one per concurrent request
-    e.fetch = ngx.shared[e.rule.allowance.dict]:add("f:" .. e.key, true, FETCH_LOCK_TTL)
+    e.fetch = ngx.shared[a.dict]:add(names_of(e.key).f, true, FETCH_LOCK_TTL)
     return false
 end
 
@@ -115,20 +190,15 @@ end
 --- does not spend in the node's allowance. Returns the first 8 integers
 --- (the usual reply) for the outcome, or `raw` when it is not a reply.
 function _M.keep(e, raw)
-    local a = e.rule.allowance
-    local d = ngx.shared[a.dict]
-    d:delete("f:" .. e.key)
+    local d = ngx.shared[e.rule.allowance.dict]
+    d:delete(names_of(e.key).f)
     if type(raw) ~= "table" or #raw ~= 9 or type(raw[9]) ~= "number" then
         return raw
     end
     local granted = raw[9]
     local out = { raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7], raw[8] }
     if raw[1] == 1 and granted > e.cost then
-        local p = e.params
-        d:set("p:" .. e.key, table.concat({ p.burst, p.rate, p.period, a.max_age }, " "))
-        d:set("g:" .. e.key, raw[3])
-        d:add("b:" .. e.key, ngx.now())
-        local left = d:incr("a:" .. e.key, granted - e.cost, 0)
+        local left = hold(d, e, granted - e.cost, raw[3])
         -- the header shows the node's points too
         out[3] = raw[3] + (left or 0)
     end
@@ -197,6 +267,7 @@ local function sweep(conf, d, all)
 end
 
 local sweepers = {}
+local start_sweeper
 -- The rules' allowance tables whose sweeper runs (the per-request check).
 local swept = setmetatable({}, { __mode = "k" })
 
@@ -206,9 +277,15 @@ local swept = setmetatable({}, { __mode = "k" })
 --- allowance.
 function _M.ensure_sweeper(conf, e)
     local a = e.rule.allowance
-    if swept[a] then
-        return
+    if not swept[a] then
+        start_sweeper(conf, a)
     end
+end
+
+-- Starts the sweeper of allowance `a` (see ensure_sweeper; apart from
+-- it, whose check runs on every request: its closure would keep LuaJIT
+-- from compiling that check).
+function start_sweeper(conf, a)
     local id = a.dict .. " " .. conf.key_prefix
     swept[a] = true
     if sweepers[id] then

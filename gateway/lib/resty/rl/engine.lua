@@ -32,6 +32,7 @@ local after = require "resty.rl.after"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 local phases = require "resty.rl.phases"
+local memo = require "resty.rl.memo"
 
 local _M = {}
 
@@ -39,6 +40,9 @@ local Engine = {}
 Engine.__index = Engine
 
 local null = ngx.null
+-- An empty table, never written (an option not given, a list that
+-- stays empty).
+local NONE = {}
 
 --- An engine for a compiled rule policy (resty.rl.config.build).
 function _M.new(conf)
@@ -63,13 +67,13 @@ local function matches(rule, route, req)
     if m.pattern and not req.path():match(m.pattern) then
         return false
     end
-    for name, want in pairs(m.header or {}) do
+    for name, want in pairs(m.header or NONE) do
         local v = policy.header(req, name)
         if want == true and v == nil or want ~= true and v ~= want then
             return false
         end
     end
-    for name, want in pairs(m.arg or {}) do
+    for name, want in pairs(m.arg or NONE) do
         local v = policy.arg(req, name)
         if want == true and v == nil or want ~= true and v ~= want then
             return false
@@ -122,7 +126,9 @@ function Engine:entry(req, state, rule, ident)
         end
         values[a] = v
     end
-    local params = resolve_deep(rule.limiter, ident)
+    -- a limiter without reference is every caller's (entries only read it)
+    local static = rule.static_limiter
+    local params = static and rule.limiter or resolve_deep(rule.limiter, ident)
     local cost = rule.cost
     if cost == "route" then
         cost = policy.cost(state.route, req)
@@ -143,9 +149,10 @@ function Engine:entry(req, state, rule, ident)
     local tier = ident.attrs.tier or "none"
     -- failures and response bytes are probed now, charged after the response
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = rule.name:gsub("{tier}", tier), also_names = {}, also_keys = {},
-                member = values[rule.limiter.member] }
-    e.key = rule_key(conf, rule.tag, values, rule.name, rule.scope)
+                name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
+                also_keys = params.also and {} or NONE,
+                member = values[rule.limiter.member], tier = tier, static = static }
+    e.key = memo.rule_key(conf, rule, values, rule_key)
     for i, a in ipairs(params.also or {}) do
         local avals = { [rule.tag] = values[rule.tag] }
         for _, attr in ipairs(a.scope) do
@@ -155,7 +162,7 @@ function Engine:entry(req, state, rule, ident)
             end
             avals[attr] = v
         end
-        e.also_names[i] = a.name:gsub("{tier}", tier)
+        e.also_names[i] = memo.tier_name(a.name, tier)
         e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
     end
     return e
@@ -226,16 +233,22 @@ local function tightest(entries)
     return best or members
 end
 
+-- The RateLimit-Policy items of entry `e`, as a field value.
+local function entry_policy(e)
+    return headers.policy(limiters.KINDS[e.params.kind].policies(e))
+end
+
 -- Sets RateLimit-Policy (every entry that applied) and RateLimit.
 function Engine:rate_headers(state, binding_entry)
-    local items = {}
+    local fields = {}
     for _, e in ipairs(state.entries) do
-        for _, p in ipairs(limiters.KINDS[e.params.kind].policies(e)) do
-            items[#items + 1] = p
+        local v = memo.policy_field(e, entry_policy)
+        if v ~= "" then
+            fields[#fields + 1] = v
         end
     end
-    if #items > 0 then
-        state.headers["RateLimit-Policy"] = headers.policy(items)
+    if #fields > 0 then
+        state.headers["RateLimit-Policy"] = #fields == 1 and fields[1] or table.concat(fields, ", ")
     end
     local b = binding_entry and binding_entry.outcome and binding_entry.outcome.binding
     if b then
@@ -373,11 +386,34 @@ function Engine:redis_failed(req, state, err)
     end
 end
 
+-- The strike threshold of each entry of `entries`, by index (a closure
+-- made here, not in the access phase: a closure over one of its locals
+-- keeps LuaJIT from compiling it).
+local function thresholds_of(entries)
+    return function(i)
+        return entries[i].params.strikes.threshold
+    end
+end
+
+-- A request's state reads the request id on first use (most requests
+-- need none): `state.request_id`.
+local lazy_request_id = {
+    __index = function(state, k)
+        if k == "request_id" then
+            local id = state.request_id_of()
+            rawset(state, "request_id", id)
+            return id
+        end
+    end,
+}
+
 --- Access phase (see the file comment).
 function Engine:access(req)
     local conf = self.conf
     local state = phases.start(conf, req)
-    state.request_id, state.entries, state.engine = req.request_id(), {}, true
+    -- the request id is read on first use (most requests need none)
+    state.entries, state.engine, state.request_id_of = {}, true, req.request_id
+    setmetatable(state, lazy_request_id)
     local route = state.route
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then
@@ -457,13 +493,15 @@ function Engine:access(req)
             end
         end
     end
-    local res
-    -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
-    res, err = store.pipeline(route.store_conf or conf, cmds)
-    if not res then
-        return self:redis_failed(req, state, err)
+    local res = NONE
+    if #cmds > 0 then
+        -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+        res, err = store.pipeline(route.store_conf or conf, cmds)
+        if not res then
+            return self:redis_failed(req, state, err)
+        end
+        res = limiters.strike_every_refusal(conf, sent, cmds, res)
     end
-    res = limiters.strike_every_refusal(conf, sent, cmds, res)
     local bad
     for i, e in ipairs(sent) do
         local oerr
@@ -476,7 +514,7 @@ function Engine:access(req)
         limiters.compensate(conf, state, sent)
         return self:redis_failed(req, state, bad)
     end
-    local record = {}
+    local record = #sent > 0 and {} or NONE
     for _, e in ipairs(sent) do
         if e.probe and e.outcome.state == "refused" and e.params.strikes then
             -- no failure left: this attempt counts as one, which trips the box
@@ -492,9 +530,7 @@ function Engine:access(req)
         if not res then
             return self:redis_failed(req, state, err)
         end
-        res = store.strike_first_refusals(conf, rc, res, function(i)
-            return record[i].params.strikes.threshold
-        end)
+        res = store.strike_first_refusals(conf, rc, res, thresholds_of(record))
         for i, e in ipairs(record) do
             local o = limiters.KINDS.window.outcome(e, res[i])
             if o and o.state == "boxed" then

@@ -265,6 +265,9 @@ function _M.client_ip(conf, req)
     return hops[1] or remote
 end
 
+-- The attributes an API key's record gives.
+local KEY_ATTRS = { "key_id", "tenant", "tier", "brand", "user" }
+
 --- The caller of a request: {attrs, tier_data, overrides, authenticated,
 --- revoked}, or nil and an error when the identity store failed.
 function _M.resolve(conf, req)
@@ -279,7 +282,7 @@ function _M.resolve(conf, req)
         end
         if e and e.revoked ~= "1" and e.revoked ~= true then
             ident.authenticated = true
-            for _, a in ipairs({ "key_id", "tenant", "tier", "brand", "user" }) do
+            for _, a in ipairs(KEY_ATTRS) do
                 attrs[a] = e[a]
             end
         else
@@ -299,11 +302,13 @@ function _M.resolve(conf, req)
             end
         end
     end
-    for attr, hname in pairs(id.headers or {}) do
-        local v = policy.header(req, hname)
-        if v and attrs[attr] == nil then
-            attrs[attr] = v
-            ident.authenticated = true
+    if id.headers then
+        for attr, hname in pairs(id.headers) do
+            local v = policy.header(req, hname)
+            if v and attrs[attr] == nil then
+                attrs[attr] = v
+                ident.authenticated = true
+            end
         end
     end
     -- the store's tenant and brand records: a tier change and overrides

@@ -70,16 +70,16 @@ end
 -- The RESERVE clauses of a bucket command: `reserve` percent of the first
 -- bucket (index 0) and of each `also` bucket (index i) kept for others
 -- (the priority tiers: a fleet bucket that Free calls leave half full).
-local function reserves(args, p)
-    local function add(index, percent)
-        if percent and percent > 0 then
-            local n = #args
-            args[n + 1], args[n + 2], args[n + 3] = "RESERVE", index, percent
-        end
+local function add_reserve(args, index, percent)
+    if percent and percent > 0 then
+        local n = #args
+        args[n + 1], args[n + 2], args[n + 3] = "RESERVE", index, percent
     end
-    add(0, p.reserve)
+end
+local function reserves(args, p)
+    add_reserve(args, 0, p.reserve)
     for i, a in ipairs(p.also or {}) do
-        add(i, a.reserve)
+        add_reserve(args, i, a.reserve)
     end
 end
 
@@ -268,6 +268,14 @@ function _M.boxes(p)
     return p.strikes or p.trip
 end
 
+-- The strike threshold of entry sent[at[j]], by j (made outside the
+-- caller: a closure over its locals keeps LuaJIT from compiling it).
+local function thresholds_at(sent, at)
+    return function(j)
+        return sent[at[j]].params.strikes.threshold
+    end
+end
+
 --- Rules with `strikes.every_refusal` (block on exceeding: the velocity
 --- design's "5 a minute, then blocked 5 minutes"): their first refusal is
 --- a strike too (the module strikes only a retry before Retry-After), so
@@ -285,9 +293,7 @@ function _M.strike_every_refusal(conf, sent, cmds, res)
     if #at == 0 then
         return res
     end
-    sub_res = store.strike_first_refusals(conf, sub_cmds, sub_res, function(j)
-        return sent[at[j]].params.strikes.threshold
-    end)
+    sub_res = store.strike_first_refusals(conf, sub_cmds, sub_res, thresholds_at(sent, at))
     for j, i in ipairs(at) do
         res[i] = sub_res[j]
     end

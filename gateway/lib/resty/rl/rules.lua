@@ -71,6 +71,22 @@ local function dig(t, path)
     return t
 end
 
+-- Does `v` hold a reference (a value resolved per caller)?
+local function has_ref(v)
+    if type(v) ~= "table" then
+        return false
+    end
+    if v.path then
+        return true
+    end
+    for _, x in pairs(v) do
+        if has_ref(x) then
+            return true
+        end
+    end
+    return false
+end
+
 --- Resolves `v` for a caller: a reference is looked up in the caller's
 --- tier (a per-tenant override first), tenant or brand overrides, falling
 --- back to its default; anything else is itself. Override values come
@@ -381,6 +397,8 @@ local function validate_rule(i, r, conf)
     end
     allowance.validate(where, r, l, check)
     settle.validate(where, r, l, check)
+    -- no reference: the engine shares the limiter between callers
+    r.static_limiter = not has_ref(l)
     local f = r.one_in_flight
     if f then
         check(r.count == "failures", "%s: one_in_flight needs count = failures", where)
