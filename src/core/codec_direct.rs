@@ -85,23 +85,11 @@ fn write_window(out: &mut Vec<u8>, w: &WindowState) {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU64;
-
     use proptest::prelude::*;
 
     use super::*;
     use crate::core::codec::encode_with_serde;
-
-    fn bucket() -> impl Strategy<Value = Bucket> {
-        (any::<i64>(), any::<u64>(), 1..=u64::MAX, any::<u64>()).prop_map(
-            |(tat_ms, tat_frac, tokens, period_ms)| Bucket {
-                tat_ms,
-                tat_frac,
-                tokens: NonZeroU64::new(tokens).unwrap_or(NonZeroU64::MIN),
-                period_ms,
-            },
-        )
-    }
+    use crate::core::testkit::any_valid_bucket;
 
     fn window() -> impl Strategy<Value = WindowState> {
         prop_oneof![
@@ -119,7 +107,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn the_direct_bytes_are_serdes(b in prop::option::of(bucket()), w in prop::option::of(window())) {
+        fn the_direct_bytes_are_serdes(b in prop::option::of(any_valid_bucket()), w in prop::option::of(window())) {
             let mut record = Record::default();
             record.bucket = b;
             record.set_part(w);
