@@ -37,13 +37,23 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
         self.command
     }
 
+    #[inline]
     fn next(&mut self, what: &'static str) -> Result<&'a [u8], ArgError> {
-        let arg = self.args.get(self.pos).ok_or(ArgError::Missing {
+        match self.args.get(self.pos) {
+            Some(arg) => {
+                self.pos += 1;
+                Ok(arg.as_ref())
+            }
+            None => Err(self.missing(what)),
+        }
+    }
+
+    #[cold]
+    fn missing(&self, what: &'static str) -> ArgError {
+        ArgError::Missing {
             command: self.command,
             what,
-        })?;
-        self.pos += 1;
-        Ok(arg.as_ref())
+        }
     }
 
     /// A key: returns its position in the argument list.
@@ -53,19 +63,23 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
     }
 
     /// A whole number in `min..=max`.
+    #[inline]
     pub fn integer(&mut self, what: &'static str, min: u64, max: u64) -> Result<u64, ArgError> {
         let bytes = self.next(what)?;
-        parse_integer(bytes)
-            .filter(|v| (min..=max).contains(v))
-            .ok_or(ArgError::Integer { what, min, max })
+        match parse_integer(bytes) {
+            Some(v) if (min..=max).contains(&v) => Ok(v),
+            _ => Err(integer_error(what, min, max)),
+        }
     }
 
     /// A duration in seconds, returned in milliseconds.
+    #[inline]
     pub fn duration_ms(&mut self, what: &'static str, zero_allowed: bool) -> Result<u64, ArgError> {
         let bytes = self.next(what)?;
-        parse_duration_ms(bytes)
-            .filter(|&ms| zero_allowed || ms > 0)
-            .ok_or(ArgError::Duration { what, zero_allowed })
+        match parse_duration_ms(bytes) {
+            Some(ms) if zero_allowed || ms > 0 => Ok(ms),
+            _ => Err(duration_error(what, zero_allowed)),
+        }
     }
 
     /// The next argument as a word (an option or subcommand), if any.
@@ -97,6 +111,16 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
     }
 }
 
+#[cold]
+fn integer_error(what: &'static str, min: u64, max: u64) -> ArgError {
+    ArgError::Integer { what, min, max }
+}
+
+#[cold]
+fn duration_error(what: &'static str, zero_allowed: bool) -> ArgError {
+    ArgError::Duration { what, zero_allowed }
+}
+
 /// Set an option that may be given once.
 pub fn set_once<T>(slot: &mut Option<T>, option: &'static str, value: T) -> Result<(), ArgError> {
     if slot.is_some() {
@@ -114,10 +138,29 @@ pub fn is(word: &[u8], keyword: &str) -> bool {
 
 /// A plain unsigned decimal integer: ASCII digits only, no sign, no
 /// spaces, no overflow.
+#[inline]
 pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 20 {
-        return None;
+    match bytes.len() {
+        // At most 19 digits cannot overflow: no check per digit.
+        1..=19 => {
+            let mut value = 0u64;
+            for &b in bytes {
+                let digit = b.wrapping_sub(b'0');
+                if digit > 9 {
+                    return None;
+                }
+                value = value * 10 + u64::from(digit);
+            }
+            Some(value)
+        }
+        20 => parse_integer_checked(bytes),
+        _ => None,
     }
+}
+
+/// [`parse_integer`] for 20 digits, where `u64` may overflow.
+#[cold]
+fn parse_integer_checked(bytes: &[u8]) -> Option<u64> {
     bytes.iter().try_fold(0u64, |acc, &b| {
         let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
         acc.checked_mul(10)?.checked_add(u64::from(digit))
@@ -127,45 +170,43 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
 /// Seconds as a plain decimal (`60`, `0.25`, `1.5`), with at most
 /// millisecond precision (more decimals are accepted only when they are
 /// zeros), returned in milliseconds, at most
-/// [`crate::core::limits::MAX_DURATION_MS`]. One pass, no allocation.
+/// [`crate::core::limits::MAX_DURATION_MS`]. The whole seconds have 1 to
+/// 20 digits, as [`parse_integer`]. No allocation.
+#[inline]
 pub fn parse_duration_ms(bytes: &[u8]) -> Option<u64> {
-    // Whole seconds up to the dot, in the same pass that finds it.
-    let mut seconds = 0u64;
-    let mut digits = 0usize;
-    for &b in bytes {
-        if b == b'.' {
-            break;
-        }
-        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
-        seconds = seconds.checked_mul(10)?.checked_add(u64::from(digit))?;
-        digits += 1;
-    }
-    // As `parse_integer`: 1 to 20 digits.
-    if digits == 0 || digits > 20 {
-        return None;
-    }
-    let fraction = bytes.get(digits + 1..).filter(|_| digits < bytes.len());
-    let mut ms = 0u64;
-    if let Some(fraction) = fraction {
-        if fraction.is_empty() {
-            return None;
-        }
-        for (i, &b) in fraction.iter().enumerate() {
-            let digit = u64::from(b.checked_sub(b'0').filter(|d| *d <= 9)?);
-            match i {
-                0..=2 => ms = ms * 10 + digit,
-                _ if digit != 0 => return None,
-                _ => {}
-            }
-        }
-        for _ in fraction.len()..3 {
-            ms *= 10;
-        }
-    }
+    let (seconds, ms) = match bytes.iter().position(|&b| b == b'.') {
+        None => (parse_integer(bytes)?, 0),
+        Some(dot) => (
+            parse_integer(bytes.get(..dot)?)?,
+            parse_fraction_ms(bytes.get(dot + 1..)?)?,
+        ),
+    };
     seconds
         .checked_mul(1000)?
         .checked_add(ms)
         .filter(|&v| v <= crate::core::limits::MAX_DURATION_MS)
+}
+
+/// The digits after a duration's dot, in milliseconds: at least one
+/// digit, and any beyond the third zeros.
+fn parse_fraction_ms(fraction: &[u8]) -> Option<u64> {
+    if fraction.is_empty() {
+        return None;
+    }
+    let mut ms = 0u64;
+    for (i, &b) in fraction.iter().enumerate() {
+        let digit = b.wrapping_sub(b'0');
+        match i {
+            _ if digit > 9 => return None,
+            0..=2 => ms = ms * 10 + u64::from(digit),
+            _ if digit != 0 => return None,
+            _ => {}
+        }
+    }
+    for _ in fraction.len()..3 {
+        ms *= 10;
+    }
+    Some(ms)
 }
 
 #[cfg(test)]
@@ -244,5 +285,55 @@ mod tests {
                 what: "n"
             })
         );
+    }
+
+    /// What the numbers mean, said the slow way: digits read as text into
+    /// `u128`, the fraction padded to milliseconds.
+    fn reference_duration_ms(text: &str) -> Option<u64> {
+        let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let (whole, fraction) = match text.split_once('.') {
+            Some((w, f)) => (w, Some(f)),
+            None => (text, None),
+        };
+        if !all_digits(whole) || whole.len() > 20 {
+            return None;
+        }
+        let mut ms = whole.parse::<u128>().ok()? * 1000;
+        if let Some(f) = fraction {
+            if !all_digits(f) || f.bytes().skip(3).any(|b| b != b'0') {
+                return None;
+            }
+            let padded = format!("{:0<3}", &f[..f.len().min(3)]);
+            ms += padded.parse::<u128>().ok()?;
+        }
+        let max = u128::from(crate::core::limits::MAX_DURATION_MS);
+        u64::try_from(ms).ok().filter(|_| ms <= max)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 2000,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// The one-pass parsers agree with the slow reading on any text of
+        /// digits, dots and a few other bytes, and on 20-digit numbers
+        /// around `u64::MAX`.
+        #[test]
+        fn numbers_agree_with_a_slow_reading(
+            text in "[0-9.a+-]{0,24}",
+            decimal in "[0-9]{1,21}(\\.[0-9]{0,5})?",
+            big in (u64::MAX - 1000)..=u64::MAX,
+            over in 0u64..1000,
+        ) {
+            proptest::prop_assert_eq!(parse_duration_ms(text.as_bytes()), reference_duration_ms(&text));
+            proptest::prop_assert_eq!(parse_duration_ms(decimal.as_bytes()), reference_duration_ms(&decimal));
+            let as_integer = text.parse::<u64>().ok().filter(|_| text.bytes().all(|b| b.is_ascii_digit()));
+            proptest::prop_assert_eq!(parse_integer(text.as_bytes()), as_integer);
+            proptest::prop_assert_eq!(parse_integer(big.to_string().as_bytes()), Some(big));
+            let beyond = (u128::from(u64::MAX) + 1 + u128::from(over)).to_string();
+            proptest::prop_assert_eq!(parse_integer(beyond.as_bytes()), None);
+        }
     }
 }

@@ -277,18 +277,33 @@ pub struct Call {
 }
 
 impl Call {
+    /// A call with no key open yet, its clock read. Open its keys with
+    /// [`Call::open`] where the call lives: a `Call` is large (room for
+    /// every key), and opening in place spares copying it.
+    #[inline]
+    pub fn new(ctx: Ctx) -> Call {
+        // The clock first: the empty key list is then written in place.
+        let now = now_ms(ctx);
+        Call {
+            ctx,
+            now,
+            replaced: KeySet::default(),
+            keys: ArrayVec::new(),
+        }
+    }
+
     /// Open the keys at `positions` of `args`. A key holding another type
     /// is refused with `WRONGTYPE` (already replied), unless
     /// `foreign_ok`: then the caller reads it with [`RlKey::string_value`]
     /// and must [`Call::replace`] it before any other use.
     pub fn open(
-        ctx: Ctx,
+        &mut self,
         args: &[Arg],
         positions: &[usize],
         access: Access,
         foreign_ok: bool,
-    ) -> Result<Call, c_int> {
-        let mut keys = ArrayVec::new();
+    ) -> Result<(), c_int> {
+        let ctx = self.ctx;
         for &pos in positions.iter().take(MAX_BUCKETS) {
             let name = *args
                 .get(pos)
@@ -297,17 +312,12 @@ impl Call {
             if !foreign_ok && key.record().is_err() {
                 return Err(reply_error(ctx, errors::WRONGTYPE));
             }
-            keys.push(key);
+            self.keys.push(key);
         }
-        if keys.is_empty() {
+        if self.keys.is_empty() {
             return Err(reply_error(ctx, errors::INTERNAL));
         }
-        Ok(Call {
-            ctx,
-            keys,
-            now: now_ms(ctx),
-            replaced: KeySet::default(),
-        })
+        Ok(())
     }
 
     /// The server time of the call (ms), the same for every step of it.

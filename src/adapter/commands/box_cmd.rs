@@ -84,10 +84,10 @@ pub fn status(ctx: Ctx, args: &[Arg]) -> c_int {
     if let Err(e) = parse_status(args) {
         return reply_error(ctx, &e.to_string());
     }
-    let call = match Call::open(ctx, args, &[KEY], Access::Read, false) {
-        Ok(call) => call,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = call.open(args, &[KEY], Access::Read, false) {
+        return replied;
+    }
     let penalty = call
         .record(0)
         .map(Record::penalty_or_default)
@@ -101,10 +101,10 @@ pub fn trip(ctx: Ctx, args: &[Arg]) -> c_int {
         Ok(trip) => trip,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let mut call = match Call::open(ctx, args, &[KEY], Access::Write, false) {
-        Ok(call) => call,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = call.open(args, &[KEY], Access::Write, false) {
+        return replied;
+    }
     let now = call.now();
     let Some(record) = call.edit(0) else {
         return reply_error(ctx, crate::adapter::errors::INTERNAL);
@@ -123,10 +123,10 @@ pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
         Ok(forget) => forget,
         Err(e) => return reply_error(ctx, &e.to_string()),
     };
-    let mut call = match Call::open(ctx, args, &[KEY], Access::Write, false) {
-        Ok(call) => call,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = call.open(args, &[KEY], Access::Write, false) {
+        return replied;
+    }
     let now = call.now();
     let Some(before) = call.record(0).map(Record::penalty_or_default) else {
         return reply_int(ctx, 0);

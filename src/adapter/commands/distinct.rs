@@ -70,10 +70,10 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     } else {
         Access::Write
     };
-    let mut call = match Call::open(ctx, args, &[KEY], access, false) {
-        Ok(call) => call,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = call.open(args, &[KEY], access, false) {
+        return replied;
+    }
     let now = call.now();
     let mut penalty = call
         .record(0)

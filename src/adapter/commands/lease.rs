@@ -85,17 +85,17 @@ fn lease_id<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>) -> Result<usize, ArgError> {
     Ok(pos)
 }
 
-/// Parse the call with `parse` and open its key; on error the reply is
-/// already sent.
+/// Parse the call with `parse` and open its key in `call`; on error the
+/// reply is already sent.
 fn open<T>(
-    ctx: Ctx,
+    call: &mut Call,
     args: &[Arg],
     access: Access,
     parse: impl FnOnce(&[Arg]) -> Result<T, ArgError>,
-) -> Result<(T, Call), c_int> {
-    let parsed = parse(args).map_err(|e| reply_error(ctx, &e.to_string()))?;
-    let call = Call::open(ctx, args, &[KEY], access, false)?;
-    Ok((parsed, call))
+) -> Result<T, c_int> {
+    let parsed = parse(args).map_err(|e| reply_error(call.ctx(), &e.to_string()))?;
+    call.open(args, &[KEY], access, false)?;
+    Ok(parsed)
 }
 
 /// Run `change` on the key's leases where they live (a new empty set when
@@ -159,11 +159,12 @@ fn arg_bytes(args: &[Arg], pos: usize) -> &[u8] {
 
 /// Run `RL.LEASE ACQUIRE`.
 pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (AcquireArgs { max, ttl_ms, id }, mut call) =
-        match open(ctx, args, Access::Write, parse_acquire) {
-            Ok(opened) => opened,
-            Err(replied) => return replied,
-        };
+    let mut call = Call::new(ctx);
+    let AcquireArgs { max, ttl_ms, id } = match open(&mut call, args, Access::Write, parse_acquire)
+    {
+        Ok(parsed) => parsed,
+        Err(replied) => return replied,
+    };
     let now = call.now();
     let outcome = with_leases(&mut call, true, |leases| {
         let generated = id.is_none().then(|| new_id(leases, now));
@@ -210,7 +211,8 @@ pub fn acquire(ctx: Ctx, args: &[Arg]) -> c_int {
 
 /// Run `RL.LEASE RELEASE`: 1 when a live lease was removed.
 pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
-    let (id, mut call) = match open(ctx, args, Access::Write, parse_release) {
+    let mut call = Call::new(ctx);
+    let id = match open(&mut call, args, Access::Write, parse_release) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
@@ -229,7 +231,8 @@ pub fn release(ctx: Ctx, args: &[Arg]) -> c_int {
 /// Run `RL.LEASE RENEW`: 1 when the lease was live and now expires `ttl`
 /// from now.
 pub fn renew(ctx: Ctx, args: &[Arg]) -> c_int {
-    let ((id, ttl_ms), mut call) = match open(ctx, args, Access::Write, parse_renew) {
+    let mut call = Call::new(ctx);
+    let (id, ttl_ms) = match open(&mut call, args, Access::Write, parse_renew) {
         Ok(opened) => opened,
         Err(replied) => return replied,
     };
@@ -244,10 +247,10 @@ pub fn renew(ctx: Ctx, args: &[Arg]) -> c_int {
 
 /// Run `RL.LEASE LIST`: `[lease-id, ms_left]` pairs of the live leases.
 pub fn list(ctx: Ctx, args: &[Arg]) -> c_int {
-    let ((), call) = match open(ctx, args, Access::Read, parse_list) {
-        Ok(opened) => opened,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = open(&mut call, args, Access::Read, parse_list) {
+        return replied;
+    }
     let now = call.now();
     let leases = call.record(0).and_then(Record::leases);
     let live: Vec<(&[u8], i64)> = leases.into_iter().flat_map(|l| l.list(now)).collect();

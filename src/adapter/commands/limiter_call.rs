@@ -23,7 +23,7 @@ use crate::core::limits::{
 };
 use crate::core::penalty::PenaltyPolicy;
 use crate::core::record::{Holds, Record};
-use crate::core::take::{decide, Limits, Request, Settle};
+use crate::core::take::{decide, Request, Settle};
 
 /// The positions of a call's keys in its arguments, first key first (a
 /// fixed array: parsing allocates nothing).
@@ -39,7 +39,8 @@ pub enum Clause {
     Also,
 }
 
-/// Parse a limiter call after the command name. `limiter` reads one key's
+/// Parse a limiter call after the command name into `req` (an empty
+/// request, filled in place). `limiter` reads one key's
 /// limiter arguments; `own_word` consumes a word specific to the command
 /// (returning `Ok(false)` when the word is not its own). The position of
 /// every key is pushed to `keys` as soon as it is read, so a getkeys
@@ -47,12 +48,13 @@ pub enum Clause {
 pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
     c: &mut Cursor<'a, A>,
     keys: &mut KeyPositions,
+    req: &mut Request<L>,
     mut limiter: impl FnMut(&mut Cursor<'a, A>, Clause) -> Result<L, ArgError>,
     mut own_word: impl FnMut(&[u8], &mut Cursor<'a, A>) -> Result<bool, ArgError>,
-) -> Result<Request<L>, ArgError> {
+) -> Result<(), ArgError> {
     keys.try_push(c.key("key")?)
         .map_err(|_| ArgError::TooManyBuckets)?;
-    let mut limits = Limits::new();
+    let limits = &mut req.limits;
     limits
         .try_push(limiter(c, Clause::First)?)
         .map_err(|_| ArgError::TooManyBuckets)?;
@@ -136,16 +138,11 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
         None if offenses.is_some() => return Err(ArgError::NeedsStrikes { option: "OFFENSES" }),
         None => None,
     };
-    Ok(Request {
-        limits,
-        cost,
-        penalty,
-        jitter_percent: u8::try_from(jitter.unwrap_or(0)).unwrap_or(100),
-        delay_ms: None,
-        settle,
-        reserve: [0; MAX_BUCKETS],
-        partial_min: None,
-    })
+    req.cost = cost;
+    req.penalty = penalty;
+    req.jitter_percent = u8::try_from(jitter.unwrap_or(0)).unwrap_or(100);
+    req.settle = settle;
+    Ok(())
 }
 
 /// `COST` must fit every key's limit, except for a price known after the
@@ -195,10 +192,10 @@ where
     };
     let writes = req.cost > 0 && effect == Effect::Commit;
     let access = if writes { Access::Write } else { Access::Read };
-    let mut call = match Call::open(ctx, args, key_positions, access, false) {
-        Ok(call) => call,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = call.open(args, key_positions, access, false) {
+        return replied;
+    }
     let decision = decide_call(&mut call, req, effect);
     outcomes.record(decision.status);
     stats::settled(req, &decision);
@@ -232,19 +229,22 @@ where
         0
     };
     // A state for each key that holds none yet (only as many as keys).
+    // Pushed one by one, not collected: a collected array is built
+    // elsewhere and then copied whole.
     let n = req.limits.len().min(MAX_BUCKETS);
-    let mut fresh: ArrayVec<Option<L::State>, MAX_BUCKETS> = (0..n).map(|_| None).collect();
+    let mut fresh: ArrayVec<Option<L::State>, MAX_BUCKETS> = ArrayVec::new();
+    for _ in 0..n {
+        fresh.push(None);
+    }
     let (decision, effects) = if writes || req.cost == 0 {
         // A probe changes nothing: it reads in place too.
-        let mut slots: ArrayVec<&mut Option<L::State>, MAX_BUCKETS> = call
-            .keys_mut()
-            .iter_mut()
-            .zip(fresh.iter_mut())
-            .map(|(key, local)| match key.record_mut() {
+        let mut slots: ArrayVec<&mut Option<L::State>, MAX_BUCKETS> = ArrayVec::new();
+        for (key, local) in call.keys_mut().iter_mut().zip(fresh.iter_mut()) {
+            slots.push(match key.record_mut() {
                 Ok(Some(record)) => Holds::<L::State>::slot(record).unwrap_or(local),
                 _ => local,
-            })
-            .collect();
+            });
+        }
         decide(&mut slots, &mut penalty, req, now, random)
     } else {
         for (i, local) in fresh.iter_mut().enumerate() {

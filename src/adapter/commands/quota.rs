@@ -16,22 +16,24 @@ use crate::core::take::Request;
 
 const NAME: &str = "rl.quota";
 
-/// Parse an `RL.QUOTA` call: the request and whether it is a `PEEK`.
+/// Parse an `RL.QUOTA` call into `req` (empty, filled in place): whether
+/// it is a `PEEK`.
 pub fn parse<A: AsRef<[u8]>>(
     args: &[A],
     keys: &mut KeyPositions,
-) -> Result<(Request<Quota>, bool), ArgError> {
+    req: &mut Request<Quota>,
+) -> Result<bool, ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut peek = None;
-    let req = parse_call(&mut c, keys, quota, |word, _| {
+    parse_call(&mut c, keys, req, quota, |word, _| {
         if !is(word, "PEEK") {
             return Ok(false);
         }
         set_once(&mut peek, "PEEK", ())?;
         Ok(true)
     })?;
-    check_cost(&req)?;
-    Ok((req, peek.is_some()))
+    check_cost(req)?;
+    Ok(peek.is_some())
 }
 
 /// Read `limit DAY|WEEK|MONTH`.
@@ -60,18 +62,16 @@ fn quota<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Quota,
 /// Run `RL.QUOTA`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = KeyPositions::new();
-    let parsed = parse(args, &mut keys).map(|(req, peek)| match peek {
-        false => (req, Effect::Commit),
+    let mut req = Request::empty();
+    let parsed = parse(args, &mut keys, &mut req).map(|peek| match peek {
+        false => Effect::Commit,
         // A dry run simulates no strike: it reports the cost's fit only.
-        true => (
-            Request {
-                penalty: None,
-                ..req
-            },
-            Effect::DryRun,
-        ),
+        true => {
+            req.penalty = None;
+            Effect::DryRun
+        }
     });
-    let lent = parsed.as_ref().map(|(req, effect)| (req, *effect));
+    let lent = parsed.as_ref().map(|&effect| (&req, effect));
     run_parsed(ctx, args, &keys, lent, &stats::QUOTA)
 }
 
@@ -81,7 +81,8 @@ mod tests {
 
     fn parse_str(line: &str) -> Result<(Request<Quota>, bool), ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args, &mut KeyPositions::new())
+        let mut req = Request::empty();
+        parse(&args, &mut KeyPositions::new(), &mut req).map(|peek| (req, peek))
     }
 
     #[test]

@@ -21,14 +21,19 @@ use crate::core::take::{Settle, TakeRequest};
 
 const NAME: &str = "rl.take";
 
-/// Parse an `RL.TAKE` call; the key positions are pushed to `keys`.
-pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut KeyPositions) -> Result<TakeRequest, ArgError> {
+/// Parse an `RL.TAKE` call into `req` (empty, filled in place); the key
+/// positions are pushed to `keys`.
+pub fn parse<A: AsRef<[u8]>>(
+    args: &[A],
+    keys: &mut KeyPositions,
+    req: &mut TakeRequest,
+) -> Result<(), ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut delay = None;
     let mut partial = None;
     let mut min = None;
     let mut reserves: ArrayVec<(usize, u64), MAX_BUCKETS> = ArrayVec::new();
-    let mut req = parse_call(&mut c, keys, rate, |word, c| {
+    parse_call(&mut c, keys, req, rate, |word, c| {
         if is(word, "DELAY") {
             set_once(&mut delay, "DELAY", c.duration_ms("DELAY max_wait", false)?)?;
         } else if is(word, "PARTIAL") {
@@ -80,14 +85,14 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut KeyPositions) -> Result<Take
             needed: "PARTIAL",
         });
     }
-    for (index, percent) in reserves {
+    for &(index, percent) in &reserves {
         let Some(rate) = req.limits.get(index) else {
             return Err(ArgError::ReserveIndex { index });
         };
         // At least `percent`% of the capacity, rounded up.
         req.reserve[index] = rate.capacity.saturating_mul(percent).div_ceil(100);
     }
-    check_cost(&req)?;
+    check_cost(req)?;
     req.delay_ms = delay;
     if let Some(index) = req
         .limits
@@ -96,7 +101,7 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A], keys: &mut KeyPositions) -> Result<Take
     {
         return Err(ArgError::FillTooLong { index });
     }
-    Ok(req)
+    Ok(())
 }
 
 /// Read `capacity tokens period`.
@@ -117,8 +122,9 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = KeyPositions::new();
     // Parsed in place and lent: a request is large enough that moving it
     // shows in a call's cost.
-    let parsed = parse(args, &mut keys);
-    let lent = parsed.as_ref().map(|req| (req, Effect::Commit));
+    let mut req = TakeRequest::empty();
+    let parsed = parse(args, &mut keys, &mut req);
+    let lent = parsed.as_ref().map(|()| (&req, Effect::Commit));
     run_parsed(ctx, args, &keys, lent, &stats::TAKE)
 }
 
@@ -128,7 +134,8 @@ mod tests {
 
     fn parse_str(line: &str) -> Result<TakeRequest, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args, &mut KeyPositions::new())
+        let mut req = TakeRequest::empty();
+        parse(&args, &mut KeyPositions::new(), &mut req).map(|()| req)
     }
 
     #[test]
@@ -160,7 +167,7 @@ mod tests {
             "RL.TAKE", "a", "1", "1", "1", "ALSO", "b", "1", "1", "1", "ALSO", "c", "x",
         ];
         let mut keys = KeyPositions::new();
-        assert!(parse(&args, &mut keys).is_err());
+        assert!(parse(&args, &mut keys, &mut TakeRequest::empty()).is_err());
         assert_eq!(keys.as_slice(), &[1, 6, 11]);
     }
 

@@ -73,10 +73,10 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let rate = throttle.rate;
     let charges = throttle.quantity > 0 && can_fit(&rate, throttle.quantity);
     let access = if charges { Access::Write } else { Access::Read };
-    let mut call = match Call::open(ctx, args, &[1], access, true) {
-        Ok(call) => call,
-        Err(replied) => return replied,
-    };
+    let mut call = Call::new(ctx);
+    if let Err(replied) = call.open(args, &[1], access, true) {
+        return replied;
+    }
     let cost = if charges { throttle.quantity } else { 0 };
     let req = TakeRequest::new(&[rate], cost);
     let Some(key) = call.key(0) else {

@@ -24,10 +24,11 @@ const NAME: &str = "rl.window";
 pub fn parse<A: AsRef<[u8]>>(
     args: &[A],
     keys: &mut KeyPositions,
-) -> Result<Request<Window>, ArgError> {
+    req: &mut Request<Window>,
+) -> Result<(), ArgError> {
     let mut c = Cursor::new(NAME, args);
     let mut mode = None;
-    let mut req = parse_call(&mut c, keys, window, |word, _| {
+    parse_call(&mut c, keys, req, window, |word, _| {
         let chosen = if is(word, "EXACT") {
             Mode::Exact
         } else if is(word, "FIXED") {
@@ -38,7 +39,7 @@ pub fn parse<A: AsRef<[u8]>>(
         set_once(&mut mode, "EXACT or FIXED", chosen)?;
         Ok(true)
     })?;
-    check_cost(&req)?;
+    check_cost(req)?;
     let mode = mode.unwrap_or(Mode::Sliding);
     for (index, (w, &pos)) in req.limits.iter_mut().zip(keys.iter()).enumerate() {
         w.mode = mode;
@@ -47,7 +48,7 @@ pub fn parse<A: AsRef<[u8]>>(
             return Err(ArgError::ExactLimit { index });
         }
     }
-    Ok(req)
+    Ok(())
 }
 
 /// Read `limit window`.
@@ -67,8 +68,9 @@ fn window<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Windo
 /// Run `RL.WINDOW`.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = KeyPositions::new();
-    let parsed = parse(args, &mut keys);
-    let lent = parsed.as_ref().map(|req| (req, Effect::Commit));
+    let mut req = Request::empty();
+    let parsed = parse(args, &mut keys, &mut req);
+    let lent = parsed.as_ref().map(|()| (&req, Effect::Commit));
     run_parsed(ctx, args, &keys, lent, &stats::WINDOW)
 }
 
@@ -78,7 +80,8 @@ mod tests {
 
     fn parse_str(line: &str) -> Result<Request<Window>, ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
-        parse(&args, &mut KeyPositions::new())
+        let mut req = Request::empty();
+        parse(&args, &mut KeyPositions::new(), &mut req).map(|()| req)
     }
 
     #[test]

@@ -62,13 +62,15 @@ pub type Limits<L> = ArrayVec<L, MAX_BUCKETS>;
 /// An `RL.TAKE` call: buckets.
 pub type TakeRequest = Request<Rate>;
 
-impl<L: Clone> Request<L> {
-    /// A call of `cost` on keys with these limiters (the first
-    /// [`MAX_BUCKETS`]), with no options.
-    pub fn new(limits: &[L], cost: u64) -> Request<L> {
+impl<L> Request<L> {
+    /// A call of one point on no key yet, with no options: what a parser
+    /// fills in place (a request is large enough that moving it shows in
+    /// a call's cost).
+    #[inline]
+    pub fn empty() -> Request<L> {
         Request {
-            limits: limits.iter().take(MAX_BUCKETS).cloned().collect(),
-            cost,
+            limits: Limits::new(),
+            cost: 1,
             penalty: None,
             jitter_percent: 0,
             delay_ms: None,
@@ -76,6 +78,17 @@ impl<L: Clone> Request<L> {
             reserve: [0; MAX_BUCKETS],
             partial_min: None,
         }
+    }
+}
+
+impl<L: Clone> Request<L> {
+    /// A call of `cost` on keys with these limiters (the first
+    /// [`MAX_BUCKETS`]), with no options.
+    pub fn new(limits: &[L], cost: u64) -> Request<L> {
+        let mut req = Request::empty();
+        req.limits.extend(limits.iter().take(MAX_BUCKETS).cloned());
+        req.cost = cost;
+        req
     }
 }
 
@@ -174,12 +187,12 @@ pub fn decide<L: Limiter>(
     let n = req.limits.len().min(states.len()).min(MAX_BUCKETS);
     let limits = &req.limits[..n];
     let states = &mut states[..n];
-    // One reading per key (as many as keys: a reading can be large).
-    let mut seen: ArrayVec<L::Seen, MAX_BUCKETS> = states
-        .iter()
-        .zip(limits)
-        .map(|(state, limit)| limit.see(state.borrow().as_ref(), now))
-        .collect();
+    // One reading per key (as many as keys: a reading can be large),
+    // pushed where it lives (a collected array is copied whole).
+    let mut seen: ArrayVec<L::Seen, MAX_BUCKETS> = ArrayVec::new();
+    for (state, limit) in states.iter().zip(limits) {
+        seen.push(limit.see(state.borrow().as_ref(), now));
+    }
     let strikes_left = |p: &Penalty| {
         req.penalty
             .as_ref()
