@@ -31,18 +31,29 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
     out.reserve(2 + parts + 48);
     out.push(PAYLOAD_VERSION);
     out.push(Marker::FixArray(parts as u8).to_u8());
-    for index in 0..parts {
-        match (&record.bucket, window) {
-            (Some(bucket), _) if index == Record::BUCKET_INDEX => write_bucket(out, bucket),
-            (_, Some(w)) if index == Record::WINDOW_INDEX => write_window(out, w),
-            _ => nil(out),
-        }
+    // In encoding order: nil for each part absent, the bucket before the
+    // window.
+    const { assert!(Record::BUCKET_INDEX < Record::WINDOW_INDEX) };
+    nils(out, Record::BUCKET_INDEX);
+    match &record.bucket {
+        Some(bucket) => write_bucket(out, bucket),
+        None => nil(out),
     }
+    nils(out, Record::WINDOW_INDEX - Record::BUCKET_INDEX - 1);
+    match window {
+        Some(w) => write_window(out, w),
+        None => nil(out),
+    }
+    nils(out, parts.saturating_sub(Record::WINDOW_INDEX + 1));
     true
 }
 
 fn nil(out: &mut Vec<u8>) {
     out.push(Marker::Null.to_u8());
+}
+
+fn nils(out: &mut Vec<u8>, n: usize) {
+    out.resize(out.len() + n, Marker::Null.to_u8());
 }
 
 /// Writing into a Vec cannot fail, so the writers' results are dropped.
