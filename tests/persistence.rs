@@ -226,3 +226,90 @@ fn an_aof_of_the_older_two_command_form_still_replays() {
         "the old-form AOF replays to the same state"
     );
 }
+
+/// `MEMORY USAGE` of `key`.
+fn memory_usage(con: &mut redis::Connection, key: &str) -> i64 {
+    redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .query(con)
+        .expect("MEMORY USAGE")
+}
+
+#[test]
+fn a_key_that_holds_only_a_bucket_is_stored_bare_on_every_path() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    // `bare`: a bucket from its first call. `full`: the same bucket, once
+    // beside a penalty that is then forgotten, so its record is whole.
+    ints(&mut con, "RL.TAKE bare 10 1 100 COST 4");
+    ints(&mut con, "RL.TAKE full 10 1 100 COST 4");
+    ints(&mut con, "RL.BOX TRIP full 1 60");
+    assert_eq!(int(&mut con, "RL.BOX RELEASE full FORGET"), 1);
+    let (bare, full) = (
+        memory_usage(&mut con, "bare"),
+        memory_usage(&mut con, "full"),
+    );
+    assert_eq!(
+        full - bare,
+        16,
+        "a bare bucket is one allocator class below a record"
+    );
+    let dump = |con: &mut redis::Connection, k: &str| -> Vec<u8> {
+        redis::cmd("DUMP").arg(k).query(con).expect("DUMP")
+    };
+    let payload = dump(&mut con, "bare");
+
+    // A bare bucket grows into a record, and is bare again once loaded.
+    ints(&mut con, "RL.TAKE grows 10 1 100 COST 4");
+    ints(&mut con, "RL.TAKE grows 10 1 100 COST 9 STRIKES 1 60");
+    ints(&mut con, "RL.TAKE grows 10 1 100 COST 9 STRIKES 1 60");
+    assert_eq!(
+        box_status(&mut con, "grows").to_array()[0],
+        1,
+        "the box tripped"
+    );
+    assert!(memory_usage(&mut con, "grows") > full, "a bucket and a box");
+    let _: () = redis::cmd("DEBUG")
+        .arg("RELOAD")
+        .query(&mut con)
+        .expect("DEBUG RELOAD");
+    assert_eq!(
+        memory_usage(&mut con, "full"),
+        bare,
+        "a loaded bucket-only record is bare"
+    );
+    assert_eq!(memory_usage(&mut con, "bare"), bare);
+    assert_eq!(
+        dump(&mut con, "bare"),
+        payload,
+        "the same bytes after the reload"
+    );
+    assert_eq!(
+        box_status(&mut con, "grows").to_array()[0],
+        1,
+        "the box is kept"
+    );
+
+    // COPY and RESTORE of a bare bucket are bare, with the same answers.
+    let _: i64 = redis::cmd("COPY")
+        .arg("bare")
+        .arg("cop")
+        .query(&mut con)
+        .expect("COPY");
+    let _: () = redis::cmd("RESTORE")
+        .arg("res")
+        .arg(0)
+        .arg(&payload[..])
+        .query(&mut con)
+        .expect("RESTORE");
+    for k in ["cop", "res"] {
+        assert_eq!(memory_usage(&mut con, k), bare, "{k}");
+        assert_eq!(dump(&mut con, k), payload, "{k}");
+        assert_eq!(
+            ints(&mut con, &format!("RL.TAKE {k} 10 1 100 COST 7"))[..2],
+            ints(&mut con, "RL.TAKE bare 10 1 100 COST 7")[..2],
+            "{k} answers as the original"
+        );
+    }
+}

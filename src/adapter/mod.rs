@@ -5,6 +5,7 @@ pub mod args;
 pub mod commands;
 pub mod errors;
 pub mod ffi;
+pub mod key;
 pub mod reply;
 pub mod rtype;
 pub mod stats;

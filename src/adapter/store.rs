@@ -15,11 +15,8 @@ use std::os::raw::{c_char, c_int, c_longlong};
 
 use arrayvec::ArrayVec;
 
-use redis_module::raw;
-
 use super::errors;
 use super::ffi::{api, notify, now_ms, reply_error, Arg, Ctx, RStr};
-use super::rtype::{from_raw, into_raw, rl_type};
 use super::stats;
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
@@ -27,233 +24,9 @@ use crate::core::patch;
 use crate::core::patch::PatchPlan;
 use crate::core::record::{Record, Retention};
 use crate::core::take::KeySet;
+
+pub use super::key::{Access, RlKey, WrongType};
 use crate::core::time::Millis;
-
-/// A key holds a value of another type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WrongType;
-
-/// How a key is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Only read (a probe, a status): a missing key is not created.
-    Read,
-    /// Read and maybe write.
-    Write,
-}
-
-/// An open key, closed when dropped.
-pub struct RlKey {
-    raw: *mut raw::RedisModuleKey,
-    /// The key name as Redis gave it.
-    pub name: Arg,
-    /// The record was created by [`RlKey::edit`] in this call: the key did
-    /// not exist before, so deleting it again is not an effect.
-    created: bool,
-    /// What the key holds, read once at open and kept up to date by this
-    /// key's own writes (nothing else writes it during a command).
-    held: Held,
-}
-
-/// What an open key holds.
-#[derive(Clone, Copy)]
-enum Held {
-    /// Nothing (no key, or the key could not be opened).
-    Nothing,
-    /// An rl record, owned by Redis.
-    Record(*mut Record),
-    /// A value of another type.
-    Other,
-}
-
-impl RlKey {
-    /// Open `name` in the selected database.
-    pub fn open(ctx: Ctx, name: Arg, access: Access) -> RlKey {
-        let mode = match access {
-            Access::Read => raw::REDISMODULE_READ,
-            Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
-        };
-        let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
-        RlKey {
-            raw,
-            name,
-            created: false,
-            held: held_by(raw),
-        }
-    }
-
-    /// The record held by the key: `None` when the key does not exist,
-    /// `WrongType` when it holds another type.
-    pub fn record(&self) -> Result<Option<&Record>, WrongType> {
-        self.value().map(|v| v.map(|r| &*r))
-    }
-
-    /// The bytes of a string value (`None` for any other type or no key):
-    /// used to read the value of another limiter (redis-cell) to convert.
-    pub fn string_value(&self) -> Option<&[u8]> {
-        if self.raw.is_null() {
-            return None;
-        }
-        let kind = unsafe { api!(RedisModule_KeyType)(self.raw) } as isize;
-        if kind != raw::REDISMODULE_KEYTYPE_STRING {
-            return None;
-        }
-        let mut len = 0usize;
-        let ptr = unsafe {
-            api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
-        };
-        if ptr.is_null() {
-            return None;
-        }
-        // Valid while the key is open and unmodified.
-        Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
-    }
-
-    /// The record, writable in place (`None` when the key holds nothing).
-    pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
-        self.value()
-    }
-
-    /// The record to change in place and then commit: the key's own, or
-    /// a new empty one put in the key (opened for writing).
-    pub fn edit(&mut self) -> Result<&mut Record, WrongType> {
-        if self.value()?.is_none() {
-            self.store(Record::default());
-        }
-        self.value()?.ok_or(WrongType)
-    }
-
-    /// The value pointer behind the key. Private: callers get `&Record`
-    /// from [`RlKey::record`], or `&mut` through `&mut self`.
-    #[allow(clippy::mut_from_ref)]
-    fn value(&self) -> Result<Option<&mut Record>, WrongType> {
-        match self.held {
-            Held::Nothing => Ok(None),
-            // Redis owns the value while the key holds it.
-            Held::Record(record) => Ok(unsafe { record.as_mut() }),
-            Held::Other => Err(WrongType),
-        }
-    }
-
-    /// Put `record` in the key, in place when it already holds one (which
-    /// keeps its TTL until the caller sets a new one); a value of another
-    /// type is replaced. Nothing is replicated: [`Call::commit`] the key
-    /// before the command ends.
-    pub fn store(&mut self, record: Record) {
-        match self.value() {
-            Ok(Some(existing)) => *existing = record,
-            missing_or_other => {
-                self.created |= missing_or_other.is_ok();
-                let value = into_raw(record);
-                let set =
-                    unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) };
-                self.held = if set == raw::REDISMODULE_OK as c_int {
-                    Held::Record(value.cast::<Record>())
-                } else {
-                    // Not taken (a key not open for writing): ours to free.
-                    drop(unsafe { Box::from_raw(value.cast::<Record>()) });
-                    held_by(self.raw)
-                };
-            }
-        }
-    }
-
-    /// Set the key's expiry to the absolute time `at` (ms), exactly: a
-    /// replica receives the same `at` and must end with the same
-    /// `PEXPIRETIME`. Redis 7.0 has only a relative `RM_SetExpire`, so the
-    /// clock is read around it until no millisecond boundary was crossed.
-    /// Returns whether the expiry is exactly `at` (always, unless `at` is
-    /// not in the future or the clock kept moving).
-    fn expire_at(&self, at: Millis) -> bool {
-        if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
-            unsafe { set_abs(self.raw, at) };
-            return true;
-        }
-        let clock = api!(RedisModule_Milliseconds);
-        let set = api!(RedisModule_SetExpire);
-        for _ in 0..8 {
-            let before = unsafe { clock() };
-            unsafe { set(self.raw, at.saturating_sub(before).max(0)) };
-            if unsafe { clock() } == before {
-                return at > before;
-            }
-        }
-        false
-    }
-
-    /// [`RlKey::expire_at`] for a replicated `at`, which may already be
-    /// past on this server's clock (a replica behind, an AOF replayed
-    /// later): then Redis' own `PEXPIREAT` sets it (which, on a replica or
-    /// while loading, keeps an expired key for the master's `DEL`).
-    fn expire_at_exactly(&self, ctx: Ctx, at: Millis) {
-        if self.expire_at(at) {
-            return;
-        }
-        unsafe {
-            let reply = api!(RedisModule_Call)(
-                ctx.ptr(),
-                c"PEXPIREAT".as_ptr(),
-                c"sl".as_ptr(),
-                self.name.0,
-                at as c_longlong,
-            );
-            if !reply.is_null() {
-                api!(RedisModule_FreeCallReply)(reply);
-            }
-        }
-    }
-
-    /// Whether the key has a TTL.
-    pub fn has_ttl(&self) -> bool {
-        !self.raw.is_null()
-            && unsafe { api!(RedisModule_GetExpire)(self.raw) }
-                != raw::REDISMODULE_NO_EXPIRE as raw::mstime_t
-    }
-
-    fn persist(&self) {
-        unsafe {
-            api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t)
-        };
-    }
-
-    fn delete(&mut self) {
-        unsafe { api!(RedisModule_DeleteKey)(self.raw) };
-        self.held = Held::Nothing;
-    }
-
-    fn signal_modified(&self, ctx: Ctx) {
-        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.ptr(), self.name.0) };
-    }
-}
-
-/// What the open key `raw` holds (null: nothing).
-fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
-    if raw.is_null() {
-        return Held::Nothing;
-    }
-    let kind = unsafe { api!(RedisModule_KeyType)(raw) } as isize;
-    if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-        return Held::Nothing;
-    }
-    if kind != raw::REDISMODULE_KEYTYPE_MODULE
-        || unsafe { api!(RedisModule_ModuleTypeGetType)(raw) } != rl_type()
-    {
-        return Held::Other;
-    }
-    let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
-    match unsafe { from_raw(value) } {
-        Some(record) => Held::Record(record),
-        None => Held::Nothing,
-    }
-}
-
-impl Drop for RlKey {
-    fn drop(&mut self) {
-        if !self.raw.is_null() {
-            unsafe { api!(RedisModule_CloseKey)(self.raw) };
-        }
-    }
-}
 
 /// What a committed call announces to keyspace-notification subscribers
 /// (and counts in `INFO`).
@@ -378,7 +151,8 @@ impl Call {
                 .enumerate()
                 .filter(|(i, _)| written.contains(*i))
             {
-                let Ok(Some(record)) = key.value() else {
+                let created = key.created();
+                let Ok(Some(record)) = key.record_mut() else {
                     continue;
                 };
                 let at = match record.prune(now) {
@@ -386,7 +160,7 @@ impl Call {
                         // The type's `free` gets the pruned record, so the
                         // leases just swept are not counted a second time.
                         key.delete();
-                        if !key.created {
+                        if !created {
                             replicate_del(ctx, key.name);
                             key.signal_modified(ctx);
                         }
@@ -398,7 +172,7 @@ impl Call {
                 let start = payloads.len();
                 // A record new to the replica goes whole; otherwise the
                 // parts the call did not reach stay the replica's own.
-                let plan = if key.created || replaced.contains(i) {
+                let plan = if created || replaced.contains(i) {
                     PatchPlan::default()
                 } else {
                     record.patch_plan(now)
@@ -409,6 +183,8 @@ impl Call {
                     patch::encode_patch_append(record, &plan, now, payloads);
                 }
                 record.clear_touched();
+                // In Redis before its expiry is set.
+                key.write_back();
                 // A call has at most MAX_BUCKETS keys, so this always fits.
                 let _ = applied.try_push((key.name, start..payloads.len(), at));
                 match at {

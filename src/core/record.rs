@@ -455,6 +455,15 @@ impl Record {
         }
     }
 
+    /// The bucket, when the record holds it and nothing else (what a key
+    /// may keep bare, see the adapter's module type).
+    pub fn bare_bucket(&self) -> Option<Bucket> {
+        match (&self.bucket, &self.penalty, &self.others) {
+            (Some(bucket), None, None) => Some(*bucket),
+            _ => None,
+        }
+    }
+
     /// The part of type `T`, if the record holds it.
     pub fn part<T>(&self) -> Option<&T>
     where

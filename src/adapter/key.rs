@@ -1,0 +1,328 @@
+//! An open key: what it holds, read once at open, and the one place a
+//! record is put into Redis ([`RlKey::store`]). A key that holds only a
+//! bucket keeps it bare in Redis (see [`super::rtype`]); while the key is
+//! open its record is a copy beside it, written back by
+//! [`super::store::Call::commit`].
+
+use std::ffi::c_void;
+use std::os::raw::{c_int, c_longlong};
+
+use redis_module::raw;
+
+use super::ffi::{api, Arg, Ctx};
+use super::rtype::{free_value, from_raw, into_raw, rl_type, Stored};
+use crate::core::bucket::Bucket;
+use crate::core::record::Record;
+use crate::core::time::Millis;
+
+/// A key holds a value of another type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WrongType;
+
+/// How a key is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Only read (a probe, a status): a missing key is not created.
+    Read,
+    /// Read and maybe write.
+    Write,
+}
+
+/// An open key, closed when dropped.
+pub struct RlKey {
+    raw: *mut raw::RedisModuleKey,
+    /// The key name as Redis gave it.
+    pub name: Arg,
+    /// The record was created by [`RlKey::edit`] in this call: the key did
+    /// not exist before, so deleting it again is not an effect.
+    created: bool,
+    /// What the key holds, read once at open and kept up to date by this
+    /// key's own writes (nothing else writes it during a command).
+    held: Held,
+    /// The record of a key held as a bare bucket, or not stored yet: the
+    /// core reads and changes it here, and [`RlKey::write_back`] puts it in
+    /// Redis.
+    local: Record,
+}
+
+/// What an open key holds.
+#[derive(Clone, Copy)]
+enum Held {
+    /// Nothing (no key, or the key could not be opened).
+    Nothing,
+    /// An rl record, owned by Redis, read and changed where it lives.
+    Record(*mut Record),
+    /// A bare bucket, owned by Redis; the key's `local` record holds a copy.
+    Bucket(*mut Bucket),
+    /// A record made in this call and not in Redis yet: the key's `local`.
+    Pending,
+    /// A value of another type.
+    Other,
+}
+
+impl RlKey {
+    /// Open `name` in the selected database.
+    pub fn open(ctx: Ctx, name: Arg, access: Access) -> RlKey {
+        let mode = match access {
+            Access::Read => raw::REDISMODULE_READ,
+            Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
+        };
+        let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
+        let held = held_by(raw);
+        let local = match held {
+            Held::Bucket(bucket) => Record::with_bucket(unsafe { *bucket }),
+            _ => Record::default(),
+        };
+        RlKey {
+            raw,
+            name,
+            created: false,
+            held,
+            local,
+        }
+    }
+
+    /// The record held by the key: `None` when the key does not exist,
+    /// `WrongType` when it holds another type.
+    pub fn record(&self) -> Result<Option<&Record>, WrongType> {
+        match self.held {
+            Held::Nothing => Ok(None),
+            // Redis owns the value while the key holds it.
+            Held::Record(record) => Ok(unsafe { record.as_ref() }),
+            Held::Bucket(_) | Held::Pending => Ok(Some(&self.local)),
+            Held::Other => Err(WrongType),
+        }
+    }
+
+    /// The bytes of a string value (`None` for any other type or no key):
+    /// used to read the value of another limiter (redis-cell) to convert.
+    pub fn string_value(&self) -> Option<&[u8]> {
+        if self.raw.is_null() {
+            return None;
+        }
+        let kind = unsafe { api!(RedisModule_KeyType)(self.raw) } as isize;
+        if kind != raw::REDISMODULE_KEYTYPE_STRING {
+            return None;
+        }
+        let mut len = 0usize;
+        let ptr = unsafe {
+            api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
+        };
+        if ptr.is_null() {
+            return None;
+        }
+        // Valid while the key is open and unmodified.
+        Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+    }
+
+    /// The record, writable in place (`None` when the key holds nothing).
+    /// A change reaches Redis when the key is committed (a record in Redis
+    /// is changed where it lives; a bare bucket or a new record is written
+    /// back).
+    pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
+        match self.held {
+            Held::Nothing => Ok(None),
+            Held::Record(record) => Ok(unsafe { record.as_mut() }),
+            Held::Bucket(_) | Held::Pending => Ok(Some(&mut self.local)),
+            Held::Other => Err(WrongType),
+        }
+    }
+
+    /// The record to change in place and then commit: the key's own, or
+    /// a new empty one (stored when committed).
+    pub fn edit(&mut self) -> Result<&mut Record, WrongType> {
+        if matches!(self.held, Held::Nothing) {
+            self.local = Record::default();
+            self.held = Held::Pending;
+            self.created = true;
+        }
+        self.record_mut()?.ok_or(WrongType)
+    }
+
+    /// Whether the record did not exist before this call (made by
+    /// [`RlKey::edit`] or stored into a missing key): deleting it again
+    /// is not an effect.
+    pub fn created(&self) -> bool {
+        self.created
+    }
+
+    /// Put `record` in the key now, in place when it already holds a
+    /// record (which keeps its TTL until the caller sets a new one); a key
+    /// that gets only a bucket keeps it bare; a value of another type is
+    /// replaced. Nothing is replicated: [`super::store::Call::commit`] the
+    /// key before the command ends.
+    pub fn store(&mut self, record: Record) {
+        match self.held {
+            Held::Record(existing) => {
+                if let Some(existing) = unsafe { existing.as_mut() } {
+                    *existing = record;
+                    return;
+                }
+            }
+            Held::Bucket(bare) => {
+                if let (Some(bucket), Some(bare)) = (record.bare_bucket(), unsafe { bare.as_mut() })
+                {
+                    *bare = bucket;
+                    self.local = record;
+                    return;
+                }
+                // More than a bucket now: a whole record replaces it.
+                let value = into_raw(record);
+                let mut old = std::ptr::null_mut();
+                let replaced = unsafe {
+                    api!(RedisModule_ModuleTypeReplaceValue)(self.raw, rl_type(), value, &mut old)
+                };
+                // Ours to free: the value Redis gave back, or the one it
+                // did not take.
+                if replaced == raw::REDISMODULE_OK as c_int {
+                    unsafe { free_value(old) };
+                    self.adopt(value);
+                } else {
+                    unsafe { free_value(value) };
+                }
+                return;
+            }
+            Held::Nothing | Held::Pending => self.created = true,
+            Held::Other => {}
+        }
+        let value = into_raw(record);
+        let set = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) };
+        if set == raw::REDISMODULE_OK as c_int {
+            self.adopt(value);
+        } else {
+            // Not taken (a key not open for writing): ours to free.
+            unsafe { free_value(value) };
+            self.held = held_by(self.raw);
+        }
+    }
+
+    /// Hold `value`, just put in the key.
+    fn adopt(&mut self, value: *mut c_void) {
+        self.held = match unsafe { from_raw(value) } {
+            Some(Stored::Record(record)) => Held::Record(record),
+            Some(Stored::Bucket(bucket)) => {
+                self.local = Record::with_bucket(unsafe { *bucket });
+                Held::Bucket(bucket)
+            }
+            None => Held::Nothing,
+        };
+    }
+
+    /// Put a record changed beside the key (a bare bucket's, a new one's)
+    /// in Redis; a record in Redis was changed where it lives.
+    pub fn write_back(&mut self) {
+        match self.held {
+            Held::Bucket(bare) => match (self.local.bare_bucket(), unsafe { bare.as_mut() }) {
+                (Some(bucket), Some(bare)) => *bare = bucket,
+                _ => {
+                    let record = std::mem::take(&mut self.local);
+                    self.store(record);
+                }
+            },
+            Held::Pending => {
+                let record = std::mem::take(&mut self.local);
+                self.store(record);
+            }
+            Held::Nothing | Held::Record(_) | Held::Other => {}
+        }
+    }
+
+    /// Set the key's expiry to the absolute time `at` (ms), exactly: a
+    /// replica receives the same `at` and must end with the same
+    /// `PEXPIRETIME`. Redis 7.0 has only a relative `RM_SetExpire`, so the
+    /// clock is read around it until no millisecond boundary was crossed.
+    /// Returns whether the expiry is exactly `at` (always, unless `at` is
+    /// not in the future or the clock kept moving).
+    pub(super) fn expire_at(&self, at: Millis) -> bool {
+        if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
+            unsafe { set_abs(self.raw, at) };
+            return true;
+        }
+        let clock = api!(RedisModule_Milliseconds);
+        let set = api!(RedisModule_SetExpire);
+        for _ in 0..8 {
+            let before = unsafe { clock() };
+            unsafe { set(self.raw, at.saturating_sub(before).max(0)) };
+            if unsafe { clock() } == before {
+                return at > before;
+            }
+        }
+        false
+    }
+
+    /// [`RlKey::expire_at`] for a replicated `at`, which may already be
+    /// past on this server's clock (a replica behind, an AOF replayed
+    /// later): then Redis' own `PEXPIREAT` sets it (which, on a replica or
+    /// while loading, keeps an expired key for the master's `DEL`).
+    pub(super) fn expire_at_exactly(&self, ctx: Ctx, at: Millis) {
+        if self.expire_at(at) {
+            return;
+        }
+        unsafe {
+            let reply = api!(RedisModule_Call)(
+                ctx.ptr(),
+                c"PEXPIREAT".as_ptr(),
+                c"sl".as_ptr(),
+                self.name.0,
+                at as c_longlong,
+            );
+            if !reply.is_null() {
+                api!(RedisModule_FreeCallReply)(reply);
+            }
+        }
+    }
+
+    /// Whether the key has a TTL.
+    pub fn has_ttl(&self) -> bool {
+        !self.raw.is_null()
+            && unsafe { api!(RedisModule_GetExpire)(self.raw) }
+                != raw::REDISMODULE_NO_EXPIRE as raw::mstime_t
+    }
+
+    pub(super) fn persist(&self) {
+        unsafe {
+            api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t)
+        };
+    }
+
+    pub(super) fn delete(&mut self) {
+        if !matches!(self.held, Held::Pending) {
+            unsafe { api!(RedisModule_DeleteKey)(self.raw) };
+        }
+        self.held = Held::Nothing;
+    }
+
+    pub(super) fn signal_modified(&self, ctx: Ctx) {
+        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.ptr(), self.name.0) };
+    }
+}
+
+/// What the open key `raw` holds (null: nothing).
+fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
+    if raw.is_null() {
+        return Held::Nothing;
+    }
+    let kind = unsafe { api!(RedisModule_KeyType)(raw) } as isize;
+    if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
+        return Held::Nothing;
+    }
+    if kind != raw::REDISMODULE_KEYTYPE_MODULE
+        || unsafe { api!(RedisModule_ModuleTypeGetType)(raw) } != rl_type()
+    {
+        return Held::Other;
+    }
+    let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
+    match unsafe { from_raw(value) } {
+        Some(Stored::Record(record)) => Held::Record(record),
+        Some(Stored::Bucket(bucket)) => Held::Bucket(bucket),
+        None => Held::Nothing,
+    }
+}
+
+impl Drop for RlKey {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            unsafe { api!(RedisModule_CloseKey)(self.raw) };
+        }
+    }
+}
