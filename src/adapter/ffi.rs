@@ -61,6 +61,7 @@ pub fn guard<T>(fallback: T, body: impl FnOnce() -> T) -> T {
 pub struct Arg(pub(crate) RStr);
 
 impl AsRef<[u8]> for Arg {
+    #[inline]
     fn as_ref(&self) -> &[u8] {
         let mut len = 0usize;
         let ptr = unsafe { api!(RedisModule_StringPtrLen)(self.0, &mut len) };
@@ -93,10 +94,11 @@ pub fn now_ms(_ctx: Ctx) -> i64 {
 
 /// Reply with an array of integers.
 pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
+    let reply_int = api!(RedisModule_ReplyWithLongLong);
     unsafe {
         api!(RedisModule_ReplyWithArray)(ctx.0, values.len() as c_long);
         for v in values {
-            api!(RedisModule_ReplyWithLongLong)(ctx.0, *v as c_longlong);
+            reply_int(ctx.0, *v as c_longlong);
         }
     }
     raw::REDISMODULE_OK as c_int

@@ -86,7 +86,9 @@ impl<L: Clone> Request<L> {
     /// [`MAX_BUCKETS`]), with no options.
     pub fn new(limits: &[L], cost: u64) -> Request<L> {
         let mut req = Request::empty();
-        req.limits.extend(limits.iter().take(MAX_BUCKETS).cloned());
+        for limit in limits.iter().take(MAX_BUCKETS) {
+            req.limits.push(limit.clone());
+        }
         req.cost = cost;
         req
     }
