@@ -13,7 +13,13 @@
 # rl's CL.THROTTLE serves at least this many times redis-cell's
 # CELL.THROTTLE requests per second, side by side.
 TARGET_THROTTLE_VS_CELL=1.3
-# The memory targets, bytes per key (used_memory delta over MEM_KEYS keys).
+# The memory targets, bytes per key (used_memory delta over MEM_KEYS keys):
+# a bucket key at most the floor's key plus one 16-byte allocator class,
+# a bucket with an active box at most the floor's plus 48, both from this
+# run's floor; without the floor, the figures the targets were set from
+# (a floor key of 165 bytes).
+TARGET_BUCKET_OVER_FLOOR=16
+TARGET_BUCKET_BOX_OVER_FLOOR=48
 TARGET_BUCKET_BYTES=181
 TARGET_BUCKET_BOX_BYTES=213
 
@@ -163,23 +169,30 @@ report_ratios() {
             }
             for (i = 1; i <= nv; i++) print verdict[i]
         }' "$RESULTS"
-    awk -F'\t' -v tb="$TARGET_BUCKET_BYTES" -v tx="$TARGET_BUCKET_BOX_BYTES" '
+    awk -F'\t' -v tb="$TARGET_BUCKET_BYTES" -v tx="$TARGET_BUCKET_BOX_BYTES" \
+        -v ob="$TARGET_BUCKET_OVER_FLOOR" -v ox="$TARGET_BUCKET_BOX_OVER_FLOOR" '
         { mem[$1] = $3 }
         function ratio(name, a, b, label) {
             if ((a in mem) && (b in mem) && mem[b] > 0)
                 printf "RATIO %s %.2f  (bytes per key: %s %.0f / %s %.0f)\n", name, mem[a] / mem[b], a, mem[a], b, mem[b]
         }
-        function target(a, limit) {
-            if (a in mem) printf "TARGET %-7s memory: %s <= %d bytes per key: %.0f\n",
-                (mem[a] <= limit ? "met" : "NOT met"), a, limit, mem[a]
+        function target(a, limit, over,    floor, how) {
+            floor = "FLOOR.TAKE (floor)"
+            how = "fixed: no floor in this run"
+            if (floor in mem) {
+                limit = mem[floor] + over
+                how = sprintf("the floor key %.1f + %d", mem[floor], over)
+            }
+            if (a in mem) printf "TARGET %-7s memory: %s <= %.1f bytes per key (%s): %.1f\n",
+                (mem[a] <= limit ? "met" : "NOT met"), a, limit, how, mem[a]
         }
         END {
             ratio("bytes.take/floor", "RL.TAKE bucket", "FLOOR.TAKE (floor)")
             ratio("bytes.take_box/floor", "RL.TAKE bucket+strikes+box", "FLOOR.TAKE (floor)")
             ratio("bytes.throttle/cell", "CL.THROTTLE (rl) bucket", "CELL.THROTTLE (redis-cell)")
             ratio("bytes.take/lua", "RL.TAKE bucket", "Lua bucket (hash)")
-            target("RL.TAKE bucket", tb)
-            target("RL.TAKE bucket+strikes+box", tx)
+            target("RL.TAKE bucket", tb, ob)
+            target("RL.TAKE bucket+strikes+box", tx, ox)
         }' "$MEMORY"
     [[ -n "$CELL_SO" ]] || echo "NOTE redis-cell was not built: no CL.THROTTLE side-by-side ratio or target"
     [[ -n "$FLOOR_SO" ]] || echo "NOTE the floor module was not built: no floor ratios"
