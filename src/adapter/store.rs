@@ -1,13 +1,14 @@
-//! Key access and the one call path. A command opens its keys once and
-//! reads the clock once in a [`Call`]; every write of the module then goes
-//! through [`Call::commit`] (or [`apply_replicated`] on a replica): it
-//! prunes each written record where it lives, sets the key's absolute
-//! expiry, signals the modification, replicates the *effect* as one
-//! command for all the keys of the call (`RL.APPLY key payload <at-ms |
-//! PERSIST> [key payload <at-ms | PERSIST>]...`, each payload a whole
-//! record or a patch of the parts the call reached, see
-//! [`crate::core::patch`]; `DEL key` for a key deleted), never the time-dependent command, so replicas and AOF replays
-//! reach the same bytes, and announces a trip or a release.
+//! The one call path. A command opens its keys once (each an [`RlKey`],
+//! see [`super::key`]) and reads the clock once in a [`Call`]; every write
+//! of the module then goes through [`Call::commit`] (or
+//! [`apply_replicated`] on a replica): it prunes each written record where
+//! it lives, puts it in Redis, sets the key's absolute expiry, signals the
+//! modification, replicates the *effect* as one command for all the keys
+//! of the call (`RL.APPLY key payload <at-ms | PERSIST> [key payload
+//! <at-ms | PERSIST>]...`, each payload a whole record or a patch of the
+//! parts the call reached, see [`crate::core::patch`]; `DEL key` for a
+//! key deleted), never the time-dependent command, so replicas and AOF
+//! replays reach the same bytes, and announces a trip or a release.
 
 use std::cell::RefCell;
 use std::ops::Range;
