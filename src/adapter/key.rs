@@ -1,8 +1,10 @@
 //! An open key: what it holds, read once at open, and the one place a
-//! record is put into Redis ([`RlKey::store`]). A key that holds only a
-//! bucket keeps it bare in Redis (see [`super::rtype`]); while the key is
-//! open its record is a copy beside it, written back by
-//! [`super::store::Call::commit`].
+//! record is put into Redis ([`RlKey::store`]). A key whose record has a
+//! compact form keeps that in Redis (a bare bucket, a bucket with a
+//! penalty: see [`super::rtype`]); while the key is open its record is a
+//! copy beside it, written back by [`super::store::Call::commit`].
+
+use std::cell::Cell;
 
 use std::ffi::c_void;
 use std::os::raw::{c_int, c_longlong};
@@ -10,8 +12,10 @@ use std::os::raw::{c_int, c_longlong};
 use redis_module::raw;
 
 use super::ffi::{api, Arg, Ctx};
-use super::rtype::{free_value, from_raw, into_raw, rl_type, Stored};
+use super::rtype::{compact_value, free_value, from_raw, into_raw, rl_type, Stored};
 use crate::core::bucket::Bucket;
+use crate::core::packed::BucketWithPenalty;
+use crate::core::penalty::Penalty;
 use crate::core::record::Record;
 use crate::core::time::Millis;
 
@@ -39,7 +43,7 @@ pub struct RlKey {
     /// What the key holds, read once at open and kept up to date by this
     /// key's own writes (nothing else writes it during a command).
     held: Held,
-    /// The record of a key held as a bare bucket, or not stored yet: the
+    /// The record of a key held in a compact form, or not stored yet: the
     /// core reads and changes it here, and [`RlKey::write_back`] puts it in
     /// Redis.
     local: Record,
@@ -54,6 +58,8 @@ enum Held {
     Record(*mut Record),
     /// A bare bucket, owned by Redis; the key's `local` record holds a copy.
     Bucket(*mut Bucket),
+    /// A bucket with a penalty, owned by Redis; `local` holds a copy.
+    BucketWithPenalty(*mut BucketWithPenalty),
     /// A record made in this call and not in Redis yet: the key's `local`.
     Pending,
     /// A value of another type.
@@ -69,17 +75,45 @@ impl RlKey {
         };
         let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
         let held = held_by(raw);
-        let local = match held {
-            Held::Bucket(bucket) => Record::with_bucket(unsafe { *bucket }),
-            _ => Record::default(),
-        };
         RlKey {
             raw,
             name,
             created: false,
             held,
-            local,
+            local: copy_of_compact(held),
         }
+    }
+
+    /// Replace `local`, keeping its penalty's allocation for the next key.
+    fn set_local(&mut self, record: Record) {
+        self.recycle_local_penalty();
+        self.local = record;
+    }
+
+    /// Keep `local`'s penalty allocation, if any, for the next key.
+    fn recycle_local_penalty(&mut self) {
+        if let Some(spare) = self.local.penalty.take() {
+            SPARE_PENALTY.set(Some(spare));
+        }
+    }
+
+    /// Write `record` into the compact form the key holds, when it has that
+    /// form.
+    fn write_compact(&mut self, record: &Record) -> bool {
+        match self.held {
+            Held::Bucket(bare) => match (record.bare_bucket(), unsafe { bare.as_mut() }) {
+                (Some(bucket), Some(bare)) => *bare = bucket,
+                _ => return false,
+            },
+            Held::BucketWithPenalty(both) => {
+                match (BucketWithPenalty::of(record), unsafe { both.as_mut() }) {
+                    (Some(packed), Some(both)) => *both = packed,
+                    _ => return false,
+                }
+            }
+            Held::Nothing | Held::Record(_) | Held::Pending | Held::Other => return false,
+        }
+        true
     }
 
     /// The record held by the key: `None` when the key does not exist,
@@ -89,7 +123,7 @@ impl RlKey {
             Held::Nothing => Ok(None),
             // Redis owns the value while the key holds it.
             Held::Record(record) => Ok(unsafe { record.as_ref() }),
-            Held::Bucket(_) | Held::Pending => Ok(Some(&self.local)),
+            Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => Ok(Some(&self.local)),
             Held::Other => Err(WrongType),
         }
     }
@@ -123,7 +157,9 @@ impl RlKey {
         match self.held {
             Held::Nothing => Ok(None),
             Held::Record(record) => Ok(unsafe { record.as_mut() }),
-            Held::Bucket(_) | Held::Pending => Ok(Some(&mut self.local)),
+            Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => {
+                Ok(Some(&mut self.local))
+            }
             Held::Other => Err(WrongType),
         }
     }
@@ -132,7 +168,8 @@ impl RlKey {
     /// a new empty one (stored when committed).
     pub fn edit(&mut self) -> Result<&mut Record, WrongType> {
         if matches!(self.held, Held::Nothing) {
-            self.local = Record::default();
+            // `local` is empty unless the key holds a compact form or a
+            // pending record.
             self.held = Held::Pending;
             self.created = true;
         }
@@ -147,9 +184,9 @@ impl RlKey {
     }
 
     /// Put `record` in the key now, in place when it already holds a
-    /// record (which keeps its TTL until the caller sets a new one); a key
-    /// that gets only a bucket keeps it bare; a value of another type is
-    /// replaced. Nothing is replicated: [`super::store::Call::commit`] the
+    /// record or the compact form `record` has (which keeps its TTL until
+    /// the caller sets a new one); in its compact form when it has one; a
+    /// value of another type is replaced. Nothing is replicated: [`super::store::Call::commit`] the
     /// key before the command ends.
     pub fn store(&mut self, record: Record) {
         match self.held {
@@ -159,15 +196,16 @@ impl RlKey {
                     return;
                 }
             }
-            Held::Bucket(bare) => {
-                if let (Some(bucket), Some(bare)) = (record.bare_bucket(), unsafe { bare.as_mut() })
-                {
-                    *bare = bucket;
-                    self.local = record;
+            Held::Bucket(_) | Held::BucketWithPenalty(_) => {
+                if self.write_compact(&record) {
+                    self.set_local(record);
                     return;
                 }
-                // More than a bucket now: a whole record replaces it.
-                let value = into_raw(record);
+                // Another form now: it replaces the one the key holds.
+                let (value, kept) = match compact_value(&record) {
+                    Some(compact) => (compact, Some(record)),
+                    None => (into_raw(record), None),
+                };
                 let mut old = std::ptr::null_mut();
                 let replaced = unsafe {
                     api!(RedisModule_ModuleTypeReplaceValue)(self.raw, rl_type(), value, &mut old)
@@ -176,7 +214,7 @@ impl RlKey {
                 // did not take.
                 if replaced == raw::REDISMODULE_OK as c_int {
                     unsafe { free_value(old) };
-                    self.adopt(value);
+                    self.adopt(value, kept);
                 } else {
                     unsafe { free_value(value) };
                 }
@@ -185,41 +223,37 @@ impl RlKey {
             Held::Nothing | Held::Pending => self.created = true,
             Held::Other => {}
         }
-        let value = into_raw(record);
+        let (value, kept) = match compact_value(&record) {
+            Some(compact) => (compact, Some(record)),
+            None => (into_raw(record), None),
+        };
         let set = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) };
         if set == raw::REDISMODULE_OK as c_int {
-            self.adopt(value);
+            self.adopt(value, kept);
         } else {
             // Not taken (a key not open for writing): ours to free.
             unsafe { free_value(value) };
             self.held = held_by(self.raw);
+            self.set_local(copy_of_compact(self.held));
         }
     }
 
-    /// Hold `value`, just put in the key.
-    fn adopt(&mut self, value: *mut c_void) {
-        self.held = match unsafe { from_raw(value) } {
-            Some(Stored::Record(record)) => Held::Record(record),
-            Some(Stored::Bucket(bucket)) => {
-                self.local = Record::with_bucket(unsafe { *bucket });
-                Held::Bucket(bucket)
-            }
-            None => Held::Nothing,
+    /// Hold `value`, just put in the key; `kept` is the record of a compact
+    /// value (its copy beside the key).
+    fn adopt(&mut self, value: *mut c_void, kept: Option<Record>) {
+        self.held = held_as(unsafe { from_raw(value) });
+        let local = match kept {
+            Some(record) => record,
+            None => copy_of_compact(self.held),
         };
+        self.set_local(local);
     }
 
-    /// Put a record changed beside the key (a bare bucket's, a new one's)
+    /// Put a record changed beside the key (a compact form's, a new one's)
     /// in Redis; a record in Redis was changed where it lives.
     pub fn write_back(&mut self) {
         match self.held {
-            Held::Bucket(bare) => match (self.local.bare_bucket(), unsafe { bare.as_mut() }) {
-                (Some(bucket), Some(bare)) => *bare = bucket,
-                _ => {
-                    let record = std::mem::take(&mut self.local);
-                    self.store(record);
-                }
-            },
-            Held::Pending => {
+            Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => {
                 let record = std::mem::take(&mut self.local);
                 self.store(record);
             }
@@ -290,6 +324,7 @@ impl RlKey {
             unsafe { api!(RedisModule_DeleteKey)(self.raw) };
         }
         self.held = Held::Nothing;
+        self.set_local(Record::default());
     }
 
     pub(super) fn signal_modified(&self, ctx: Ctx) {
@@ -312,15 +347,60 @@ fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
         return Held::Other;
     }
     let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
-    match unsafe { from_raw(value) } {
+    held_as(unsafe { from_raw(value) })
+}
+
+/// The record a key holding `held` keeps beside it: a copy of its compact
+/// form, or nothing.
+fn copy_of_compact(held: Held) -> Record {
+    match held {
+        Held::Bucket(bucket) => match unsafe { bucket.as_ref() } {
+            Some(bucket) => Record::with_bucket(*bucket),
+            None => Record::default(),
+        },
+        Held::BucketWithPenalty(both) => match unsafe { both.as_ref() } {
+            Some(both) => {
+                let mut record = Record::with_bucket(both.bucket);
+                record.penalty = Some(boxed_penalty(both.penalty.unpack()));
+                record
+            }
+            None => Record::default(),
+        },
+        Held::Nothing | Held::Record(_) | Held::Pending | Held::Other => Record::default(),
+    }
+}
+
+/// What a key holding `stored` holds.
+fn held_as(stored: Option<Stored>) -> Held {
+    match stored {
         Some(Stored::Record(record)) => Held::Record(record),
         Some(Stored::Bucket(bucket)) => Held::Bucket(bucket),
+        Some(Stored::BucketWithPenalty(both)) => Held::BucketWithPenalty(both),
         None => Held::Nothing,
+    }
+}
+
+thread_local! {
+    /// One penalty allocation kept from the last key that held a bucket
+    /// with a penalty, for the next (the server runs commands on one
+    /// thread): opening such a key then allocates nothing.
+    static SPARE_PENALTY: Cell<Option<Box<Penalty>>> = const { Cell::new(None) };
+}
+
+/// `penalty` boxed, in the spare allocation when there is one.
+fn boxed_penalty(penalty: Penalty) -> Box<Penalty> {
+    match SPARE_PENALTY.take() {
+        Some(mut spare) => {
+            *spare = penalty;
+            spare
+        }
+        None => Box::new(penalty),
     }
 }
 
 impl Drop for RlKey {
     fn drop(&mut self) {
+        self.recycle_local_penalty();
         if !self.raw.is_null() {
             unsafe { api!(RedisModule_CloseKey)(self.raw) };
         }

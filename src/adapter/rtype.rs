@@ -15,6 +15,7 @@ use super::ffi::{api, guard, Ctx, RStr};
 use super::stats;
 use crate::core::bucket::Bucket;
 use crate::core::codec;
+use crate::core::packed::BucketWithPenalty;
 use crate::core::record::Record;
 
 /// The type name Redis shows in `TYPE` (exactly 9 characters).
@@ -67,31 +68,45 @@ pub fn register(ctx: Ctx) -> bool {
     !created.is_null()
 }
 
-/// The low bit of a value pointer that holds a bare [`Bucket`] (the
+/// The low bits of a value pointer that holds a compact form (the
 /// allocator aligns every allocation to 8 bytes, so a record's pointer
-/// never has it).
+/// has neither): a bare [`Bucket`], or a [`BucketWithPenalty`].
 const BARE_BUCKET: usize = 1;
+const BUCKET_WITH_PENALTY: usize = 2;
+const TAGS: usize = BARE_BUCKET | BUCKET_WITH_PENALTY;
 
-/// What a value pointer Redis gives back holds: a record, or (for a key
-/// that holds only a bucket) the bucket alone, 32 bytes instead of a
-/// record's 48: one allocator class less per key.
+/// What a value pointer Redis gives back holds: a record, or the compact
+/// form of one (see [`crate::core::packed`]): a key that holds only a
+/// bucket keeps it alone, 32 bytes instead of a record's 48; a bucket and
+/// a penalty take 64 bytes instead of 48 and 64.
 #[derive(Clone, Copy)]
 pub enum Stored {
     /// A whole record.
     Record(*mut Record),
     /// A bare bucket: the record holds it and nothing else.
     Bucket(*mut Bucket),
+    /// A bucket and a penalty, and nothing else.
+    BucketWithPenalty(*mut BucketWithPenalty),
 }
 
-/// Hand a record to Redis as a type value: its bucket alone when it holds
-/// nothing else.
+/// Hand a record to Redis as a type value, in its compact form when it
+/// has one.
 pub fn into_raw(record: Record) -> *mut c_void {
-    match record.bare_bucket() {
-        Some(bucket) => Box::into_raw(Box::new(bucket))
-            .map_addr(|addr| addr | BARE_BUCKET)
-            .cast::<c_void>(),
-        None => Box::into_raw(Box::new(record)).cast::<c_void>(),
+    compact_value(&record).unwrap_or_else(|| Box::into_raw(Box::new(record)).cast::<c_void>())
+}
+
+/// The compact form of `record` as a type value, when it has one (the
+/// record itself is then not needed by Redis).
+pub fn compact_value(record: &Record) -> Option<*mut c_void> {
+    if let Some(bucket) = record.bare_bucket() {
+        return Some(tagged(Box::into_raw(Box::new(bucket)), BARE_BUCKET));
     }
+    let both = BucketWithPenalty::of(record)?;
+    Some(tagged(Box::into_raw(Box::new(both)), BUCKET_WITH_PENALTY))
+}
+
+fn tagged<T>(ptr: *mut T, tag: usize) -> *mut c_void {
+    ptr.map_addr(|addr| addr | tag).cast::<c_void>()
 }
 
 /// What is behind a value pointer Redis gives back (`None` for null).
@@ -99,18 +114,18 @@ pub fn into_raw(record: Record) -> *mut c_void {
 /// # Safety
 /// `value` must come from [`into_raw`] and still be owned by Redis.
 pub unsafe fn from_raw(value: *mut c_void) -> Option<Stored> {
-    if value.is_null() {
-        None
-    } else if value.addr() & BARE_BUCKET != 0 {
-        Some(Stored::Bucket(
-            value.map_addr(|addr| addr & !BARE_BUCKET).cast::<Bucket>(),
-        ))
-    } else {
-        Some(Stored::Record(value.cast::<Record>()))
+    let untagged = value.map_addr(|addr| addr & !TAGS);
+    match value.addr() & TAGS {
+        _ if value.is_null() => None,
+        BARE_BUCKET => Some(Stored::Bucket(untagged.cast())),
+        BUCKET_WITH_PENALTY => Some(Stored::BucketWithPenalty(untagged.cast())),
+        0 => Some(Stored::Record(value.cast())),
+        // Never made by `into_raw`.
+        _ => None,
     }
 }
 
-/// Run `read` on the record behind a value pointer (a bare bucket read as
+/// Run `read` on the record behind a value pointer (a compact form read as
 /// the record it stands for).
 ///
 /// # Safety
@@ -121,6 +136,12 @@ unsafe fn with_record<T>(value: *mut c_void, read: impl FnOnce(&Record) -> T) ->
         Stored::Bucket(bucket) => {
             let bucket = unsafe { bucket.as_ref() }?;
             Some(read(&Record::with_bucket(*bucket)))
+        }
+        Stored::BucketWithPenalty(both) => {
+            let both = unsafe { both.as_ref() }?;
+            let mut record = Record::with_bucket(both.bucket);
+            record.penalty = Some(Box::new(both.penalty.unpack()));
+            Some(read(&record))
         }
     }
 }
@@ -133,6 +154,7 @@ pub unsafe fn free_value(value: *mut c_void) {
     match unsafe { from_raw(value) } {
         Some(Stored::Record(record)) => drop(unsafe { Box::from_raw(record) }),
         Some(Stored::Bucket(bucket)) => drop(unsafe { Box::from_raw(bucket) }),
+        Some(Stored::BucketWithPenalty(both)) => drop(unsafe { Box::from_raw(both) }),
         None => {}
     }
 }
@@ -206,6 +228,7 @@ extern "C" fn mem_usage(value: *const c_void) -> usize {
             None => 0,
         },
         Some(Stored::Bucket(bucket)) => REDIS_WRAPPERS + allocated(bucket.cast()),
+        Some(Stored::BucketWithPenalty(both)) => REDIS_WRAPPERS + allocated(both.cast()),
         None => 0,
     })
 }

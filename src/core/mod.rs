@@ -12,6 +12,7 @@ pub mod distinct;
 pub mod lease;
 pub mod limiter;
 pub mod limits;
+pub mod packed;
 pub mod part;
 pub mod patch;
 pub mod penalty;

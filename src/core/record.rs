@@ -464,6 +464,15 @@ impl Record {
         }
     }
 
+    /// The bucket and the penalty, when the record holds both and nothing
+    /// else (see [`super::packed::BucketWithPenalty`]).
+    pub fn bucket_and_penalty(&self) -> Option<(Bucket, &Penalty)> {
+        match (&self.bucket, &self.penalty, &self.others) {
+            (Some(bucket), Some(penalty), None) => Some((*bucket, penalty)),
+            _ => None,
+        }
+    }
+
     /// The part of type `T`, if the record holds it.
     pub fn part<T>(&self) -> Option<&T>
     where
