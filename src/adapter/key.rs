@@ -183,11 +183,12 @@ impl RlKey {
         self.created
     }
 
-    /// Put `record` in the key now, in place when it already holds a
-    /// record or the compact form `record` has (which keeps its TTL until
-    /// the caller sets a new one); in its compact form when it has one; a
-    /// value of another type is replaced. Nothing is replicated: [`super::store::Call::commit`] the
-    /// key before the command ends.
+    /// Put `record` in the key now: in place when the key holds a whole
+    /// record, or the compact form `record` has (either keeps the key's
+    /// TTL until the caller sets a new one); otherwise in its compact form
+    /// when it has one, replacing what the key holds (a value of another
+    /// type too). Nothing is replicated: [`super::store::Call::commit`]
+    /// the key before the command ends.
     pub fn store(&mut self, record: Record) {
         match self.held {
             Held::Record(existing) => {
@@ -217,6 +218,7 @@ impl RlKey {
                     self.adopt(value, kept);
                 } else {
                     unsafe { free_value(value) };
+                    self.set_local(copy_of_compact(self.held));
                 }
                 return;
             }
