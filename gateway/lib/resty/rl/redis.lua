@@ -60,6 +60,34 @@ local function left(deadline, fresh)
     return ms
 end
 
+-- The connect options of a node (its pool: one per node and database),
+-- made once per configuration, node and database.
+local pools = setmetatable({}, { __mode = "k" })
+local function pool_options(rconf, host, port, database)
+    local db = database or 0
+    local by_node = pools[rconf]
+    if not by_node then
+        by_node = {}
+        pools[rconf] = by_node
+    end
+    local by_port = by_node[host]
+    if not by_port then
+        by_port = {}
+        by_node[host] = by_port
+    end
+    local by_db = by_port[port]
+    if not by_db then
+        by_db = {}
+        by_port[port] = by_db
+    end
+    local opts = by_db[db]
+    if not opts then
+        opts = { pool = "rl:" .. host .. ":" .. port .. ":" .. db, pool_size = rconf.pool_size }
+        by_db[db] = opts
+    end
+    return opts
+end
+
 --- A pooled connection to host:port (one pool per node and database),
 --- authenticated and on its database at first use; nil and an error.
 --- `fresh`: the deadline was just made (no I/O since).
@@ -74,10 +102,7 @@ function _M.connect(rconf, host, port, deadline, database, fresh)
     end
     red:set_timeout(ms)
     local ok
-    ok, err = red:connect(host, port, {
-        pool = "rl:" .. host .. ":" .. port .. ":" .. (database or 0),
-        pool_size = rconf.pool_size,
-    })
+    ok, err = red:connect(host, port, pool_options(rconf, host, port, database))
     if not ok then
         return nil, "connect " .. host .. ":" .. port .. ": " .. tostring(err)
     end
@@ -142,13 +167,13 @@ local function read_int_array(sock, n)
         pat = "^%*" .. n .. "\r\n" .. string.rep(":(%-?%d+)\r\n", n) .. "$"
         INT_ARRAYS[n] = pat
     end
-    local buf = ""
+    local buf
     for _ = 1, MAX_READS do
         local data, err = sock:receiveany(4096)
         if not data then
             return nil, err
         end
-        buf = buf .. data
+        buf = buf and buf .. data or data
         local out = { buf:match(pat) }
         if out[n] then
             for i = 1, n do

@@ -5,6 +5,7 @@
 -- included, returns nil and a message.
 
 local transport = require "resty.rl.redis"
+local memo = require "resty.rl.memo"
 
 local _M = {}
 
@@ -113,12 +114,20 @@ local function take_args_of(tier)
     return args
 end
 
--- The RESP request of RL.TAKE (see take_args_of).
+-- The RESP request of RL.TAKE (see take_args_of) as one string.
 local function take_resp(a, key, tenant_key, cost)
     cost = tostring(cost)
-    return { a.head, "$", #key, "\r\n", key, "\r\n", a.before_cost,
-             "$", #cost, "\r\n", cost, "\r\n", a.before_also,
-             "$", #tenant_key, "\r\n", tenant_key, "\r\n", a.tail }
+    return table.concat({ a.head, "$", #key, "\r\n", key, "\r\n", a.before_cost,
+        "$", #cost, "\r\n", cost, "\r\n", a.before_also,
+        "$", #tenant_key, "\r\n", tenant_key, "\r\n", a.tail })
+end
+
+-- The RESP requests of RL.TAKE, per tier (weak: see take_args), key and
+-- tenant key, by cost: a caller's request is the same bytes every time
+-- (costs come from the configuration). Bounded per tier.
+local TAKES_KEPT = 10000
+local function new_by_cost()
+    return {}
 end
 
 --- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
@@ -127,7 +136,14 @@ function _M.take(conf, key, tenant_key, tier, cost)
     local a = take_args[tier]
     if not a then
         a = take_args_of(tier)
+        a.resps = memo.new(TAKES_KEPT)
         take_args[tier] = a
+    end
+    local by_cost = a.resps:get(key, tenant_key, new_by_cost)
+    local resp = by_cost[cost]
+    if not resp then
+        resp = take_resp(a, key, tenant_key, cost)
+        by_cost[cost] = resp
     end
     return limiter_reply(one(conf, { "RL.TAKE",
         key, a[1], a[2], a[3],
@@ -135,7 +151,7 @@ function _M.take(conf, key, tenant_key, tier, cost)
         "ALSO", tenant_key, a[4], a[5], a[3],
         "STRIKES", a[6], a[7],
         "BOX", a[8], a[9], a[10],
-        "OFFENSES", a[11], resp = take_resp(a, key, tenant_key, cost), ints = 8 }))
+        "OFFENSES", a[11], resp = resp, ints = 8 }))
 end
 
 -- The arguments of RL.WINDOW for one failed-login counter.
