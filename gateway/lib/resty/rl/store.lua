@@ -17,10 +17,10 @@ local function run(conf, cmds)
     return transport.run(conf.redis, cmds)
 end
 
--- The reply of a one-command call, or nil and an error (an error reply
--- included).
-local function one(conf, cmd)
-    local res, err = run(conf, { cmd })
+-- The reply of a one-command call (`list`: that command alone), or nil
+-- and an error (an error reply included).
+local function one_of(conf, list)
+    local res, err = run(conf, list)
     if not res then
         return nil, err
     end
@@ -29,6 +29,11 @@ local function one(conf, cmd)
         return nil, tostring(r[2])
     end
     return r
+end
+
+-- The reply of the command `cmd` (see one_of).
+local function one(conf, cmd)
+    return one_of(conf, { cmd })
 end
 
 -- A "none" field of a limiter reply (-1) as nil.
@@ -122,9 +127,12 @@ local function take_resp(a, key, tenant_key, cost)
         "$", #tenant_key, "\r\n", tenant_key, "\r\n", a.tail })
 end
 
--- The RESP requests of RL.TAKE, per tier (weak: see take_args), key and
--- tenant key, by cost: a caller's request is the same bytes every time
--- (costs come from the configuration). Bounded per tier.
+-- The RL.TAKE commands (each alone in a list, as run() takes them), per
+-- tier (weak: see take_args), key and tenant key, by cost, each with its
+-- RESP request (`resp`): a caller's command is the same every time (costs
+-- come from the configuration), made once and only read after
+-- (resty.rl.redis and resty.rl.cluster never change a command). Bounded
+-- per tier.
 local TAKES_KEPT = 10000
 local function new_by_cost()
     return {}
@@ -136,22 +144,23 @@ function _M.take(conf, key, tenant_key, tier, cost)
     local a = take_args[tier]
     if not a then
         a = take_args_of(tier)
-        a.resps = memo.new(TAKES_KEPT)
+        a.cmds = memo.new(TAKES_KEPT)
         take_args[tier] = a
     end
-    local by_cost = a.resps:get(key, tenant_key, new_by_cost)
-    local resp = by_cost[cost]
-    if not resp then
-        resp = take_resp(a, key, tenant_key, cost)
-        by_cost[cost] = resp
+    local by_cost = a.cmds:get(key, tenant_key, new_by_cost)
+    local list = by_cost[cost]
+    if not list then
+        local cmd = { "RL.TAKE",
+            key, a[1], a[2], a[3],
+            "COST", cost,
+            "ALSO", tenant_key, a[4], a[5], a[3],
+            "STRIKES", a[6], a[7],
+            "BOX", a[8], a[9], a[10],
+            "OFFENSES", a[11], resp = take_resp(a, key, tenant_key, cost), ints = 8 }
+        list = { cmd }
+        by_cost[cost] = list
     end
-    return limiter_reply(one(conf, { "RL.TAKE",
-        key, a[1], a[2], a[3],
-        "COST", cost,
-        "ALSO", tenant_key, a[4], a[5], a[3],
-        "STRIKES", a[6], a[7],
-        "BOX", a[8], a[9], a[10],
-        "OFFENSES", a[11], resp = resp, ints = 8 }))
+    return limiter_reply(one_of(conf, list))
 end
 
 -- The arguments of RL.WINDOW for one failed-login counter.
