@@ -17,6 +17,8 @@ if not ok_resty then
     driver = require "nginx.redis"
 end
 
+local memo = require "resty.rl.memo"
+
 local _M = { driver = driver }
 
 --- The key a command names (what routes it in a cluster): its first
@@ -61,31 +63,20 @@ local function left(deadline, fresh)
 end
 
 -- The connect options of a node (its pool: one per node and database),
--- made once per configuration, node and database.
+-- made once per configuration and node (the database is the
+-- configuration's: `redis.database`, none in cluster mode).
 local pools = setmetatable({}, { __mode = "k" })
+local function new_pool_options(host, port, rconf, database)
+    return { pool = "rl:" .. host .. ":" .. port .. ":" .. (database or 0),
+             pool_size = rconf.pool_size }
+end
 local function pool_options(rconf, host, port, database)
-    local db = database or 0
-    local by_node = pools[rconf]
-    if not by_node then
-        by_node = {}
-        pools[rconf] = by_node
+    local m = pools[rconf]
+    if not m then
+        m = memo.new(1000)
+        pools[rconf] = m
     end
-    local by_port = by_node[host]
-    if not by_port then
-        by_port = {}
-        by_node[host] = by_port
-    end
-    local by_db = by_port[port]
-    if not by_db then
-        by_db = {}
-        by_port[port] = by_db
-    end
-    local opts = by_db[db]
-    if not opts then
-        opts = { pool = "rl:" .. host .. ":" .. port .. ":" .. db, pool_size = rconf.pool_size }
-        by_db[db] = opts
-    end
-    return opts
+    return m:get(host, port, new_pool_options, rconf, database)
 end
 
 --- A pooled connection to host:port (one pool per node and database),
