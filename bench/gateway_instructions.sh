@@ -30,6 +30,8 @@
 #                                 which are added with RL_BENCH_GW_BEFORE)
 #   RL_BENCH_GW_IR_SECS=6         seconds of measured load per target
 #   RL_BENCH_GW_BEFORE=dir        a gateway/ directory to compare with
+#
+# Needs valgrind (as bench/profile.sh; not installed by .ci/deps).
 
 set -euo pipefail
 
