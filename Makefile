@@ -6,6 +6,8 @@
 #   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
+#   make bench-gateway-instructions  the gateway's instructions per request, by target
+#                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
@@ -42,7 +44,7 @@ SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
 
 all: build
 
@@ -207,6 +209,9 @@ bench-profile: deps
 # p50/p99 and CPU time per request. Results: bench/RESULTS.md.
 bench-gateway: deps build
 	RL_MODULE=$(MODULE) bash bench/gateway.sh
+
+bench-gateway-instructions: deps build
+	RL_MODULE=$(MODULE) bash bench/gateway_instructions.sh
 
 clean:
 	$(CARGO) clean

@@ -207,3 +207,45 @@ fn two_nodes_under_concurrent_load_never_admit_beyond_capacity_plus_refill() {
         node.nginx.assert_no_lua_errors();
     }
 }
+
+/// The Kong plugin (under the PDK shim, as in tests/gateway_kong.rs: Kong
+/// itself is not installed here) with the same policy as JSON in its
+/// `policy` field: allowances are taken, spent from the node's dict and
+/// given back at a graceful stop, as under the nginx front end.
+#[test]
+fn the_kong_plugin_spends_allowances_locally_and_gives_them_back() {
+    let redis = Server::start(&[]);
+    let mut node = start(
+        redis.port,
+        &[Front::Kong("dofile(DIR .. \"/policy.lua\")".into())],
+        &[("policy.lua", POLICY)],
+    )
+    .unwrap_or_else(|e| panic!("nginx: {e}"));
+    let mut con = redis.client();
+    let a = agent();
+    let url = format!("{}/v1/held", node.url(0));
+    for i in 0..50 {
+        let r = get(&a, &url, &[("X-Api-Key", "k1")]);
+        assert_eq!(r.status, 200, "request {i}: {r:#?}");
+        assert!(r.must("RateLimit").starts_with(r#""held";r="#), "{r:#?}");
+    }
+    // 50 requests, one after another: allowances of 20 in the node's dict
+    // (both workers spend them), one fetch per 20 requests
+    assert_eq!(
+        info(&redis, "rl_partial_grants"),
+        3,
+        "one fetch per 20 requests"
+    );
+    assert_eq!(
+        left(&mut con, "held"),
+        1000 - 60,
+        "the node holds 10 points"
+    );
+    assert!(node.nginx.quit(ASYNC), "nginx stops within {ASYNC:?}");
+    assert_eq!(
+        left(&mut con, "held"),
+        1000 - 50,
+        "every unspent point came back"
+    );
+    node.nginx.assert_no_lua_errors();
+}

@@ -1,7 +1,8 @@
 -- resty.rl.engine: a rule policy applied to requests (configurations with
 -- `rules`; resty.rl.gateway hands them here). Per request:
 --   1. the route and the caller (resty.rl.identity);
---   2. every rule that matches and whose scope the caller has;
+--   2. every rule that matches and whose scope the caller has (its entry:
+--      resty.rl.entries);
 --   3. the edge deny cache: a rule key known to be boxed answers at once;
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
 --      RL.QUOTA, RL.LEASE ACQUIRE, RL.DISTINCT; a probe for rules that count
@@ -22,7 +23,6 @@
 local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"
 local limiters = require "resty.rl.limiters"
-local policy = require "resty.rl.policy"
 local store = require "resty.rl.store"
 local headers = require "resty.rl.headers"
 local problem = require "resty.rl.problem"
@@ -33,6 +33,7 @@ local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 local phases = require "resty.rl.phases"
 local memo = require "resty.rl.memo"
+local entries_of = require "resty.rl.entries"
 
 local _M = {}
 
@@ -49,123 +50,15 @@ function _M.new(conf)
     if conf.trusted_proxies then
         conf.trusted = identity.trust(conf.trusted_proxies)
     end
-    return setmetatable({ conf = conf }, Engine)
-end
-
--- Does `rule` match the request?
-local function matches(rule, route, req)
-    local m = rule.match
-    if m.route_set and not m.route_set[route.name] then
-        return false
-    end
-    if m.method then
-        local method = req.method()
-        if method ~= m.method and not (method == "HEAD" and m.method == "GET") then
-            return false
+    -- the rules whose soft refusal marks the upstream request (the mark
+    -- a client sends is removed first)
+    local soft = {}
+    for _, rule in ipairs(conf.rules) do
+        if rule.on_refusal.action == "soft" then
+            soft[#soft + 1] = rule
         end
     end
-    if m.pattern and not req.path():match(m.pattern) then
-        return false
-    end
-    for name, want in pairs(m.header or NONE) do
-        local v = policy.header(req, name)
-        if want == true and v == nil or want ~= true and v ~= want then
-            return false
-        end
-    end
-    for name, want in pairs(m.arg or NONE) do
-        local v = policy.arg(req, name)
-        if want == true and v == nil or want ~= true and v ~= want then
-            return false
-        end
-    end
-    return true
-end
-
--- Resolves every reference inside `v` for the caller.
-local function resolve_deep(v, ident)
-    if type(v) ~= "table" then
-        return v
-    end
-    if v.path then
-        return resolve_deep(rules.resolve(v, ident), ident)
-    end
-    local out = {}
-    for k, x in pairs(v) do
-        out[k] = resolve_deep(x, ident)
-    end
-    return out
-end
-
--- The Redis key of `name` for the scope values: one hash tag per value
--- of the rule's tag attribute, so that a rule's ALSO keys share a slot.
-local function rule_key(conf, tag_attr, values, name, scope)
-    local parts = { conf.key_prefix, ":{", tag_attr, ":", policy.key_part(values[tag_attr]),
-                    "}:", (name:gsub("[{}]", "")) }
-    for _, a in ipairs(scope) do
-        if a ~= tag_attr then
-            parts[#parts + 1] = ":" .. a .. "=" .. policy.key_part(values[a])
-        end
-    end
-    return table.concat(parts)
-end
-
---- One entry (a rule applied to this request), nil when the rule does
---- not apply (an attribute of its scope, its distinct member or its cost
---- argument missing), or nil, "ambiguous", argument name.
-function Engine:entry(req, state, rule, ident)
-    local conf = self.conf
-    local values = {}
-    for _, a in ipairs(rule.attrs) do
-        local v, err = identity.attr(conf, req, ident, a, state.route)
-        if err then
-            return nil, err, a
-        end
-        if v == nil then
-            return nil
-        end
-        values[a] = v
-    end
-    -- a limiter without reference is every caller's (entries only read it)
-    local static = rule.static_limiter
-    local params = static and rule.limiter or resolve_deep(rule.limiter, ident)
-    local cost = rule.cost
-    if cost == "route" then
-        cost = policy.cost(state.route, req)
-    elseif type(cost) == "table" then
-        local v, err = policy.arg(req, cost.arg)
-        if err then
-            return nil, err, cost.arg
-        end
-        if v == nil then
-            return nil
-        end
-        local n = tonumber(v)
-        if not n or n < 0 or n ~= n or n == math.huge then
-            return nil, "invalid", cost.arg
-        end
-        cost = math.ceil(n * (rule.cost.scale or 1))
-    end
-    local tier = ident.attrs.tier or "none"
-    -- failures and response bytes are probed now, charged after the response
-    local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
-                also_keys = params.also and {} or NONE,
-                member = values[rule.limiter.member], tier = tier, static = static }
-    e.key = memo.rule_key(conf, rule, values, rule_key)
-    for i, a in ipairs(params.also or {}) do
-        local avals = { [rule.tag] = values[rule.tag] }
-        for _, attr in ipairs(a.scope) do
-            local v = identity.attr(conf, req, ident, attr, state.route)
-            if v == nil then
-                return nil
-            end
-            avals[attr] = v
-        end
-        e.also_names[i] = memo.tier_name(a.name, tier)
-        e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
-    end
-    return e
+    return setmetatable({ conf = conf, soft_rules = soft }, Engine)
 end
 
 --- One attempt in flight per scope (`one_in_flight` of a rule counting
@@ -240,15 +133,25 @@ end
 
 -- Sets RateLimit-Policy (every entry that applied) and RateLimit.
 function Engine:rate_headers(state, binding_entry)
-    local fields = {}
-    for _, e in ipairs(state.entries) do
-        local v = memo.policy_field(e, entry_policy)
+    local entries = state.entries
+    if #entries == 1 then
+        -- one entry (the common case): its value, without a list
+        local v = memo.policy_field(entries[1], entry_policy)
         if v ~= "" then
-            fields[#fields + 1] = v
+            state.headers["RateLimit-Policy"] = v
         end
-    end
-    if #fields > 0 then
-        state.headers["RateLimit-Policy"] = #fields == 1 and fields[1] or table.concat(fields, ", ")
+    else
+        local fields = {}
+        for _, e in ipairs(entries) do
+            local v = memo.policy_field(e, entry_policy)
+            if v ~= "" then
+                fields[#fields + 1] = v
+            end
+        end
+        if #fields > 0 then
+            state.headers["RateLimit-Policy"] = #fields == 1 and fields[1]
+                or table.concat(fields, ", ")
+        end
     end
     local b = binding_entry and binding_entry.outcome and binding_entry.outcome.binding
     if b then
@@ -415,11 +318,9 @@ function Engine:access(req)
     state.entries, state.engine, state.request_id_of = {}, true, req.request_id
     setmetatable(state, lazy_request_id)
     local route = state.route
-    for _, rule in ipairs(conf.rules) do
-        if rule.on_refusal.action == "soft" then
-            -- a client cannot send the mark itself
-            req.set_upstream_header(rule.on_refusal.mark_header, nil)
-        end
+    for _, rule in ipairs(self.soft_rules) do
+        -- a client cannot send the mark itself
+        req.set_upstream_header(rule.on_refusal.mark_header, nil)
     end
     local ident, err = identity.resolve(conf, req)
     if not ident then
@@ -437,8 +338,8 @@ function Engine:access(req)
             ident.revoked and "This API key is revoked." or "Send valid credentials.")
     end
     for _, rule in ipairs(conf.rules) do
-        if matches(rule, route, req) then
-            local e, why, arg = self:entry(req, state, rule, ident)
+        if entries_of.matches(rule, route, req) then
+            local e, why, arg = entries_of.entry(conf, req, state, rule, ident)
             if why then
                 return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
                     "The argument " .. arg .. " is missing a single valid value (repeated, "

@@ -8,6 +8,15 @@
 -- decision is one of: allowed, invalid, throttled, boxed, locked_out, conflict,
 -- unauthenticated, degraded_allowed, degraded_throttled, failed_closed,
 -- shadow_allowed (would have been refused; let through in shadow mode).
+--
+-- Decisions are counted per worker and added to the dict by a timer at
+-- most FLUSH_S later (one shared-dict `incr` per counter and flush, not
+-- one per request: the dict's lock is shared by the workers). While a
+-- worker holds counts not yet added, its mark `\1pending\1<pid>` in the
+-- dict says since when; serve() waits (at most SERVE_WAIT_S) until no
+-- worker holds counts from before the scrape, so that /metrics counts
+-- every request logged before it was asked. render() reads the dict as
+-- it is.
 
 local _M = {}
 
@@ -20,6 +29,43 @@ end
 -- The counter names of decisions, by decision, route and tier (all three
 -- from the configuration or this file: a bounded set), made once each.
 local decision_keys = {}
+
+-- How long a worker keeps its decision counts before adding them to the
+-- dict; how long serve() waits for the workers' counts at the most; how
+-- long a worker's mark outlives it (a worker that died with counts).
+local FLUSH_S = 0.05
+local SERVE_WAIT_S = 1
+local MARK_TTL_S = 5
+local PENDING_MARK = SEP .. "pending" .. SEP
+
+-- This worker's counts not yet in the dict: per dict, by counter name.
+local pending = {}
+
+local function mark_name()
+    return PENDING_MARK .. ngx.worker.pid()
+end
+
+-- Adds this worker's counts for `d` to it (also when the worker exits:
+-- `premature`), then clears its mark.
+local function flush(_premature, d)
+    local p = pending[d]
+    pending[d] = nil
+    for key, n in pairs(p or {}) do
+        d:incr(key, n, 0)
+    end
+    d:delete(mark_name())
+end
+
+-- The first count since the last flush: the mark (since when) and the
+-- flush FLUSH_S later. False when no timer can be had (lua_max_pending_timers).
+local function schedule_flush(d)
+    d:set(mark_name(), ngx.now(), MARK_TTL_S)
+    if ngx.timer.at(FLUSH_S, flush, d) then
+        return true
+    end
+    d:delete(mark_name())
+    return false
+end
 
 --- Counts one decision on `route` for `tier`.
 function _M.decision(conf, decision, route, tier)
@@ -43,7 +89,17 @@ function _M.decision(conf, decision, route, tier)
         key = "req" .. SEP .. decision .. SEP .. route .. SEP .. tier
         by_tier[tier] = key
     end
-    d:incr(key, 1, 0)
+    local p = pending[d]
+    if not p then
+        if not schedule_flush(d) then
+            -- no flush to come: counted at once
+            d:incr(key, 1, 0)
+            return
+        end
+        p = {}
+        pending[d] = p
+    end
+    p[key] = (p[key] or 0) + 1
 end
 
 --- Counts one failed Redis call, by kind of failure.
@@ -115,10 +171,45 @@ function _M.render(dict_name)
     }, "\n"):gsub("\n\n+", "\n") .. "\n"
 end
 
---- Content handler for a /metrics location.
+-- Polls of await_flushes (every POLL_S, SERVE_WAIT_S in all).
+local POLL_S = 0.005
+
+-- True when a worker holds counts for `d` from `asked` or before.
+local function held_since(d, asked)
+    for _, k in ipairs(d:get_keys(0)) do
+        if k:sub(1, #PENDING_MARK) == PENDING_MARK then
+            local since = d:get(k)
+            if since and since <= asked then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+-- Waits (at most SERVE_WAIT_S) until every worker has added the counts
+-- it held when asked: each does within FLUSH_S.
+local function await_flushes(d)
+    ngx.update_time()
+    local asked = ngx.now()
+    for _ = 1, math.ceil(SERVE_WAIT_S / POLL_S) do
+        if not held_since(d, asked) then
+            return
+        end
+        ngx.sleep(POLL_S)
+    end
+end
+
+--- Content handler for a /metrics location: the counters once every
+--- worker has added the decisions it counted before the scrape.
 function _M.serve(dict_name)
+    dict_name = dict_name or "rl_metrics"
+    local d = ngx.shared[dict_name]
+    if d then
+        await_flushes(d)
+    end
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
-    ngx.print(_M.render(dict_name or "rl_metrics"))
+    ngx.print(_M.render(dict_name))
 end
 
 return _M

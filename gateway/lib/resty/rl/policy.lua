@@ -4,6 +4,8 @@
 -- Keys carry one hash tag per tenant ({t:<tenant>}) so that a call naming
 -- the API key's bucket and the tenant's bucket stays in one slot.
 
+local memo = require "resty.rl.memo"
+
 local _M = {}
 
 local md5 = ngx.md5
@@ -106,9 +108,9 @@ function _M.header(req, name)
     return v
 end
 
---- The route of a request: the first configured route whose method and
---- template match, else the default route.
-function _M.match_route(conf, method, path)
+-- The first configured route whose method and template match, else the
+-- default route (the match itself; see match_route).
+local function first_route(method, path, conf)
     -- HEAD does the work of GET (the upstream builds the same response and
     -- drops the body): it matches GET routes, cost and leases included
     local alt = method == "HEAD" and "GET" or method
@@ -119,6 +121,24 @@ function _M.match_route(conf, method, path)
         end
     end
     return conf.default_route
+end
+
+-- Per configuration, the routes of the methods and paths seen (a memo of
+-- at most ROUTES_SEEN; paths with ids are many, the memo then starts
+-- over): a path seen before is matched without the route loop, which
+-- would keep LuaJIT from compiling the access phase.
+local ROUTES_SEEN = 1000
+local route_memos = setmetatable({}, { __mode = "k" })
+
+--- The route of a request: the first configured route whose method and
+--- template match, else the default route.
+function _M.match_route(conf, method, path)
+    local m = route_memos[conf]
+    if not m then
+        m = memo.new(ROUTES_SEEN)
+        route_memos[conf] = m
+    end
+    return m:get(method, path, first_route, conf)
 end
 
 --- The caller's identity {tenant, tier, key_id} from the API key header,

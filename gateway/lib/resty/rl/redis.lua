@@ -17,6 +17,8 @@ if not ok_resty then
     driver = require "nginx.redis"
 end
 
+local memo = require "resty.rl.memo"
+
 local _M = { driver = driver }
 
 --- The key a command names (what routes it in a cluster): its first
@@ -60,6 +62,23 @@ local function left(deadline, fresh)
     return ms
 end
 
+-- The connect options of a node (its pool: one per node and database),
+-- made once per configuration and node (the database is the
+-- configuration's: `redis.database`, none in cluster mode).
+local pools = setmetatable({}, { __mode = "k" })
+local function new_pool_options(host, port, rconf, database)
+    return { pool = "rl:" .. host .. ":" .. port .. ":" .. (database or 0),
+             pool_size = rconf.pool_size }
+end
+local function pool_options(rconf, host, port, database)
+    local m = pools[rconf]
+    if not m then
+        m = memo.new(1000)
+        pools[rconf] = m
+    end
+    return m:get(host, port, new_pool_options, rconf, database)
+end
+
 --- A pooled connection to host:port (one pool per node and database),
 --- authenticated and on its database at first use; nil and an error.
 --- `fresh`: the deadline was just made (no I/O since).
@@ -74,10 +93,7 @@ function _M.connect(rconf, host, port, deadline, database, fresh)
     end
     red:set_timeout(ms)
     local ok
-    ok, err = red:connect(host, port, {
-        pool = "rl:" .. host .. ":" .. port .. ":" .. (database or 0),
-        pool_size = rconf.pool_size,
-    })
+    ok, err = red:connect(host, port, pool_options(rconf, host, port, database))
     if not ok then
         return nil, "connect " .. host .. ":" .. port .. ": " .. tostring(err)
     end
@@ -142,13 +158,13 @@ local function read_int_array(sock, n)
         pat = "^%*" .. n .. "\r\n" .. string.rep(":(%-?%d+)\r\n", n) .. "$"
         INT_ARRAYS[n] = pat
     end
-    local buf = ""
+    local buf
     for _ = 1, MAX_READS do
         local data, err = sock:receiveany(4096)
         if not data then
             return nil, err
         end
-        buf = buf .. data
+        buf = buf and buf .. data or data
         local out = { buf:match(pat) }
         if out[n] then
             for i = 1, n do

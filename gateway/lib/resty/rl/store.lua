@@ -5,6 +5,7 @@
 -- included, returns nil and a message.
 
 local transport = require "resty.rl.redis"
+local memo = require "resty.rl.memo"
 
 local _M = {}
 
@@ -16,10 +17,10 @@ local function run(conf, cmds)
     return transport.run(conf.redis, cmds)
 end
 
--- The reply of a one-command call, or nil and an error (an error reply
--- included).
-local function one(conf, cmd)
-    local res, err = run(conf, { cmd })
+-- The reply of a one-command call (`list`: that command alone), or nil
+-- and an error (an error reply included).
+local function one_of(conf, list)
+    local res, err = run(conf, list)
     if not res then
         return nil, err
     end
@@ -28,6 +29,11 @@ local function one(conf, cmd)
         return nil, tostring(r[2])
     end
     return r
+end
+
+-- The reply of the command `cmd` (see one_of).
+local function one(conf, cmd)
+    return one_of(conf, { cmd })
 end
 
 -- A "none" field of a limiter reply (-1) as nil.
@@ -91,51 +97,70 @@ local function limiter_reply(res, err)
     return d
 end
 
--- The tier's arguments of RL.TAKE as strings, made once per tier table
--- (weak-keyed: a configuration dropped takes them along): the driver
--- formats every number of every call otherwise.
-local take_args = setmetatable({}, { __mode = "k" })
-local function take_args_of(tier)
-    local s = tier.strikes
-    local args = { tier.key.burst, tier.key.rate, tier.period, tier.tenant.burst,
-                   tier.tenant.rate, s.threshold, s.window, tier.box[1], tier.box[2],
-                   tier.box[3], tier.offenses_ttl }
-    for i, v in ipairs(args) do
-        args[i] = tostring(v)
+-- The defaults of RL.TAKE's options (commands-v1.md): an option equal to
+-- its default is not sent (the same decision, fewer arguments for Redis
+-- to parse).
+local DEFAULT_COST = 1
+local DEFAULT_BOX = { 300, 3600, 86400 }
+local DEFAULT_OFFENSES_TTL = 86400
+
+-- The RL.TAKE command of a caller on `tier` (its key, its tenant's key)
+-- for `cost`, with its RESP request (`resp`, sent as it is by
+-- resty.rl.redis.send) and the shape of its reply (`ints`).
+local function take_cmd(tier, key, tenant_key, cost)
+    local s, box = tier.strikes, tier.box
+    local cmd = { "RL.TAKE", key, tier.key.burst, tier.key.rate, tier.period }
+    local function add(...)
+        for i = 1, select("#", ...) do
+            cmd[#cmd + 1] = select(i, ...)
+        end
     end
-    -- the RESP request's fixed parts (resty.rl.redis.send): between the
-    -- key and the cost, between the cost and the tenant key, after it
-    args.head = "*21\r\n" .. transport.encode({ "RL.TAKE" })
-    args.before_cost = transport.encode({ args[1], args[2], args[3], "COST" })
-    args.before_also = transport.encode({ "ALSO" })
-    args.tail = transport.encode({ args[4], args[5], args[3], "STRIKES", args[6], args[7],
-        "BOX", args[8], args[9], args[10], "OFFENSES", args[11] })
-    return args
+    if cost ~= DEFAULT_COST then
+        add("COST", cost)
+    end
+    add("ALSO", tenant_key, tier.tenant.burst, tier.tenant.rate, tier.period,
+        "STRIKES", s.threshold, s.window)
+    if box[1] ~= DEFAULT_BOX[1] or box[2] ~= DEFAULT_BOX[2] or box[3] ~= DEFAULT_BOX[3] then
+        add("BOX", box[1], box[2], box[3])
+    end
+    if tier.offenses_ttl ~= DEFAULT_OFFENSES_TTL then
+        add("OFFENSES", tier.offenses_ttl)
+    end
+    for i, v in ipairs(cmd) do
+        cmd[i] = tostring(v)
+    end
+    cmd.resp = "*" .. #cmd .. "\r\n" .. transport.encode(cmd)
+    cmd.ints = 8
+    return cmd
 end
 
--- The RESP request of RL.TAKE (see take_args_of).
-local function take_resp(a, key, tenant_key, cost)
-    cost = tostring(cost)
-    return { a.head, "$", #key, "\r\n", key, "\r\n", a.before_cost,
-             "$", #cost, "\r\n", cost, "\r\n", a.before_also,
-             "$", #tenant_key, "\r\n", tenant_key, "\r\n", a.tail }
+-- The RL.TAKE commands (each alone in a list, as run() takes them), per
+-- tier (weak-keyed: a configuration dropped takes them along), key and
+-- tenant key, by cost: a caller's command is the same every time (costs
+-- come from the configuration), made once and only read after
+-- (resty.rl.redis and resty.rl.cluster never change a command). Bounded
+-- per tier.
+local TAKES_KEPT = 10000
+local takes = setmetatable({}, { __mode = "k" })
+local function new_by_cost()
+    return {}
 end
 
 --- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
 --- and boxes. Returns the decoded reply (see decode) or nil and an error.
 function _M.take(conf, key, tenant_key, tier, cost)
-    local a = take_args[tier]
-    if not a then
-        a = take_args_of(tier)
-        take_args[tier] = a
+    local m = takes[tier]
+    if not m then
+        m = memo.new(TAKES_KEPT)
+        takes[tier] = m
     end
-    return limiter_reply(one(conf, { "RL.TAKE",
-        key, a[1], a[2], a[3],
-        "COST", cost,
-        "ALSO", tenant_key, a[4], a[5], a[3],
-        "STRIKES", a[6], a[7],
-        "BOX", a[8], a[9], a[10],
-        "OFFENSES", a[11], resp = take_resp(a, key, tenant_key, cost), ints = 8 }))
+    local by_cost = m:get(key, tenant_key, new_by_cost)
+    local list = by_cost[cost]
+    if not list then
+        list = { take_cmd(tier, key, tenant_key, cost) }
+        by_cost[cost] = list
+    end
+    return limiter_reply(one_of(conf, list))
 end
 
 -- The arguments of RL.WINDOW for one failed-login counter.

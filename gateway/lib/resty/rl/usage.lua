@@ -22,6 +22,7 @@
 --     capped per key and node (usage.reports_per_second, one more incr).
 
 local identity = require "resty.rl.identity"
+local entries_of = require "resty.rl.entries"
 local policy = require "resty.rl.policy"
 local problem = require "resty.rl.problem"
 local store = require "resty.rl.store"
@@ -302,8 +303,8 @@ local function rule_entries(gw, req, ident)
             end
         end
         -- the cost does not matter to a probe: never read it from this request
-        local e = own and gw:entry(req, state, setmetatable({ cost = 1 }, { __index = rule }),
-            ident)
+        local e = own and entries_of.entry(gw.conf, req, state,
+            setmetatable({ cost = 1 }, { __index = rule }), ident)
         if e then
             e.rule = rule
             entries[#entries + 1] = e

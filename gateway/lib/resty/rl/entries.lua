@@ -1,0 +1,132 @@
+-- resty.rl.entries: the rules of a rule policy applied to one request
+-- (resty.rl.engine, step 2): whether a rule matches the request, and its
+-- entry: the rule's limiter for the caller (references resolved), the
+-- cost, the names with the caller's tier, and the Redis keys of its scope.
+
+local identity = require "resty.rl.identity"
+local rules = require "resty.rl.rules"
+local policy = require "resty.rl.policy"
+local memo = require "resty.rl.memo"
+
+local _M = {}
+
+-- An empty table, never written (an option not given).
+local NONE = {}
+
+--- Does `rule` match the request (its routes, method, path, headers and
+--- arguments)?
+function _M.matches(rule, route, req)
+    local m = rule.match
+    if m.route_set and not m.route_set[route.name] then
+        return false
+    end
+    if m.method then
+        local method = req.method()
+        if method ~= m.method and not (method == "HEAD" and m.method == "GET") then
+            return false
+        end
+    end
+    if m.pattern and not req.path():match(m.pattern) then
+        return false
+    end
+    for name, want in pairs(m.header or NONE) do
+        local v = policy.header(req, name)
+        if want == true and v == nil or want ~= true and v ~= want then
+            return false
+        end
+    end
+    for name, want in pairs(m.arg or NONE) do
+        local v = policy.arg(req, name)
+        if want == true and v == nil or want ~= true and v ~= want then
+            return false
+        end
+    end
+    return true
+end
+
+-- Resolves every reference inside `v` for the caller.
+local function resolve_deep(v, ident)
+    if type(v) ~= "table" then
+        return v
+    end
+    if v.path then
+        return resolve_deep(rules.resolve(v, ident), ident)
+    end
+    local out = {}
+    for k, x in pairs(v) do
+        out[k] = resolve_deep(x, ident)
+    end
+    return out
+end
+
+-- The Redis key of `name` for the scope values: one hash tag per value
+-- of the rule's tag attribute, so that a rule's ALSO keys share a slot.
+local function rule_key(conf, tag_attr, values, name, scope)
+    local parts = { conf.key_prefix, ":{", tag_attr, ":", policy.key_part(values[tag_attr]),
+                    "}:", (name:gsub("[{}]", "")) }
+    for _, a in ipairs(scope) do
+        if a ~= tag_attr then
+            parts[#parts + 1] = ":" .. a .. "=" .. policy.key_part(values[a])
+        end
+    end
+    return table.concat(parts)
+end
+
+--- One entry (a rule applied to this request), nil when the rule does
+--- not apply (an attribute of its scope, its distinct member or its cost
+--- argument missing), or nil, "ambiguous", argument name.
+function _M.entry(conf, req, state, rule, ident)
+    local values = {}
+    for _, a in ipairs(rule.attrs) do
+        local v, err = identity.attr(conf, req, ident, a, state.route)
+        if err then
+            return nil, err, a
+        end
+        if v == nil then
+            return nil
+        end
+        values[a] = v
+    end
+    -- a limiter without reference is every caller's (entries only read it)
+    local static = rule.static_limiter
+    local params = static and rule.limiter or resolve_deep(rule.limiter, ident)
+    local cost = rule.cost
+    if cost == "route" then
+        cost = policy.cost(state.route, req)
+    elseif type(cost) == "table" then
+        local v, err = policy.arg(req, cost.arg)
+        if err then
+            return nil, err, cost.arg
+        end
+        if v == nil then
+            return nil
+        end
+        local n = tonumber(v)
+        if not n or n < 0 or n ~= n or n == math.huge then
+            return nil, "invalid", cost.arg
+        end
+        cost = math.ceil(n * (rule.cost.scale or 1))
+    end
+    local tier = ident.attrs.tier or "none"
+    -- failures and response bytes are probed now, charged after the response
+    local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
+                name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
+                also_keys = params.also and {} or NONE,
+                member = values[rule.limiter.member], tier = tier, static = static }
+    e.key = memo.rule_key(conf, rule, values, rule_key)
+    for i, a in ipairs(params.also or {}) do
+        local avals = { [rule.tag] = values[rule.tag] }
+        for _, attr in ipairs(a.scope) do
+            local v = identity.attr(conf, req, ident, attr, state.route)
+            if v == nil then
+                return nil
+            end
+            avals[attr] = v
+        end
+        e.also_names[i] = memo.tier_name(a.name, tier)
+        e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
+    end
+    return e
+end
+
+return _M
