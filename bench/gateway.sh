@@ -5,12 +5,15 @@
 # Starts redis-server with the release module (a free 127.0.0.1 port, no
 # persistence), an upstream nginx answering `200 ok` (no Lua), and one
 # gateway nginx (Debian's nginx-extras, `worker_processes auto` as the
-# sample nginx.conf) with six targets on their own ports:
+# sample nginx.conf) with seven targets on their own ports:
 #   upstream   the upstream, direct (no proxy)
 #   plain      nginx proxy to the upstream (keepalive pool), nothing else
 #   incr       the proxy + one bare pooled INCR per request
 #              (bench/gateway_floor.lua): the floor of any gateway that
 #              asks Redis per request
+#   incr_id    incr with the rl target's `proxy_set_header X-Request-Id
+#              $request_id` (the sample's request tracing, which nginx pays
+#              for with or without rl: a like-for-like floor for rl)
 #   rl         the proxy + rl (the sample policy gateway/nginx/policy.lua
 #              through resty.rl.nginx, budgets raised by
 #              bench/gateway_policy.lua so that every request takes the
@@ -23,14 +26,15 @@
 #   limit_req  the proxy + nginx's own `limit_req` (burst=1000 nodelay, a rate
 #              no run reaches: every request allowed)
 # then runs wrk (Debian's wrk, installed by .ci/deps) on each, interleaved
-# (upstream plain incr rl allowance limit_req, then again) over $RL_BENCH_GW_ROUNDS
+# (upstream plain incr incr_id rl allowance limit_req, then again) over $RL_BENCH_GW_ROUNDS
 # rounds, after a short warm-up of each. It prints one line per run
 # (requests/s, p50, p99, non-2xx answers, and the CPU time per request of
 # the gateway's workers and of redis-server, steadier than requests/s on a
 # shared machine), the medians per target, and
 #   RATIO <name> <x>     median over the rounds of that round's requests/s
 #                        of <name> over the plain proxy's
-#   RATIO rl_vs_incr <x>, RATIO rl_vs_limit_req <x>   likewise, rl over them
+#   RATIO rl_vs_incr <x>, RATIO rl_vs_incr_id <x>, RATIO rl_vs_limit_req <x>
+#                        likewise, rl over them
 #   RATIO allowance_vs_limit_req <x>   allowances over limit_req
 #   TARGET ...           rl at 0.85x the INCR floor or more; allowances
 #                        at 0.8x limit_req or more
@@ -67,10 +71,10 @@ CONNS=${RL_BENCH_GW_CONNECTIONS:-20}
 THREADS=${RL_BENCH_GW_THREADS:-1}
 WORKERS=${RL_BENCH_GW_WORKERS:-auto}
 UPSTREAM_WORKERS=${RL_BENCH_GW_UPSTREAM_WORKERS:-1}
-TARGETS=(upstream plain incr rl allowance limit_req)
+TARGETS=(upstream plain incr incr_id rl allowance limit_req)
 if [[ -n "${RL_BENCH_GW_ONLY:-}" ]]; then
     TARGETS=(plain)
-    for t in upstream incr rl allowance limit_req; do
+    for t in upstream incr incr_id rl allowance limit_req; do
         [[ " $RL_BENCH_GW_ONLY " == *" $t "* ]] && TARGETS+=("$t")
     done
 fi
@@ -132,7 +136,7 @@ export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$REDIS_PORT RL_BENCH_GATEWAY_DIR=$GW
 
 declare -A PORT
 TAKEN=" $REDIS_PORT "
-for t in upstream plain incr rl allowance limit_req; do
+for t in upstream plain incr incr_id rl allowance limit_req; do
     # a port no other target (nor Redis) has
     for _ in $(seq 1 20); do
         PORT[$t]=$(free_port)
@@ -225,6 +229,14 @@ $PROFILE
         listen $HOST:${PORT[incr]};
         location / {
             access_by_lua_block { require(\"gateway_floor\").access() }
+            $PROXY
+        }
+    }
+    server {
+        listen $HOST:${PORT[incr_id]};
+        location / {
+            access_by_lua_block { require(\"gateway_floor\").access() }
+            proxy_set_header X-Request-Id \$request_id;
             $PROXY
         }
     }
@@ -385,6 +397,9 @@ done
 has() { [[ " ${TARGETS[*]} " == *" $1 "* ]]; }
 if has rl && has incr; then
     echo "RATIO rl_vs_incr $(ratio rl incr)"
+fi
+if has rl && has incr_id; then
+    echo "RATIO rl_vs_incr_id $(ratio rl incr_id)"
 fi
 if has rl && has limit_req; then
     echo "RATIO rl_vs_limit_req $(ratio rl limit_req)"
