@@ -107,11 +107,7 @@ fn copy_and_restore_round_trip() {
         let copy: Vec<u8> = redis::cmd("DUMP").arg(k).query(&mut con).expect("DUMP");
         assert_eq!(copy, dump, "{k}");
     }
-    let usage: i64 = redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg("a")
-        .query(&mut con)
-        .expect("MEMORY USAGE");
+    let usage = memory_usage(&mut con, "a");
     assert!(usage > 0 && usage < 300, "MEMORY USAGE {usage}");
 }
 
@@ -229,11 +225,7 @@ fn an_aof_of_the_older_two_command_form_still_replays() {
 
 /// `MEMORY USAGE` of `key`.
 fn memory_usage(con: &mut redis::Connection, key: &str) -> i64 {
-    redis::cmd("MEMORY")
-        .arg("USAGE")
-        .arg(key)
-        .query(con)
-        .expect("MEMORY USAGE")
+    int(con, &format!("MEMORY USAGE {key}"))
 }
 
 #[test]

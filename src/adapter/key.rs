@@ -203,10 +203,7 @@ impl RlKey {
                     return;
                 }
                 // Another form now: it replaces the one the key holds.
-                let (value, kept) = match compact_value(&record) {
-                    Some(compact) => (compact, Some(record)),
-                    None => (into_raw(record), None),
-                };
+                let (value, kept) = value_of(record);
                 let mut old = std::ptr::null_mut();
                 let replaced = unsafe {
                     api!(RedisModule_ModuleTypeReplaceValue)(self.raw, rl_type(), value, &mut old)
@@ -225,10 +222,7 @@ impl RlKey {
             Held::Nothing | Held::Pending => self.created = true,
             Held::Other => {}
         }
-        let (value, kept) = match compact_value(&record) {
-            Some(compact) => (compact, Some(record)),
-            None => (into_raw(record), None),
-        };
+        let (value, kept) = value_of(record);
         let set = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) };
         if set == raw::REDISMODULE_OK as c_int {
             self.adopt(value, kept);
@@ -350,6 +344,15 @@ fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
     }
     let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
     held_as(unsafe { from_raw(value) })
+}
+
+/// `record` as a type value, and the record itself when the value is its
+/// compact form (for the key to keep beside it).
+fn value_of(record: Record) -> (*mut c_void, Option<Record>) {
+    match compact_value(&record) {
+        Some(compact) => (compact, Some(record)),
+        None => (into_raw(record), None),
+    }
 }
 
 /// The record a key holding `held` keeps beside it: a copy of its compact

@@ -100,20 +100,13 @@ mod tests {
 
     use super::*;
     use crate::core::codec::encode_with_serde;
-    use crate::core::testkit::any_valid_bucket;
+    use crate::core::testkit::{any_valid_bucket, any_window_state};
 
+    /// A window state of a mode written here (not a log).
     fn window() -> impl Strategy<Value = WindowState> {
-        prop_oneof![
-            (any::<i64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-                |(start, prev, curr, window_ms)| WindowState::Sliding {
-                    start,
-                    prev,
-                    curr,
-                    window_ms
-                }
-            ),
-            (any::<i64>(), any::<u64>()).prop_map(|(end, count)| WindowState::Fixed { end, count }),
-        ]
+        any_window_state().prop_filter("a sliding or fixed window", |w| {
+            !matches!(w, WindowState::Exact { .. })
+        })
     }
 
     proptest! {

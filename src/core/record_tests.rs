@@ -5,15 +5,17 @@ use crate::core::bucket::{charge, Rate};
 
 const NOW: Millis = 1_700_000_000_000;
 
+/// 10 points, refilled in a second.
+const RATE: Rate = Rate {
+    capacity: 10,
+    tokens: 10,
+    period_ms: 1000,
+};
+
 #[test]
 fn retention_follows_the_longest_part() {
-    let rate = Rate {
-        capacity: 10,
-        tokens: 10,
-        period_ms: 1000,
-    };
     let mut r = Record {
-        bucket: Some(charge(0, 5, &rate, NOW).0),
+        bucket: Some(charge(0, 5, &RATE, NOW).0),
         ..Record::default()
     };
     assert_eq!(r.prune(NOW), Retention::Until(NOW + 500));
@@ -26,7 +28,7 @@ fn retention_follows_the_longest_part() {
     assert_eq!(r.prune(NOW), Retention::Forever);
     assert_ne!(r.prune(NOW + 1000), Retention::Delete);
     let mut empty = Record {
-        bucket: Some(charge(0, 5, &rate, NOW).0),
+        bucket: Some(charge(0, 5, &RATE, NOW).0),
         ..Record::default()
     };
     assert_eq!(empty.prune(NOW + 500), Retention::Delete);
@@ -50,12 +52,7 @@ fn a_bucket_only_record_is_its_parts_and_two_pointers() {
 fn only_a_record_with_nothing_but_a_bucket_has_a_bare_bucket() {
     // 32 bytes: what a key that holds only a bucket keeps.
     assert_eq!(std::mem::size_of::<Bucket>(), 32);
-    let rate = Rate {
-        capacity: 10,
-        tokens: 10,
-        period_ms: 1000,
-    };
-    let bucket = charge(0, 5, &rate, NOW).0;
+    let bucket = charge(0, 5, &RATE, NOW).0;
     let mut r = Record::with_bucket(bucket);
     assert_eq!(r.bare_bucket(), Some(bucket));
     r.set_penalty(
@@ -82,12 +79,7 @@ fn only_a_record_with_nothing_but_a_bucket_has_a_bare_bucket() {
 #[test]
 fn heap_bytes_counts_each_allocation_once() {
     let class = |_: *const u8| 64;
-    let rate = Rate {
-        capacity: 10,
-        tokens: 10,
-        period_ms: 1000,
-    };
-    let mut r = Record::with_bucket(charge(0, 5, &rate, NOW).0);
+    let mut r = Record::with_bucket(charge(0, 5, &RATE, NOW).0);
     assert_eq!(r.heap_bytes(class), 0, "the bucket is inline");
     r.set_penalty(
         Penalty {

@@ -17,6 +17,7 @@ pub use super::penalty::{Penalty, PenaltyPolicy};
 pub use super::record::Record;
 pub use super::take::{take, Effects, KeySet, TakeRequest};
 pub use super::time::{ceil_div, Millis};
+pub use super::window::{Entry, WindowState};
 use crate::adapter::reply::to_wire;
 
 /// An arbitrary but realistic start time.
@@ -445,4 +446,22 @@ pub fn times(calls: &[(u64, u64)]) -> Vec<(Millis, u64)> {
             (now, cost)
         })
         .collect()
+}
+
+/// A window state of any mode with any fields, valid or not.
+pub fn any_window_state() -> impl Strategy<Value = WindowState> {
+    let log = prop::collection::vec((any::<i64>(), any::<u64>()), 0..6)
+        .prop_map(|v| v.into_iter().map(|(at, cost)| Entry { at, cost }).collect());
+    prop_oneof![
+        (any::<i64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(start, prev, curr, window_ms)| WindowState::Sliding {
+                start,
+                prev,
+                curr,
+                window_ms
+            }
+        ),
+        (any::<u64>(), log).prop_map(|(window_ms, log)| WindowState::Exact { window_ms, log }),
+        (any::<i64>(), any::<u64>()).prop_map(|(end, count)| WindowState::Fixed { end, count }),
+    ]
 }

@@ -256,7 +256,7 @@ proptest! {
         window_ms in prop_oneof![Just(1u64), Just(MAX_DURATION_MS), 1u64..=MAX_DURATION_MS],
         offset_ms in any::<u64>(),
         m in mode(),
-        state in prop::option::of(any_state()),
+        state in prop::option::of(any_window_state()),
         now in prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(0i64), any::<i64>()],
         cost in prop_oneof![Just(0u64), Just(MAX_POINTS), 0u64..=MAX_POINTS],
     ) {

@@ -113,24 +113,6 @@ pub(super) fn run(
     window(mode).prop_flat_map(move |w| (Just(w), arrivals(&w, len)))
 }
 
-/// A state of any mode with any fields, valid or not.
-pub(super) fn any_state() -> impl Strategy<Value = WindowState> {
-    let log = prop::collection::vec((any::<i64>(), any::<u64>()), 0..6)
-        .prop_map(|v| v.into_iter().map(|(at, cost)| Entry { at, cost }).collect());
-    prop_oneof![
-        (any::<i64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
-            |(start, prev, curr, window_ms)| WindowState::Sliding {
-                start,
-                prev,
-                curr,
-                window_ms
-            }
-        ),
-        (any::<u64>(), log).prop_map(|(window_ms, log)| WindowState::Exact { window_ms, log }),
-        (any::<i64>(), any::<u64>()).prop_map(|(end, count)| WindowState::Fixed { end, count }),
-    ]
-}
-
 /// A valid state: window lengths in bounds, a sorted log of positive costs.
 pub(super) fn valid_state() -> impl Strategy<Value = WindowState> {
     let w = 1u64..=MAX_DURATION_MS;
