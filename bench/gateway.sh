@@ -36,8 +36,10 @@
 #   RATIO rl_vs_incr <x>, RATIO rl_vs_incr_id <x>, RATIO rl_vs_limit_req <x>
 #                        likewise, rl over them
 #   RATIO allowance_vs_limit_req <x>   allowances over limit_req
-#   TARGET ...           rl at 0.85x the INCR floor or more; allowances
-#                        at 0.8x limit_req or more
+#   TARGET ...           rl at 0.85x the INCR floor or more (the floor on
+#                        the same configuration, incr_id; the bare incr
+#                        when incr_id does not run); allowances at 0.8x
+#                        limit_req or more
 # and the share of rl's answers decided by the local fallback (Redis over
 # its budget: `rl_gateway_requests_total{decision="degraded_allowed"}`).
 # The whole run takes about ROUNDS x 6 x SECS seconds plus 6 s of warm-up
@@ -134,16 +136,6 @@ REDIS_PORT=$PORT_redis
 GW=${RL_BENCH_GW_LIB:-$ROOT/gateway}
 export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$REDIS_PORT RL_BENCH_GATEWAY_DIR=$GW
 
-declare -A PORT
-TAKEN=" $REDIS_PORT "
-for t in upstream plain incr incr_id rl allowance limit_req; do
-    # a port no other target (nor Redis) has
-    for _ in $(seq 1 20); do
-        PORT[$t]=$(free_port)
-        [[ "$TAKEN" == *" ${PORT[$t]} "* ]] || break
-    done
-    TAKEN+="${PORT[$t]} "
-done
 
 MODULES=""
 for m in ndk_http_module ngx_http_lua_module; do
@@ -180,116 +172,143 @@ EOF
     NGINX_PREFIXES+=("$prefix")
 }
 
-start_nginx upstream "$UPSTREAM_WORKERS" "
-    server {
-        listen $HOST:${PORT[upstream]};
-        location / { return 200 \"ok\\n\"; }
-    }"
-
-# RL_BENCH_GW_PROFILE=MODE: each gateway worker runs LuaJIT's profiler
-# (jit.p, MODE as its options, e.g. F or vl) and writes its report to
-# the work directory when it exits; kept with RL_BENCH_GW_KEEP.
-PROFILE=""
-if [[ -n "${RL_BENCH_GW_PROFILE:-}" ]]; then
-    mkdir -p "$WORK/profile" && chmod o+x "$WORK" && chmod 777 "$WORK/profile"
-    JITLIB=$(dirname "$(dirname "$(ls /usr/share/luajit-2.1*/jit/p.lua | head -1)")")
-    PROFILE="
-    init_worker_by_lua_block {
-        package.path = \"$JITLIB/?.lua;\" .. package.path
-        require(\"jit.p\").start(\"$RL_BENCH_GW_PROFILE\", \"$WORK/profile/\" .. ngx.worker.pid() .. \".txt\")
-    }
-    exit_worker_by_lua_block { require(\"jit.p\").stop() }"
-fi
-PROXY='
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_pass http://api_backend;'
-start_nginx gateway "$WORKERS" "
-    lua_package_path \"$GW/lib/?.lua;$GW/nginx/?.lua;$ROOT/bench/?.lua;/usr/share/lua/5.1/?.lua;;\";
-    lua_shared_dict rl_metrics 1m;
-    lua_shared_dict rl_deny 4m;
-    lua_shared_dict rl_redis 1m;
-    lua_shared_dict rl_allowance 1m;
-    lua_socket_log_errors off;
-    limit_req_zone \$binary_remote_addr zone=bench:1m rate=1000000r/s;
-$PROFILE
-    upstream api_backend {
-        server $HOST:${PORT[upstream]};
-        keepalive 32;
-    }
-    init_by_lua_block {
-        require(\"resty.rl.nginx\").configure(\"api\", require(\"gateway_policy\"))
-        require(\"resty.rl.nginx\").configure(\"allow\", require(\"gateway_allowance_policy\"))
-    }
-    server {
-        listen $HOST:${PORT[plain]};
-        location / { $PROXY }
-    }
-    server {
-        listen $HOST:${PORT[incr]};
-        location / {
-            access_by_lua_block { require(\"gateway_floor\").access() }
-            $PROXY
-        }
-    }
-    server {
-        listen $HOST:${PORT[incr_id]};
-        location / {
-            access_by_lua_block { require(\"gateway_floor\").access() }
-            proxy_set_header X-Request-Id \$request_id;
-            $PROXY
-        }
-    }
-    server {
-        listen $HOST:${PORT[rl]};
-        location = /metrics {
-            content_by_lua_block { require(\"resty.rl.metrics\").serve(\"rl_metrics\") }
-        }
-        location / {
-            access_by_lua_block { require(\"resty.rl.nginx\").access(\"api\") }
-            header_filter_by_lua_block { require(\"resty.rl.nginx\").header_filter(\"api\") }
-            log_by_lua_block { require(\"resty.rl.nginx\").log(\"api\") }
-            proxy_set_header X-Request-Id \$request_id;
-            $PROXY
-        }
-    }
-    server {
-        listen $HOST:${PORT[allowance]};
-        location / {
-            access_by_lua_block { require(\"resty.rl.nginx\").access(\"allow\") }
-            header_filter_by_lua_block { require(\"resty.rl.nginx\").header_filter(\"allow\") }
-            log_by_lua_block { require(\"resty.rl.nginx\").log(\"allow\") }
-            $PROXY
-        }
-    }
-    server {
-        listen $HOST:${PORT[limit_req]};
-        location / {
-            limit_req zone=bench burst=1000 nodelay;
-            $PROXY
-        }
-    }" "$MODULES
-env RL_REDIS_HOST;
-env RL_REDIS_PORT;
-env RL_BENCH_GATEWAY_DIR;"
-
+declare -A PORT
 url() { echo "http://$HOST:${PORT[$1]}$PATH_Q"; }
 
-# Wait for every target to answer 200 (the rl one with the allowed path's
-# RateLimit field).
-for t in "${TARGETS[@]}"; do
-    ok=""
-    for _ in $(seq 1 100); do
-        code=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Api-Key: $API_KEY" "$(url "$t")" || true)
-        if [[ "$code" == 200 ]]; then ok=1; break; fi
-        sleep 0.1
+# start_targets: the upstream and the gateway nginx on ports no other
+# process has, then waits for every target to answer 200. Returns 1 when
+# an nginx exits at its start (another process took one of its ports
+# between the check and the bind); exits on any other failure.
+start_targets() {
+    local t ok code
+    TAKEN=" $REDIS_PORT "
+    for t in upstream plain incr incr_id rl allowance limit_req; do
+        # a port no other target (nor Redis) has
+        for _ in $(seq 1 20); do
+            PORT[$t]=$(free_port)
+            [[ "$TAKEN" == *" ${PORT[$t]} "* ]] || break
+        done
+        TAKEN+="${PORT[$t]} "
     done
-    if [[ -z "$ok" ]]; then
-        echo "bench: $t does not answer 200 (last: $code); gateway error log:" >&2
-        tail -20 "$WORK/gateway/logs/error.log" >&2 || true
-        exit 1
+
+    start_nginx upstream "$UPSTREAM_WORKERS" "
+        server {
+            listen $HOST:${PORT[upstream]};
+            location / { return 200 \"ok\\n\"; }
+        }"
+
+    # RL_BENCH_GW_PROFILE=MODE: each gateway worker runs LuaJIT's profiler
+    # (jit.p, MODE as its options, e.g. F or vl) and writes its report to
+    # the work directory when it exits; kept with RL_BENCH_GW_KEEP.
+    PROFILE=""
+    if [[ -n "${RL_BENCH_GW_PROFILE:-}" ]]; then
+        mkdir -p "$WORK/profile" && chmod o+x "$WORK" && chmod 777 "$WORK/profile"
+        JITLIB=$(dirname "$(dirname "$(ls /usr/share/luajit-2.1*/jit/p.lua | head -1)")")
+        PROFILE="
+        init_worker_by_lua_block {
+            package.path = \"$JITLIB/?.lua;\" .. package.path
+            require(\"jit.p\").start(\"$RL_BENCH_GW_PROFILE\", \"$WORK/profile/\" .. ngx.worker.pid() .. \".txt\")
+        }
+        exit_worker_by_lua_block { require(\"jit.p\").stop() }"
     fi
+    PROXY='
+                proxy_http_version 1.1;
+                proxy_set_header Connection "";
+                proxy_pass http://api_backend;'
+    start_nginx gateway "$WORKERS" "
+        lua_package_path \"$GW/lib/?.lua;$GW/nginx/?.lua;$ROOT/bench/?.lua;/usr/share/lua/5.1/?.lua;;\";
+        lua_shared_dict rl_metrics 1m;
+        lua_shared_dict rl_deny 4m;
+        lua_shared_dict rl_redis 1m;
+        lua_shared_dict rl_allowance 1m;
+        lua_socket_log_errors off;
+        limit_req_zone \$binary_remote_addr zone=bench:1m rate=1000000r/s;
+    $PROFILE
+        upstream api_backend {
+            server $HOST:${PORT[upstream]};
+            keepalive 32;
+        }
+        init_by_lua_block {
+            require(\"resty.rl.nginx\").configure(\"api\", require(\"gateway_policy\"))
+            require(\"resty.rl.nginx\").configure(\"allow\", require(\"gateway_allowance_policy\"))
+        }
+        server {
+            listen $HOST:${PORT[plain]};
+            location / { $PROXY }
+        }
+        server {
+            listen $HOST:${PORT[incr]};
+            location / {
+                access_by_lua_block { require(\"gateway_floor\").access() }
+                $PROXY
+            }
+        }
+        server {
+            listen $HOST:${PORT[incr_id]};
+            location / {
+                access_by_lua_block { require(\"gateway_floor\").access() }
+                proxy_set_header X-Request-Id \$request_id;
+                $PROXY
+            }
+        }
+        server {
+            listen $HOST:${PORT[rl]};
+            location = /metrics {
+                content_by_lua_block { require(\"resty.rl.metrics\").serve(\"rl_metrics\") }
+            }
+            location / {
+                access_by_lua_block { require(\"resty.rl.nginx\").access(\"api\") }
+                header_filter_by_lua_block { require(\"resty.rl.nginx\").header_filter(\"api\") }
+                log_by_lua_block { require(\"resty.rl.nginx\").log(\"api\") }
+                proxy_set_header X-Request-Id \$request_id;
+                $PROXY
+            }
+        }
+        server {
+            listen $HOST:${PORT[allowance]};
+            location / {
+                access_by_lua_block { require(\"resty.rl.nginx\").access(\"allow\") }
+                header_filter_by_lua_block { require(\"resty.rl.nginx\").header_filter(\"allow\") }
+                log_by_lua_block { require(\"resty.rl.nginx\").log(\"allow\") }
+                $PROXY
+            }
+        }
+        server {
+            listen $HOST:${PORT[limit_req]};
+            location / {
+                limit_req zone=bench burst=1000 nodelay;
+                $PROXY
+            }
+        }" "$MODULES
+    env RL_REDIS_HOST;
+    env RL_REDIS_PORT;
+    env RL_BENCH_GATEWAY_DIR;"
+
+    # Wait for every target to answer 200.
+    for t in "${TARGETS[@]}"; do
+        ok=""
+        for _ in $(seq 1 100); do
+            code=$(curl -s -o /dev/null -w '%{http_code}' -H "X-Api-Key: $API_KEY" "$(url "$t")" || true)
+            if [[ "$code" == 200 ]]; then ok=1; break; fi
+            kill -0 "$MASTER_upstream" 2>/dev/null && kill -0 "$MASTER_gateway" 2>/dev/null || return 1
+            sleep 0.1
+        done
+        if [[ -z "$ok" ]]; then
+            echo "bench: $t does not answer 200 (last: $code); gateway error log:" >&2
+            tail -20 "$WORK/gateway/logs/error.log" >&2 || true
+            exit 1
+        fi
+    done
+}
+for attempt in 1 2 3; do
+    start_targets && break
+    grep -h "bind()" "$WORK"/upstream/logs/error.log "$WORK"/gateway/logs/error.log 2>/dev/null | tail -1 >&2 || true
+    kill "$MASTER_upstream" "$MASTER_gateway" 2>/dev/null || true
+    wait "$MASTER_upstream" "$MASTER_gateway" 2>/dev/null || true
+    [[ $attempt -lt 3 ]] || { echo "bench: nginx did not start in 3 attempts" >&2; exit 1; }
+    log "an nginx could not bind its port; again on other ports"
 done
+# the rl targets answer with their RateLimit field
 for t in rl allowance; do
     [[ " ${TARGETS[*]} " == *" $t "* ]] || continue
     curl -s -D - -o /dev/null -H "X-Api-Key: $API_KEY" "$(url "$t")" | grep -qi '^RateLimit:' \
@@ -413,8 +432,12 @@ if has rl; then
         printf "rl answers decided by the local fallback (Redis over its budget): %d of %d (%.3f %%)\n",
             d, n, (n > 0 ? 100 * d / n : 0) }'
 fi
-if has rl && has incr; then
-    awk -v x="$(ratio rl incr)" 'BEGIN { printf "TARGET rl at >= 0.85x the INCR floor: %s (%.2fx)\n", (x >= 0.85 ? "met" : "missed"), x }'
+# The target compares rl with the floor on the same nginx configuration:
+# incr_id forwards the request id as the rl target (the sample) does.
+if has rl && has incr_id; then
+    awk -v x="$(ratio rl incr_id)" 'BEGIN { printf "TARGET rl at >= 0.85x the INCR floor (same configuration: incr_id): %s (%.2fx)\n", (x >= 0.85 ? "met" : "missed"), x }'
+elif has rl && has incr; then
+    awk -v x="$(ratio rl incr)" 'BEGIN { printf "TARGET rl at >= 0.85x the bare INCR floor: %s (%.2fx)\n", (x >= 0.85 ? "met" : "missed"), x }'
 fi
 if has allowance && has limit_req; then
     awk -v x="$(ratio allowance limit_req)" 'BEGIN { printf "TARGET allowances at >= 0.8x limit_req: %s (%.2fx)\n", (x >= 0.8 ? "met" : "missed"), x }'
@@ -424,3 +447,4 @@ if grep -E '\[(error|alert|crit|emerg)\]' "$WORK/gateway/logs/error.log" >/dev/n
     grep -E '\[(error|alert|crit|emerg)\]' "$WORK/gateway/logs/error.log" | tail -5
 fi
 log "done"
+

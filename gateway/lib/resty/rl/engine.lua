@@ -34,6 +34,7 @@ local settle = require "resty.rl.settle"
 local phases = require "resty.rl.phases"
 local memo = require "resty.rl.memo"
 local entries_of = require "resty.rl.entries"
+local hotpath = require "resty.rl.hotpath"
 
 local _M = {}
 
@@ -53,12 +54,19 @@ function _M.new(conf)
     -- the rules whose soft refusal marks the upstream request (the mark
     -- a client sends is removed first)
     local soft = {}
+    -- the steps some rules need, left out of every request when none does
+    local needs = { probes = false, one_in_flight = false, delays = false, settles = false }
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then
             soft[#soft + 1] = rule
         end
+        needs.probes = needs.probes or rule.count ~= "requests"
+        needs.one_in_flight = needs.one_in_flight or rule.one_in_flight ~= nil
+        needs.delays = needs.delays or rule.limiter.delay ~= nil
+        needs.settles = needs.settles or rule.settle ~= nil
     end
-    return setmetatable({ conf = conf, soft_rules = soft }, Engine)
+    return setmetatable({ conf = conf, soft_rules = soft, needs = needs,
+                          upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
 end
 
 --- One attempt in flight per scope (`one_in_flight` of a rule counting
@@ -70,7 +78,7 @@ end
 function Engine:one_in_flight(state, e)
     local f = e.rule.one_in_flight
     local key = e.key .. ":attempt"
-    state.leases[#state.leases + 1] = { key = key, id = state.request_id }
+    phases.add_lease(state, { key = key, id = state.request_id })
     local res, err = phases.acquire_waiting(self.conf, key, f.ttl, state.request_id, f.wait_ms)
     if not res then
         return nil, err
@@ -93,6 +101,11 @@ end
 --- The strictest outcome of `entries` (a hard refusal, else a soft block,
 --- else nil when everything was admitted).
 local function strictest(entries)
+    if #entries == 1 then
+        -- one entry, without a loop (resty.rl.hotpath)
+        local o = entries[1].outcome
+        return o and (o.state == "refused" or o.state == "boxed") and entries[1] or nil
+    end
     local hard, soft
     for _, e in ipairs(entries) do
         local o = e.outcome
@@ -111,6 +124,10 @@ end
 -- smallest share of its limit left (a distinct rule's members only when
 -- no rate entry applies: they are not requests left).
 local function tightest(entries)
+    if #entries == 1 then
+        local e = entries[1]
+        return e.outcome and e.outcome.binding and e.params.kind ~= "lease" and e or nil
+    end
     local best, share, members
     for _, e in ipairs(entries) do
         local b = e.outcome and e.outcome.binding
@@ -310,6 +327,92 @@ local lazy_request_id = {
     end,
 }
 
+-- The steps of the access phase over a request's entries, one call per
+-- item through resty.rl.hotpath (one entry: no loop, so that LuaJIT
+-- compiles the phase).
+
+-- A client cannot send a soft refusal's mark itself.
+local function strip_mark(rule, _, req)
+    req.set_upstream_header(rule.on_refusal.mark_header, nil)
+end
+
+-- Step 2: the entry of `rule` when it matches the request (added to
+-- state.entries); "ambiguous" and the argument's name when an argument
+-- it needs has no single valid value.
+local function add_entry(rule, _, conf, req, state)
+    if entries_of.matches(rule, state.route, req) then
+        local e, why, arg = entries_of.entry(conf, req, state, rule, state.ident)
+        if why then
+            return why, arg
+        end
+        local list = state.entries
+        list[#list + 1] = e
+    end
+end
+
+-- Step 3: entry `e` when the edge deny cache knows its key to be boxed
+-- (its outcome set).
+local function cached_box(e, _, conf)
+    local box = limiters.boxes(e.params) and deny.get(conf, e.key)
+    if box then
+        e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
+                      strikes = 0, cached = true,
+                      binding = { name = e.name, limit = limiters.capacity(e), remaining = 0,
+                                  boxed = true } }
+        return e
+    end
+end
+
+-- Step 4, before the round trip: entry `e` decided here (above its
+-- capacity it never fits; or spent from the node's allowance), else its
+-- command added to state.cmds and the entry to state.sent (made on
+-- first use: an allowance spent locally needs neither).
+local function plan(e, _, conf, state)
+    local kind = limiters.KINDS[e.params.kind]
+    if e.params.kind ~= "lease" and e.cost > limiters.capacity(e) then
+        -- above the capacity: it never fits (the module would refuse the call)
+        e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
+            limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
+            window = e.params.window or e.params.period } }
+    elseif e.rule.allowance and e.cost > 0 and allowance.spent(conf, e) then
+        -- spent from the node's allowance: no Redis call
+        return
+    else
+        local cmds, sent = state.cmds, state.sent
+        if not cmds then
+            cmds, sent = {}, {}
+            state.cmds, state.sent = cmds, sent
+        end
+        cmds[#cmds + 1] = e.fetch and allowance.command(e)
+            or kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+        sent[#sent + 1] = e
+        if e.params.kind == "lease" then
+            -- recorded before the call: a timed-out ACQUIRE may have been granted
+            phases.add_lease(state, { key = e.key, id = state.request_id })
+        end
+    end
+end
+
+-- Step 4, after it: the outcome of sent entry `e` from its reply `res[i]`;
+-- the error when the reply is one.
+local function decide(e, i, res)
+    local raw = e.fetch and allowance.keep(e, res[i]) or res[i]
+    local o, err = limiters.KINDS[e.params.kind].outcome(e, raw)
+    e.outcome = o
+    return err
+end
+
+-- A box the module reported for entry `e`: kept in the edge deny cache
+-- and, for the log phase's alerts, in state.boxed.
+local function note_box(e, _, conf, state)
+    local o = e.outcome
+    if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
+        deny.put(conf, e.key, o.level, o.retry_ms)
+        state.boxed = state.boxed or {}
+        state.boxed[#state.boxed + 1] = e
+    end
+end
+
 --- Access phase (see the file comment).
 function Engine:access(req)
     local conf = self.conf
@@ -318,10 +421,7 @@ function Engine:access(req)
     state.entries, state.engine, state.request_id_of = {}, true, req.request_id
     setmetatable(state, lazy_request_id)
     local route = state.route
-    for _, rule in ipairs(self.soft_rules) do
-        -- a client cannot send the mark itself
-        req.set_upstream_header(rule.on_refusal.mark_header, nil)
-    end
+    hotpath.each(self.soft_rules, strip_mark, req)
     local ident, err = identity.resolve(conf, req)
     if not ident then
         -- the identity store is away and nothing is cached: the caller is
@@ -337,123 +437,66 @@ function Engine:access(req)
         return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
             ident.revoked and "This API key is revoked." or "Send valid credentials.")
     end
-    for _, rule in ipairs(conf.rules) do
-        if entries_of.matches(rule, route, req) then
-            local e, why, arg = entries_of.entry(conf, req, state, rule, ident)
-            if why then
-                return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
-                    "The argument " .. arg .. " is missing a single valid value (repeated, "
-                    .. "different in the query string and the body, or not a number).")
-            end
-            state.entries[#state.entries + 1] = e
-        end
+    local why, arg = hotpath.first_of(conf.rules, add_entry, conf, req, state)
+    if why then
+        return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
+            "The argument " .. arg .. " is missing a single valid value (repeated, "
+            .. "different in the query string and the body, or not a number).")
     end
     local entries = state.entries
     -- the edge deny cache: a known box answers without Redis
-    for _, e in ipairs(entries) do
-        local box = limiters.boxes(e.params) and deny.get(conf, e.key)
-        if box then
-            e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
-                          strikes = 0, cached = true,
-                          binding = { name = e.name, limit = limiters.capacity(e), remaining = 0,
-                                      boxed = true } }
-            state.deny_cached = true
-            self:rate_headers(state, e)
-            return self:refuse_with(req, state, e)
-        end
+    local cached = hotpath.first_of(entries, cached_box, conf)
+    if cached then
+        state.deny_cached = true
+        self:rate_headers(state, cached)
+        return self:refuse_with(req, state, cached)
     end
-    for _, e in ipairs(entries) do
-        if e.rule.one_in_flight then
-            local busy, ferr = self:one_in_flight(state, e)
-            if ferr then
-                return self:redis_failed(req, state, ferr)
-            end
-            if busy then
-                self:rate_headers(state, busy)
-                return self:refuse_with(req, state, busy)
+    local needs = self.needs
+    if needs.one_in_flight then
+        for _, e in ipairs(entries) do
+            if e.rule.one_in_flight then
+                local busy, ferr = self:one_in_flight(state, e)
+                if ferr then
+                    return self:redis_failed(req, state, ferr)
+                end
+                if busy then
+                    self:rate_headers(state, busy)
+                    return self:refuse_with(req, state, busy)
+                end
             end
         end
     end
-    local cmds, sent = {}, {}
-    for _, e in ipairs(entries) do
-        local kind = limiters.KINDS[e.params.kind]
-        if e.params.kind ~= "lease" and e.cost > limiters.capacity(e) then
-            -- above the capacity: it never fits (the module would refuse the call)
-            e.outcome = { state = "refused", retry_ms = nil, binding = { name = e.name,
-                limit = limiters.capacity(e), remaining = 0, unit = e.rule.unit,
-                window = e.params.window or e.params.period } }
-        elseif e.rule.allowance and e.cost > 0 and allowance.spent(conf, e) then
-            -- spent from the node's allowance: no Redis call
-        else
-            cmds[#cmds + 1] = e.fetch and allowance.command(e)
-                or kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
-            sent[#sent + 1] = e
-            if e.params.kind == "lease" then
-                -- recorded before the call: a timed-out ACQUIRE may have been granted
-                state.leases[#state.leases + 1] = { key = e.key, id = state.request_id }
-            end
-        end
-    end
-    local res = NONE
+    hotpath.each(entries, plan, conf, state)
+    local cmds, sent = state.cmds or NONE, state.sent or NONE
     if #cmds > 0 then
         -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+        local res
         res, err = store.pipeline(route.store_conf or conf, cmds)
         if not res then
             return self:redis_failed(req, state, err)
         end
         res = limiters.strike_every_refusal(conf, sent, cmds, res)
-    end
-    local bad
-    for i, e in ipairs(sent) do
-        local oerr
-        local raw = e.fetch and allowance.keep(e, res[i]) or res[i]
-        e.outcome, oerr = limiters.KINDS[e.params.kind].outcome(e, raw)
-        bad = bad or oerr
-    end
-    if bad then
-        -- an error reply (a slot moved, ...): the others give back their charge
-        limiters.compensate(conf, state, sent)
-        return self:redis_failed(req, state, bad)
-    end
-    local record = #sent > 0 and {} or NONE
-    for _, e in ipairs(sent) do
-        if e.probe and e.outcome.state == "refused" and e.params.strikes then
-            -- no failure left: this attempt counts as one, which trips the box
-            record[#record + 1] = e
+        local bad = hotpath.each(sent, decide, res)
+        if bad then
+            -- an error reply (a slot moved, ...): the others give back their charge
+            limiters.compensate(conf, state, sent)
+            return self:redis_failed(req, state, bad)
         end
-    end
-    if #record > 0 then
-        local rc = {}
-        for i, e in ipairs(record) do
-            rc[i] = limiters.KINDS.window.command(e, e.cost, true)
-        end
-        res, err = store.pipeline(route.store_conf or conf, rc)
-        if not res then
-            return self:redis_failed(req, state, err)
-        end
-        res = store.strike_first_refusals(conf, rc, res, thresholds_of(record))
-        for i, e in ipairs(record) do
-            local o = limiters.KINDS.window.outcome(e, res[i])
-            if o and o.state == "boxed" then
-                e.outcome = o
+        if needs.probes then
+            local done, perr = self:record_probes(state, sent)
+            if not done then
+                return self:redis_failed(req, state, perr)
             end
         end
     end
-    for _, e in ipairs(entries) do
-        local o = e.outcome
-        if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
-            deny.put(conf, e.key, o.level, o.retry_ms)
-            state.boxed = state.boxed or {}
-            state.boxed[#state.boxed + 1] = e
-        end
-    end
+    hotpath.each(entries, note_box, conf, state)
     local win = strictest(entries)
     self:rate_headers(state, win or tightest(entries))
     if win and win.rule.on_refusal.action == "soft" then
         local a = win.rule.on_refusal
         state.decision, state.policy = "soft_blocked", win.name
         req.set_upstream_header(a.mark_header, a.mark_value)
-        for k, v in pairs(a.headers or {}) do
+        for k, v in pairs(a.headers or NONE) do
             state.headers[k] = v
         end
     elseif win then
@@ -461,18 +504,53 @@ function Engine:access(req)
         return self:refuse_with(req, state, win)
     end
     state.admitted = true
-    for name, v in pairs(conf.upstream_headers) do
-        -- what the upstream needs to know of the caller (its tier's priority, ...)
-        local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
-        req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
-    end
-    for _, e in ipairs(entries) do
-        if e.outcome.state == "delayed" and e.outcome.retry_ms then
-            -- shaping (limiter.delay): the points are reserved; wait for them
-            state.delayed_ms = (state.delayed_ms or 0) + e.outcome.retry_ms
-            ngx.sleep(e.outcome.retry_ms / 1000)
+    if self.upstream_headers then
+        for name, v in pairs(conf.upstream_headers) do
+            -- what the upstream needs to know of the caller (its tier's priority, ...)
+            local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
+            req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
         end
     end
+    if needs.delays then
+        for _, e in ipairs(entries) do
+            if e.outcome.state == "delayed" and e.outcome.retry_ms then
+                -- shaping (limiter.delay): the points are reserved; wait for them
+                state.delayed_ms = (state.delayed_ms or 0) + e.outcome.retry_ms
+                ngx.sleep(e.outcome.retry_ms / 1000)
+            end
+        end
+    end
+end
+
+--- The probes of rules counting failures (`sent`, refused): with no
+--- failure left, this attempt counts as one, which trips the box (a
+--- second round trip). True, or nil and the Redis error.
+function Engine:record_probes(state, sent)
+    local record = {}
+    for _, e in ipairs(sent) do
+        if e.probe and e.outcome.state == "refused" and e.params.strikes then
+            record[#record + 1] = e
+        end
+    end
+    if #record == 0 then
+        return true
+    end
+    local rc = {}
+    for i, e in ipairs(record) do
+        rc[i] = limiters.KINDS.window.command(e, e.cost, true)
+    end
+    local res, err = store.pipeline(state.route.store_conf or self.conf, rc)
+    if not res then
+        return nil, err
+    end
+    res = store.strike_first_refusals(self.conf, rc, res, thresholds_of(record))
+    for i, e in ipairs(record) do
+        local o = limiters.KINDS.window.outcome(e, res[i])
+        if o and o.state == "boxed" then
+            e.outcome = o
+        end
+    end
+    return true
 end
 
 --- Header filter: the fields decided in the access phase. A rule that
@@ -480,7 +558,7 @@ end
 --- is about to record (r consistent with the next decision).
 function Engine:header_filter(req)
     local state = req.ctx().rl
-    if state then
+    if state and self.needs.settles then
         settle.header_filter(state)
     end
     if not state or self.conf.shadow then

@@ -7,11 +7,24 @@ local identity = require "resty.rl.identity"
 local rules = require "resty.rl.rules"
 local policy = require "resty.rl.policy"
 local memo = require "resty.rl.memo"
+local hotpath = require "resty.rl.hotpath"
 
 local _M = {}
 
 -- An empty table, never written (an option not given).
 local NONE = {}
+
+-- Does every name of `want` have its value in the request (`read(req,
+-- name)`; true: any value)?
+local function all_present(want, read, req)
+    for name, w in pairs(want) do
+        local v = read(req, name)
+        if w == true and v == nil or w ~= true and v ~= w then
+            return false
+        end
+    end
+    return true
+end
 
 --- Does `rule` match the request (its routes, method, path, headers and
 --- arguments)?
@@ -29,19 +42,9 @@ function _M.matches(rule, route, req)
     if m.pattern and not req.path():match(m.pattern) then
         return false
     end
-    for name, want in pairs(m.header or NONE) do
-        local v = policy.header(req, name)
-        if want == true and v == nil or want ~= true and v ~= want then
-            return false
-        end
-    end
-    for name, want in pairs(m.arg or NONE) do
-        local v = policy.arg(req, name)
-        if want == true and v == nil or want ~= true and v ~= want then
-            return false
-        end
-    end
-    return true
+    -- (no loop without headers or arguments to match: resty.rl.hotpath)
+    return (not m.header or all_present(m.header, policy.header, req))
+        and (not m.arg or all_present(m.arg, policy.arg, req))
 end
 
 -- Resolves every reference inside `v` for the caller.
@@ -72,20 +75,29 @@ local function rule_key(conf, tag_attr, values, name, scope)
     return table.concat(parts)
 end
 
+-- The value of attribute `a` of a rule's scope, into `values`; "missing"
+-- when the request has none, or its error and `a`.
+local function scope_value(a, _, conf, req, ident, state, values)
+    local v, err = identity.attr(conf, req, ident, a, state.route)
+    if err then
+        return err, a
+    end
+    if v == nil then
+        return "missing"
+    end
+    values[a] = v
+end
+
 --- One entry (a rule applied to this request), nil when the rule does
 --- not apply (an attribute of its scope, its distinct member or its cost
 --- argument missing), or nil, "ambiguous", argument name.
 function _M.entry(conf, req, state, rule, ident)
-    local values = {}
-    for _, a in ipairs(rule.attrs) do
-        local v, err = identity.attr(conf, req, ident, a, state.route)
-        if err then
-            return nil, err, a
-        end
-        if v == nil then
-            return nil
-        end
-        values[a] = v
+    local values = hotpath.new_table(0, #rule.attrs)
+    local why, arg = hotpath.first_of(rule.attrs, scope_value, conf, req, ident, state, values)
+    if why == "missing" then
+        return nil
+    elseif why then
+        return nil, why, arg
     end
     -- a limiter without reference is every caller's (entries only read it)
     local static = rule.static_limiter
@@ -112,19 +124,21 @@ function _M.entry(conf, req, state, rule, ident)
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
                 name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
                 also_keys = params.also and {} or NONE,
-                member = values[rule.limiter.member], tier = tier, static = static }
-    e.key = memo.rule_key(conf, rule, values, rule_key)
-    for i, a in ipairs(params.also or {}) do
-        local avals = { [rule.tag] = values[rule.tag] }
-        for _, attr in ipairs(a.scope) do
-            local v = identity.attr(conf, req, ident, attr, state.route)
-            if v == nil then
-                return nil
+                member = values[rule.limiter.member], tier = tier, static = static,
+                key = memo.rule_key(conf, rule, values, rule_key) }
+    if params.also then
+        for i, a in ipairs(params.also) do
+            local avals = { [rule.tag] = values[rule.tag] }
+            for _, attr in ipairs(a.scope) do
+                local v = identity.attr(conf, req, ident, attr, state.route)
+                if v == nil then
+                    return nil
+                end
+                avals[attr] = v
             end
-            avals[attr] = v
+            e.also_names[i] = memo.tier_name(a.name, tier)
+            e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
         end
-        e.also_names[i] = memo.tier_name(a.name, tier)
-        e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
     end
     return e
 end

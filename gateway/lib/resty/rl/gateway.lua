@@ -217,7 +217,7 @@ function Gateway:acquire_leases(req, state, ident, tier)
         local max = policy.lease_max(spec, tier)
         -- recorded before the call: a timed-out ACQUIRE may have been
         -- granted, and releasing a lease that is not held is harmless
-        state.leases[#state.leases + 1] = { key = key, id = request_id(req, state) }
+        phases.add_lease(state, { key = key, id = request_id(req, state) })
         local res, err = store.acquire(state.route.store_conf or conf, key, max, spec.ttl,
             state.request_id)
         if not res then
@@ -377,7 +377,7 @@ function Gateway:auth_access(req, state)
     state.auth = { windows = windows, subject = subject, ip = ip }
     state.headers["RateLimit-Policy"] = headers.policy(policies)
     if attempt_key then
-        state.leases[1] = { key = attempt_key, id = request_id(req, state) }
+        phases.add_lease(state, { key = attempt_key, id = request_id(req, state) })
         local res, err = phases.acquire_waiting(sconf, attempt_key, auth.attempt_ttl,
             state.request_id, auth.attempt_wait_ms)
         if not res then

@@ -51,11 +51,9 @@ end
 -- of the policy `name`: `r` whole units left (not negative), `t` seconds
 -- until the quota is back (nil: none to give, as in a box).
 local function set_ratelimit(out, conf, name, limit, r, t)
-    local v = sf_string(name) .. ";r=" .. r
-    if t then
-        v = v .. ";t=" .. t
-    end
-    out["RateLimit"] = v
+    -- one concatenation (no intermediate string)
+    out["RateLimit"] = t and sf_string(name) .. ";r=" .. r .. ";t=" .. t
+        or sf_string(name) .. ";r=" .. r
     if conf.legacy_headers then
         out["RateLimit-Limit"] = tostring(limit)
         out["RateLimit-Remaining"] = tostring(r)

@@ -22,6 +22,7 @@ local store = require "resty.rl.store"
 local transport = require "resty.rl.redis"
 local policy = require "resty.rl.policy"
 local jws = require "resty.rl.jws"
+local new_table = require("resty.rl.hotpath").new_table
 
 local _M = {}
 
@@ -265,15 +266,30 @@ function _M.client_ip(conf, req)
     return hops[1] or remote
 end
 
--- The attributes an API key's record gives.
-local KEY_ATTRS = { "key_id", "tenant", "tier", "brand", "user" }
+-- The overrides and tier data of a caller without any (shared: read only).
+local NONE = setmetatable({}, { __newindex = function()
+    error("rl: the shared empty identity table is read-only")
+end })
+
+-- The attributes of a caller whose API key has the record `e` (nil: no
+-- key): those of the record (key_id, tenant, tier, brand, user), made
+-- by one constructor without a loop (a loop run once per request keeps
+-- LuaJIT from compiling the access phase: see resty.rl.hotpath), with
+-- room for the attributes read later (tier, ip, ...).
+local function key_attrs(e)
+    if not e then
+        return new_table(0, 4)
+    end
+    return { key_id = e.key_id, tenant = e.tenant, tier = e.tier, brand = e.brand,
+             user = e.user, ip = nil, route = nil, subject = nil }
+end
 
 --- The caller of a request: {attrs, tier_data, overrides, authenticated,
 --- revoked}, or nil and an error when the identity store failed.
 function _M.resolve(conf, req)
     local id = conf.identity
-    local attrs = {}
-    local ident = { attrs = attrs, overrides = {}, authenticated = false }
+    local ident = { attrs = nil, overrides = NONE, tier_data = NONE, authenticated = false }
+    local record
     local key = policy.header(req, id.api_key.header)
     if key then
         local e, err = api_key_entry(conf, key)
@@ -281,15 +297,14 @@ function _M.resolve(conf, req)
             return nil, err
         end
         if e and e.revoked ~= "1" and e.revoked ~= true then
-            ident.authenticated = true
-            for _, a in ipairs(KEY_ATTRS) do
-                attrs[a] = e[a]
-            end
+            ident.authenticated, record = true, e
         else
             ident.revoked = e and true or false
             ident.bad_key = true
         end
     end
+    local attrs = key_attrs(record)
+    ident.attrs = attrs
     if id.jwt then
         local claims = _M.jwt_claims(id.jwt, req)
         if claims then
@@ -313,6 +328,7 @@ function _M.resolve(conf, req)
     end
     -- the store's tenant and brand records: a tier change and overrides
     if id.store and (attrs.tenant or attrs.brand) then
+        ident.overrides = {}
         local names = {}
         if attrs.tenant then
             names["tenant:" .. attrs.tenant] = conf.key_prefix .. ":id:tenant:" .. attrs.tenant
@@ -332,7 +348,7 @@ function _M.resolve(conf, req)
     if attrs.tier == nil or not conf.tiers[attrs.tier] then
         attrs.tier = conf.default_tier
     end
-    ident.tier_data = attrs.tier and conf.tiers[attrs.tier] or {}
+    ident.tier_data = attrs.tier and conf.tiers[attrs.tier] or NONE
     return ident
 end
 

@@ -12,11 +12,34 @@ local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local usage = require "resty.rl.usage"
 local cjson = require "cjson.safe"
+local new_table = require("resty.rl.hotpath").new_table
 
 local _M = {}
 
 --- Interval of the polls of a one-attempt lease (acquire_waiting).
 _M.ATTEMPT_POLL_MS = 20
+
+--- The leases of a request that holds none: shared, so never written
+--- (resty.rl.phases.add_lease gives the request its own list).
+_M.NO_LEASES = setmetatable({}, { __newindex = function()
+    error("rl: the shared empty lease list is read-only")
+end })
+
+--- Records lease `lease` ({key, id}) as held by the request of `state`
+--- (released after the response).
+function _M.add_lease(state, lease)
+    local leases = state.leases
+    if leases == _M.NO_LEASES then
+        leases = {}
+        state.leases = leases
+    end
+    leases[#leases + 1] = lease
+end
+
+-- Fields a request's state gets on the allowed path (the form's own
+-- included), made room for at once: filled in one by one, the table
+-- would be resized on the way.
+local STATE_FIELDS = 16
 
 --- Access phase, first step: the state of the request (its route, path,
 --- fields to send, leases held, the decision "allowed"; the form adds its
@@ -25,10 +48,10 @@ _M.ATTEMPT_POLL_MS = 20
 function _M.start(conf, req)
     deny.ensure_poller(conf)
     local path = req.path()
-    -- made whole by one constructor (filled in later, the table would be
-    -- resized on the allowed path)
-    local state = { route = policy.match_route(conf, req.method(), path), path = path,
-                    headers = {}, leases = {}, decision = "allowed" }
+    local state = new_table(0, STATE_FIELDS)
+    state.route, state.path = policy.match_route(conf, req.method(), path), path
+    -- room for RateLimit-Policy and RateLimit
+    state.headers, state.leases, state.decision = new_table(0, 2), _M.NO_LEASES, "allowed"
     req.ctx().rl = state
     return state
 end

@@ -1,0 +1,58 @@
+-- resty.rl.hotpath: helpers of a request's hot path (the access phase
+-- of a rule policy).
+--
+-- Loops over the short lists of a request (its entries, the rules, a
+-- scope's attributes) that handle one item without a loop. Why: LuaJIT counts every execution of a loop, also one that runs once
+-- per request. Once hot, it starts a trace at the loop, which the loop
+-- leaves at once; after a few such aborts the loop is blacklisted, and a
+-- blacklisted loop aborts every trace that reaches it. A hot path with
+-- one-pass loops (the access phase of a one-rule policy) then runs in the
+-- interpreter. With one item these helpers make a plain call; with none
+-- the loop is not entered (not counted).
+
+local _M = {}
+
+--- `new_table(narr, nhash)`: a table with room for `narr` array items and
+--- `nhash` fields (LuaJIT's table.new; a plain table elsewhere), so that
+--- filling it in does not resize it.
+do
+    local ok, new_tab = pcall(require, "table.new")
+    _M.new_table = ok and new_tab or function()
+        return {}
+    end
+end
+
+-- Calls `f(list[i], i, a, b, c, d, x)` for the items in order; returns
+-- the first result that is not nil (with its second value), at once
+-- when `stop`, else after every item.
+local function walk(list, stop, f, a, b, c, d, x)
+    local n = #list
+    if n == 1 then
+        return f(list[1], 1, a, b, c, d, x)
+    end
+    local first, second
+    for i = 1, n do
+        local r, r2 = f(list[i], i, a, b, c, d, x)
+        if r ~= nil and first == nil then
+            if stop then
+                return r, r2
+            end
+            first, second = r, r2
+        end
+    end
+    return first, second
+end
+
+--- Calls `f(list[i], i, a, b, c, d, x)` for each item in order; stops at,
+--- and returns, the first result that is not nil (with its second value).
+function _M.first_of(list, f, a, b, c, d, x)
+    return walk(list, true, f, a, b, c, d, x)
+end
+
+--- Calls `f(list[i], i, a, b, c, d, x)` for every item in order; returns
+--- the first result that is not nil (with its second value).
+function _M.each(list, f, a, b, c, d, x)
+    return walk(list, false, f, a, b, c, d, x)
+end
+
+return _M
