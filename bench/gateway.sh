@@ -42,13 +42,14 @@
 #                        limit_req or more
 # and the share of rl's answers decided by the local fallback (Redis over
 # its budget: `rl_gateway_requests_total{decision="degraded_allowed"}`).
-# The whole run takes about ROUNDS x 6 x SECS seconds plus 6 s of warm-up
-# and the start (2 minutes by default). The machine is shared: absolute numbers move with the load,
+# The whole run takes about ROUNDS x 7 x SECS seconds plus 7 s of warm-up
+# and the start (4 minutes by default: five rounds, so that one noisy
+# round moves the medians less). The machine is shared: absolute numbers move with the load,
 # ratios within one run hold. Results: bench/RESULTS.md.
 #
 # Environment (all optional):
 #   RL_MODULE=path             the module (default: cargo build --release)
-#   RL_BENCH_GW_ROUNDS=3       interleaved rounds
+#   RL_BENCH_GW_ROUNDS=5       interleaved rounds
 #   RL_BENCH_GW_SECS=6         seconds per wrk run
 #   RL_BENCH_GW_CONNECTIONS=20 wrk connections (-c)
 #   RL_BENCH_GW_THREADS=1      wrk threads (-t)
@@ -67,7 +68,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-ROUNDS=${RL_BENCH_GW_ROUNDS:-3}
+ROUNDS=${RL_BENCH_GW_ROUNDS:-5}
 SECS=${RL_BENCH_GW_SECS:-6}
 CONNS=${RL_BENCH_GW_CONNECTIONS:-20}
 THREADS=${RL_BENCH_GW_THREADS:-1}
@@ -120,7 +121,7 @@ trap 'exit 130' INT TERM
 free_port() {
     local p
     for _ in $(seq 1 50); do
-        p=$(( 20000 + RANDOM % 40000 ))
+        p=$(random_port)
         if port_is_free "$p"; then
             echo "$p"
             return 0

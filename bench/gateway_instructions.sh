@@ -80,7 +80,7 @@ fi
 declare -A PORT
 for t in upstream plain limit_req incr incr_id phases minimal rl allowance rl_before allowance_before; do
     for _ in $(seq 1 50); do
-        p=$(( 20000 + RANDOM % 40000 ))
+        p=$(random_port)
         port_is_free "$p" && [[ " ${PORT[*]:-} " != *" $p "* ]] && break
     done
     PORT[$t]=$p
@@ -157,10 +157,17 @@ valgrind --tool=callgrind --instr-atstart=no --smc-check=all-non-file \
     >"$WORK/valgrind.log" 2>&1 &
 VG=$!
 PIDS+=("$VG")
-for _ in $(seq 1 100); do
-    curl -s -o /dev/null "http://$HOST:${PORT[plain]}/" && break
+up=""
+for _ in $(seq 1 200); do
+    curl -s -o /dev/null "http://$HOST:${PORT[plain]}/" && { up=1; break; }
+    kill -0 "$VG" 2>/dev/null || break
     sleep 0.3
 done
+if [[ -z "$up" ]]; then
+    echo "bench: the gateway nginx under valgrind did not start; its log:" >&2
+    tail -5 "$WORK/valgrind.log" "$WORK/gw/logs/error.log" >&2 2>/dev/null || true
+    exit 1
+fi
 
 log "instructions per request (callgrind), $SECS s of wrk -c4 per target"
 printf '%-18s %10s %14s\n' target requests "Ir/request"

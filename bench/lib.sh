@@ -34,6 +34,12 @@ stop_pids() {
 
 port_is_free() { ! (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
 
+# random_port: a port to try, 20000-32767: below Linux's ephemeral range
+# (32768-60999 by default), where the outgoing connections of wrk, the
+# clients and the servers take their local ports, so that no connection
+# takes a chosen port between its check and its bind.
+random_port() { echo $(( 20000 + RANDOM % 12768 )); }
+
 # start_server NAME [redis-server args...]: a redis-server with rl and the
 # peers (PEER_ARGS) on a free port; sets PORT_<NAME> and PID_<NAME>.
 start_server() {
@@ -41,7 +47,7 @@ start_server() {
     shift
     mkdir -p "$WORK/$name"
     for try in 1 2 3 4 5 6 7 8; do
-        port=$(( 20000 + RANDOM % 40000 ))
+        port=$(random_port)
         port_is_free "$port" || continue
         redis-server --port "$port" --bind "$HOST" --dir "$WORK/$name" \
             --save "" --appendonly no --logfile "$WORK/$name/redis.log" \
