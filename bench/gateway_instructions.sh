@@ -20,7 +20,12 @@
 #   minimal                phases + the pooled INCR + the request id: the
 #                          rl target's fixed part
 #   rl allowance           as in bench/gateway.sh
-#   rl_before allowance_before   the same with the library of
+#   allowance_local        allowance with allowances of 10^7 points and a
+#                          max age of an hour: no fetch, no sweep and no
+#                          Redis call in the measured seconds, so the
+#                          steadiest count of the path served from the
+#                          node's allowance
+#   rl_before allowance_before allowance_local_before   the same with the library of
 #                          $RL_BENCH_GW_BEFORE (another checkout's gateway/
 #                          directory, loaded under another package name)
 #
@@ -39,9 +44,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 SECS=${RL_BENCH_GW_IR_SECS:-6}
-TARGETS=${RL_BENCH_GW_IR_TARGETS:-plain limit_req incr incr_id phases minimal rl allowance}
+TARGETS=${RL_BENCH_GW_IR_TARGETS:-plain limit_req incr incr_id phases minimal rl allowance allowance_local}
 if [[ -n "${RL_BENCH_GW_BEFORE:-}" && -z "${RL_BENCH_GW_IR_TARGETS:-}" ]]; then
-    TARGETS+=" rl_before allowance_before"
+    TARGETS+=" rl_before allowance_before allowance_local_before"
 fi
 HOST=127.0.0.1
 API_KEY=demo-enterprise-key
@@ -78,7 +83,8 @@ if [[ -n "${RL_BENCH_GW_BEFORE:-}" ]]; then
 fi
 
 declare -A PORT
-for t in upstream plain limit_req incr incr_id phases minimal rl allowance rl_before allowance_before; do
+for t in upstream plain limit_req incr incr_id phases minimal rl allowance allowance_local \
+    rl_before allowance_before allowance_local_before; do
     for _ in $(seq 1 50); do
         p=$(random_port)
         port_is_free "$p" && [[ " ${PORT[*]:-} " != *" $p "* ]] && break
@@ -112,12 +118,16 @@ server() {
     [[ -n "$4" ]] && echo "    log_by_lua_block { $4 }"
     echo "    $5 $PROXY } }"
 }
-# rl_servers PACKAGE RL_PORT ALLOWANCE_PORT: the rl and allowance targets.
+# rl_servers PACKAGE RL_PORT ALLOWANCE_PORT LOCAL_PORT: the rl, allowance
+# and allowance_local targets.
 rl_servers() {
-    local m="require(\"$1.rl.nginx\")"
+    local m="require(\"$1.rl.nginx\")" g
     server "$2" "$m.access(\"api\")" "$m.header_filter(\"api\")" "$m.log(\"api\")" \
         'proxy_set_header X-Request-Id $request_id;'
-    server "$3" "$m.access(\"allow\")" "$m.header_filter(\"allow\")" "$m.log(\"allow\")" ""
+    for g in allow:$3 allow_local:$4; do
+        server "${g#*:}" "$m.access(\"${g%%:*}\")" "$m.header_filter(\"${g%%:*}\")" \
+            "$m.log(\"${g%%:*}\")" ""
+    done
 }
 {
     echo "$MODULES"
@@ -134,6 +144,11 @@ rl_servers() {
     for pkg in resty ${BEFORE_PATH:+restyb}; do
         echo "    require(\"$pkg.rl.nginx\").configure(\"api\", require(\"gateway_policy\"))"
         echo "    require(\"$pkg.rl.nginx\").configure(\"allow\", require(\"gateway_allowance_policy\"))"
+        # allowance_local: a copy of the allowance policy, allowances that last the run
+        echo "    local p = dofile(package.searchpath(\"gateway_allowance_policy\", package.path))"
+        echo "    p.key_prefix, p.rules[1].allowance = \"bench-al-local\","
+        echo "        { size = 10000000, max_age = 3600, refill_below = 50 }"
+        echo "    require(\"$pkg.rl.nginx\").configure(\"allow_local\", p)"
     done
     echo "  }"
     server "${PORT[plain]}" "" "" "" ""
@@ -147,8 +162,9 @@ rl_servers() {
         "local _ = ngx.ctx.rl
             $FIELDS" 'local _ = ngx.ctx.rl; ngx.shared.rl_metrics:incr("x", 1, 0)' \
         'proxy_set_header X-Request-Id $request_id;'
-    rl_servers resty "${PORT[rl]}" "${PORT[allowance]}"
-    [[ -n "$BEFORE_PATH" ]] && rl_servers restyb "${PORT[rl_before]}" "${PORT[allowance_before]}"
+    rl_servers resty "${PORT[rl]}" "${PORT[allowance]}" "${PORT[allowance_local]}"
+    [[ -n "$BEFORE_PATH" ]] && rl_servers restyb "${PORT[rl_before]}" "${PORT[allowance_before]}" \
+        "${PORT[allowance_local_before]}"
     echo "}"
 } >"$WORK/gw/nginx.conf"
 
@@ -170,7 +186,7 @@ if [[ -z "$up" ]]; then
 fi
 
 log "instructions per request (callgrind), $SECS s of wrk -c4 per target"
-printf '%-18s %10s %14s\n' target requests "Ir/request"
+printf '%-24s %10s %14s\n' target requests "Ir/request"
 for t in $TARGETS; do
     url="http://$HOST:${PORT[$t]}/v1/ledgers"
     wrk -t1 -c4 -d3s -H "X-Api-Key: $API_KEY" "$url" >/dev/null
@@ -186,5 +202,5 @@ for t in $TARGETS; do
     # shellcheck disable=SC2012
     dump=$(ls -t "$WORK"/callgrind.out* | head -1)
     ir=$(awk '/^totals:/ { print $2; exit }' "$dump")
-    printf '%-18s %10d %14d\n' "$t" "$reqs" $(( ir / reqs ))
+    printf '%-24s %10d %14d\n' "$t" "$reqs" $(( ir / reqs ))
 done
