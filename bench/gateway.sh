@@ -178,15 +178,16 @@ url() { echo "http://$HOST:${PORT[$1]}$PATH_Q"; }
 
 # start_targets: the upstream and the gateway nginx on ports no other
 # process has, then waits for every target to answer 200. Returns 1 when
-# an nginx exits at its start (another process took one of its ports
-# between the check and the bind); exits on any other failure.
+# an nginx exits at its start (the caller looks at why); exits on any
+# other failure. (Called in a condition, where `set -e` does not apply:
+# every step that must not fail says so.)
 start_targets() {
     local t ok code
     TAKEN=" $REDIS_PORT "
     for t in upstream plain incr incr_id rl allowance limit_req; do
         # a port no other target (nor Redis) has
         for _ in $(seq 1 20); do
-            PORT[$t]=$(free_port)
+            PORT[$t]=$(free_port) || exit 1
             [[ "$TAKEN" == *" ${PORT[$t]} "* ]] || break
         done
         TAKEN+="${PORT[$t]} "
@@ -196,7 +197,7 @@ start_targets() {
         server {
             listen $HOST:${PORT[upstream]};
             location / { return 200 \"ok\\n\"; }
-        }"
+        }" || exit 1
 
     # RL_BENCH_GW_PROFILE=MODE: each gateway worker runs LuaJIT's profiler
     # (jit.p, MODE as its options, e.g. F or vl) and writes its report to
@@ -283,7 +284,7 @@ start_targets() {
         }" "$MODULES
     env RL_REDIS_HOST;
     env RL_REDIS_PORT;
-    env RL_BENCH_GATEWAY_DIR;"
+    env RL_BENCH_GATEWAY_DIR;" || exit 1
 
     # Wait for every target to answer 200.
     for t in "${TARGETS[@]}"; do
@@ -300,12 +301,21 @@ start_targets() {
             exit 1
         fi
     done
+    kill -0 "$MASTER_upstream" 2>/dev/null && kill -0 "$MASTER_gateway" 2>/dev/null || return 1
 }
 for attempt in 1 2 3; do
+    # this attempt's logs only
+    rm -f "$WORK"/upstream/logs/error.log "$WORK"/gateway/logs/error.log
     start_targets && break
-    grep -h "bind()" "$WORK"/upstream/logs/error.log "$WORK"/gateway/logs/error.log 2>/dev/null | tail -1 >&2 || true
     kill "$MASTER_upstream" "$MASTER_gateway" 2>/dev/null || true
     wait "$MASTER_upstream" "$MASTER_gateway" 2>/dev/null || true
+    logs=("$WORK"/upstream/logs/error.log "$WORK"/gateway/logs/error.log)
+    if ! cat "${logs[@]}" 2>/dev/null | grep -q "Address already in use"; then
+        echo "bench: an nginx exited at its start (its error is above, or here):" >&2
+        tail -20 "${logs[@]}" >&2 2>/dev/null || true
+        exit 1
+    fi
+    grep -h "Address already in use" "${logs[@]}" 2>/dev/null | tail -1 >&2 || true
     [[ $attempt -lt 3 ]] || { echo "bench: nginx did not start in 3 attempts" >&2; exit 1; }
     log "an nginx could not bind its port; again on other ports"
 done
