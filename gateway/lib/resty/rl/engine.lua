@@ -437,6 +437,8 @@ function Engine:access(req)
         return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
             ident.revoked and "This API key is revoked." or "Send valid credentials.")
     end
+    -- the phase in three traces (one would be too long to compile)
+    hotpath.split_trace()
     local why, arg = hotpath.first_of(conf.rules, add_entry, conf, req, state)
     if why then
         return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
@@ -466,6 +468,7 @@ function Engine:access(req)
             end
         end
     end
+    hotpath.split_trace()
     hotpath.each(entries, plan, conf, state)
     local cmds, sent = state.cmds or NONE, state.sent or NONE
     if #cmds > 0 then

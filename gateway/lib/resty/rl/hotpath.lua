@@ -1,14 +1,16 @@
 -- resty.rl.hotpath: helpers of a request's hot path (the access phase
--- of a rule policy).
+-- of a rule policy), so that LuaJIT compiles it.
 --
 -- Loops over the short lists of a request (its entries, the rules, a
--- scope's attributes) that handle one item without a loop. Why: LuaJIT counts every execution of a loop, also one that runs once
--- per request. Once hot, it starts a trace at the loop, which the loop
+-- scope's attributes) that handle one item without a loop. Why: LuaJIT
+-- counts every execution of a loop, also one that runs once per
+-- request. Once hot, it starts a trace at the loop, which the loop
 -- leaves at once; after a few such aborts the loop is blacklisted, and a
 -- blacklisted loop aborts every trace that reaches it. A hot path with
--- one-pass loops (the access phase of a one-rule policy) then runs in the
--- interpreter. With one item these helpers make a plain call; with none
--- the loop is not entered (not counted).
+-- one-pass loops (the access phase of a one-rule policy) then runs in
+-- the interpreter. With one item these helpers make a plain call; with
+-- none the loop is not entered (not counted). And split_trace: a long
+-- path in traces short enough to compile.
 
 local _M = {}
 
@@ -53,6 +55,18 @@ end
 --- the first result that is not nil (with its second value).
 function _M.each(list, f, a, b, c, d, x)
     return walk(list, false, f, a, b, c, d, x)
+end
+
+--- Ends the trace LuaJIT is recording here; the next one starts after
+--- this call. A trace runs across the functions it calls, so the whole
+--- access phase of a rule policy would be one trace, which grows past
+--- LuaJIT's length limit ("trace too long"): then it is not compiled at
+--- all, and its entry is blacklisted. LuaJIT ends a trace at a call of
+--- a C function it does not compile (and stitches the next one on after
+--- it); `collectgarbage("count")`, a read of one counter, is the
+--- cheapest such call.
+function _M.split_trace()
+    return collectgarbage("count")
 end
 
 return _M
