@@ -57,6 +57,15 @@ function _M.each(list, f, a, b, c, d, x)
     return walk(list, false, f, a, b, c, d, x)
 end
 
+--- An empty table shared by the requests that have nothing to put in it
+--- (`what` names it in the error): writing into it raises an error
+--- rather than leaking into every other request. Made once, at load.
+function _M.shared_empty(what)
+    return setmetatable({}, { __newindex = function()
+        error("rl: the shared empty " .. what .. " is read-only")
+    end })
+end
+
 --- Ends the trace LuaJIT is recording here; the next one starts after
 --- this call. A trace runs across the functions it calls, so the whole
 --- access phase of a rule policy would be one trace, which grows past

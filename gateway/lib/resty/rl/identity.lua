@@ -22,7 +22,8 @@ local store = require "resty.rl.store"
 local transport = require "resty.rl.redis"
 local policy = require "resty.rl.policy"
 local jws = require "resty.rl.jws"
-local new_table = require("resty.rl.hotpath").new_table
+local hotpath = require "resty.rl.hotpath"
+local new_table = hotpath.new_table
 
 local _M = {}
 
@@ -267,9 +268,7 @@ function _M.client_ip(conf, req)
 end
 
 -- The overrides and tier data of a caller without any (shared: read only).
-local NONE = setmetatable({}, { __newindex = function()
-    error("rl: the shared empty identity table is read-only")
-end })
+local NONE = hotpath.shared_empty("identity table")
 
 -- The attributes of a caller whose API key has the record `e` (nil: no
 -- key): those of the record (key_id, tenant, tier, brand, user), made

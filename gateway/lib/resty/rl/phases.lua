@@ -12,7 +12,8 @@ local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
 local usage = require "resty.rl.usage"
 local cjson = require "cjson.safe"
-local new_table = require("resty.rl.hotpath").new_table
+local hotpath = require "resty.rl.hotpath"
+local new_table = hotpath.new_table
 
 local _M = {}
 
@@ -21,9 +22,7 @@ _M.ATTEMPT_POLL_MS = 20
 
 --- The leases of a request that holds none: shared, so never written
 --- (resty.rl.phases.add_lease gives the request its own list).
-_M.NO_LEASES = setmetatable({}, { __newindex = function()
-    error("rl: the shared empty lease list is read-only")
-end })
+_M.NO_LEASES = hotpath.shared_empty("lease list")
 
 --- Records lease `lease` ({key, id}) as held by the request of `state`
 --- (released after the response).
