@@ -118,31 +118,21 @@ local function event(_req, state, status)
     }
 end
 
--- Per configuration: does a rule of it work in the log phase (count
--- failures or response bytes, settle, quota alerts, distinct members)?
-local log_rules = setmetatable({}, { __mode = "k" })
-local function has_log_rules(conf)
-    local v = log_rules[conf]
-    if v == nil then
-        v = false
-        for _, r in ipairs(conf.rules) do
-            if r.count ~= "requests" or r.settle ~= nil or r.quota_alerts
-                or r.limiter.kind == "distinct" then
-                v = true
-            end
-        end
-        log_rules[conf] = v
-    end
-    return v
+--- Does `rule` work in the log phase (count failures or response bytes,
+--- settle, quota alerts, distinct members)?
+function _M.works_after(rule)
+    return rule.count ~= "requests" or rule.settle ~= nil or rule.quota_alerts ~= nil
+        or rule.limiter.kind == "distinct"
 end
 
 --- Log phase of a rule policy: counters, one structured line per
 --- refusal, and the work after the response (in a timer). Without rules
---- that work here, a request without leases or boxes has nothing more to
+--- that work here (`log_rules`: resty.rl.after.works_after of one of the
+--- policy's rules), a request without leases or boxes has nothing more to
 --- do once counted.
-function _M.log(conf, req)
+function _M.log(conf, req, log_rules)
     local state, status = phases.log(conf, req, event)
-    if not state or not has_log_rules(conf) and #state.leases == 0 and not state.boxed then
+    if not state or not log_rules and #state.leases == 0 and not state.boxed then
         return
     end
     local cmds, egress = {}, {}

@@ -55,7 +55,8 @@ function _M.new(conf)
     -- a client sends is removed first)
     local soft = {}
     -- the steps some rules need, left out of every request when none does
-    local needs = { probes = false, one_in_flight = false, delays = false, settles = false }
+    local needs = { probes = false, one_in_flight = false, delays = false, settles = false,
+                    log = false }
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then
             soft[#soft + 1] = rule
@@ -64,6 +65,7 @@ function _M.new(conf)
         needs.one_in_flight = needs.one_in_flight or rule.one_in_flight ~= nil
         needs.delays = needs.delays or rule.limiter.delay ~= nil
         needs.settles = needs.settles or rule.settle ~= nil
+        needs.log = needs.log or after.works_after(rule)
     end
     return setmetatable({ conf = conf, soft_rules = soft, needs = needs,
                           upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
@@ -590,7 +592,7 @@ end
 --- Log phase: counters, one structured line per refusal, and the work
 --- after the response (resty.rl.after).
 function Engine:log(req)
-    return after.log(self.conf, req)
+    return after.log(self.conf, req, self.needs.log)
 end
 
 return _M
