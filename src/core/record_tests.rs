@@ -12,6 +12,15 @@ const RATE: Rate = Rate {
     period_ms: 1000,
 };
 
+/// A penalty with one strike counting until just after NOW.
+fn one_strike() -> Penalty {
+    Penalty {
+        strikes: 1,
+        strikes_until: NOW + 1,
+        ..Penalty::default()
+    }
+}
+
 #[test]
 fn retention_follows_the_longest_part() {
     let mut r = Record {
@@ -55,14 +64,7 @@ fn only_a_record_with_nothing_but_a_bucket_has_a_bare_bucket() {
     let bucket = charge(0, 5, &RATE, NOW).0;
     let mut r = Record::with_bucket(bucket);
     assert_eq!(r.bare_bucket(), Some(bucket));
-    r.set_penalty(
-        Penalty {
-            strikes: 1,
-            strikes_until: NOW + 1,
-            ..Penalty::default()
-        },
-        NOW,
-    );
+    r.set_penalty(one_strike(), NOW);
     assert_eq!(r.bare_bucket(), None, "a penalty beside it");
     r.set_penalty(Penalty::default(), NOW);
     assert_eq!(r.bare_bucket(), Some(bucket), "the penalty dropped");
@@ -81,14 +83,7 @@ fn heap_bytes_counts_each_allocation_once() {
     let class = |_: *const u8| 64;
     let mut r = Record::with_bucket(charge(0, 5, &RATE, NOW).0);
     assert_eq!(r.heap_bytes(class), 0, "the bucket is inline");
-    r.set_penalty(
-        Penalty {
-            strikes: 1,
-            strikes_until: NOW + 1,
-            ..Penalty::default()
-        },
-        NOW,
-    );
+    r.set_penalty(one_strike(), NOW);
     assert_eq!(r.heap_bytes(class), 64);
     r.set_part(Some(QuotaState {
         end: NOW + 1,
