@@ -114,10 +114,14 @@ function _M.local_outcome(e, left)
     local p = e.params
     local d = ngx.shared[e.rule.allowance.dict]
     local remaining = math.min(last_seen(d, e) + left, p.burst)
-    return { state = "allowed", allowance = true,
-             binding = { name = e.name, limit = p.burst, remaining = remaining,
-                         reset_ms = math.ceil((p.burst - remaining) * p.period * 1000 / p.rate),
-                         window = p.period, unit = e.rule.unit } }
+    -- its own binding: one table (of 8 fields) per request served from
+    -- the allowance
+    local o = { state = "allowed", binding = false,
+                name = e.name, limit = p.burst, remaining = remaining,
+                reset_ms = math.ceil((p.burst - remaining) * p.period * 1000 / p.rate),
+                window = p.period, unit = e.rule.unit }
+    o.binding = o
+    return o
 end
 
 -- Points granted to the node for `e` (`left`: what the bucket in Redis

@@ -241,7 +241,7 @@ function Engine:refuse_with(req, state, e, decision_as)
         policy = e.name, tier = state.tier_name or null, strikes = o.strikes or null,
         level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
         upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
-        concurrency_limit = o.concurrency or null, instance = state.path,
+        concurrency_limit = o.concurrency or null, instance = req.path(),
         request_id = state.request_id, error = a.error or null, degraded = state.degraded or null,
         ends_at = (o.state == "boxed" and o.retry_ms)
             and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
@@ -259,7 +259,7 @@ function Engine:refuse_plain(req, state, status, kind, decision, detail)
         return
     end
     local ctype, body = problem.render(self.conf, { status = status, type = kind,
-        message = detail, instance = state.path, request_id = state.request_id,
+        message = detail, instance = req.path(), request_id = state.request_id,
         tier = state.tier_name or null }, false)
     return phases.exit(req, state, status, ctype, body)
 end
@@ -418,22 +418,21 @@ end
 --- Access phase (see the file comment).
 function Engine:access(req)
     local conf = self.conf
-    local state = phases.start(conf, req)
-    -- the request id is read on first use (most requests need none)
-    state.entries, state.engine, state.request_id_of = {}, true, req.request_id
-    setmetatable(state, lazy_request_id)
-    local route = state.route
-    hotpath.each(self.soft_rules, strip_mark, req)
     local ident, err = identity.resolve(conf, req)
     if not ident then
         -- the identity store is away and nothing is cached: the caller is
         -- unknown (not refused); the rules of its other attributes apply
-        phases.redis_error(conf, state, err)
-        ident = { attrs = {}, overrides = {}, store_failed = true,
+        ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
-        ident.attrs.tier = conf.default_tier
     end
-    state.ident, state.tier_name = ident, ident.attrs.tier
+    local state = phases.start(conf, req, ident, hotpath.new_table(#conf.rules, 0))
+    if err then
+        phases.redis_error(conf, state, err)
+    end
+    -- the request id is read on first use (most requests need none)
+    setmetatable(state, lazy_request_id)
+    local route = state.route
+    hotpath.each(self.soft_rules, strip_mark, req)
     if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
         and not ident.store_failed) then
         return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",

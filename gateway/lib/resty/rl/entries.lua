@@ -92,12 +92,25 @@ end
 --- not apply (an attribute of its scope, its distinct member or its cost
 --- argument missing), or nil, "ambiguous", argument name.
 function _M.entry(conf, req, state, rule, ident)
-    local values = hotpath.new_table(0, #rule.attrs)
-    local why, arg = hotpath.first_of(rule.attrs, scope_value, conf, req, ident, state, values)
-    if why == "missing" then
-        return nil
-    elseif why then
-        return nil, why, arg
+    local tag_value, values
+    if rule.tag_only then
+        -- one attribute: its value, without a table of values
+        local err
+        tag_value, err = identity.attr(conf, req, ident, rule.tag, state.route)
+        if err then
+            return nil, err, rule.tag
+        elseif tag_value == nil then
+            return nil
+        end
+    else
+        values = hotpath.new_table(0, #rule.attrs)
+        local why, arg = hotpath.first_of(rule.attrs, scope_value, conf, req, ident, state, values)
+        if why == "missing" then
+            return nil
+        elseif why then
+            return nil, why, arg
+        end
+        tag_value = values[rule.tag]
     end
     -- a limiter without reference is every caller's (entries only read it)
     local static = rule.static_limiter
@@ -120,15 +133,18 @@ function _M.entry(conf, req, state, rule, ident)
         cost = math.ceil(n * (rule.cost.scale or 1))
     end
     local tier = ident.attrs.tier or "none"
-    -- failures and response bytes are probed now, charged after the response
+    -- failures and response bytes are probed now, charged after the response;
+    -- the outcome is decided later (false until then: a field given here
+    -- is not added to the table later, see resty.rl.phases.start)
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
                 name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
                 also_keys = params.also and {} or NONE,
-                member = values[rule.limiter.member], tier = tier, static = static,
-                key = memo.rule_key(conf, rule, values, rule_key) }
+                member = values and values[rule.limiter.member], tier = tier, static = static,
+                key = memo.rule_key(conf, rule, tag_value, values, rule_key),
+                outcome = false }
     if params.also then
         for i, a in ipairs(params.also) do
-            local avals = { [rule.tag] = values[rule.tag] }
+            local avals = { [rule.tag] = tag_value }
             for _, attr in ipairs(a.scope) do
                 local v = identity.attr(conf, req, ident, attr, state.route)
                 if v == nil then

@@ -111,7 +111,7 @@ function Gateway:refuse(req, state, status, kind, decision, fields)
     if not phases.refusing(conf, state, status, decision) then
         return
     end
-    fields.instance = state.path
+    fields.instance = req.path()
     fields.request_id = request_id(req, state)
     return phases.exit(req, state, status, problem.CONTENT_TYPE,
         problem.encode(conf, kind, status, fields))

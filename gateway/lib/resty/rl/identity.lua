@@ -284,11 +284,12 @@ local function key_attrs(e)
 end
 
 --- The caller of a request: {attrs, tier_data, overrides, authenticated,
---- revoked}, or nil and an error when the identity store failed.
+--- revoked, bad_key, claims (false without a JWT)}, or nil and an error
+--- when the identity store failed.
 function _M.resolve(conf, req)
     local id = conf.identity
-    local ident = { attrs = nil, overrides = NONE, tier_data = NONE, authenticated = false }
-    local record
+    -- the key's record, or why the key is refused ("revoked", "unknown")
+    local record, refused
     local key = policy.header(req, id.api_key.header)
     if key then
         local e, err = api_key_entry(conf, key)
@@ -296,14 +297,16 @@ function _M.resolve(conf, req)
             return nil, err
         end
         if e and e.revoked ~= "1" and e.revoked ~= true then
-            ident.authenticated, record = true, e
+            record = e
         else
-            ident.revoked = e and true or false
-            ident.bad_key = true
+            refused = e and "revoked" or "unknown"
         end
     end
     local attrs = key_attrs(record)
-    ident.attrs = attrs
+    -- one constructor with every field (see resty.rl.phases.start)
+    local ident = { attrs = attrs, overrides = NONE, tier_data = NONE,
+                    authenticated = record ~= nil, revoked = refused == "revoked",
+                    bad_key = refused ~= nil, claims = false }
     if id.jwt then
         local claims = _M.jwt_claims(id.jwt, req)
         if claims then

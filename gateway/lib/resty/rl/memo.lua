@@ -56,15 +56,16 @@ local function one_attr_key(rule, v, conf, build)
     return build(conf, rule.tag, { [rule.tag] = v }, rule.name, rule.scope)
 end
 
---- The Redis key of `rule` for the scope `values`, made by
+--- The Redis key of `rule` for the scope `values` (nil when the scope is
+--- the tag attribute alone) whose tag attribute is `tag_value`, made by
 --- `build(conf, tag_attr, values, name, scope)`; kept when the scope is
 --- the tag attribute alone (one value names the key).
-function _M.rule_key(conf, rule, values, build)
+function _M.rule_key(conf, rule, tag_value, values, build)
     local scope = rule.scope
     if #scope ~= 1 or scope[1] ~= rule.tag then
         return build(conf, rule.tag, values, rule.name, scope)
     end
-    return one_attr_keys:get(rule, values[rule.tag], one_attr_key, conf, build)
+    return one_attr_keys:get(rule, tag_value, one_attr_key, conf, build)
 end
 
 -- RateLimit-Policy values of entries with a static limiter, by rule and tier.

@@ -35,22 +35,24 @@ function _M.add_lease(state, lease)
     leases[#leases + 1] = lease
 end
 
--- Fields a request's state gets on the allowed path (the form's own
--- included), made room for at once: filled in one by one, the table
--- would be resized on the way.
-local STATE_FIELDS = 16
-
---- Access phase, first step: the state of the request (its route, path,
---- fields to send, leases held, the decision "allowed"; the form adds its
---- own), kept in req.ctx().rl. Starts the edge deny cache's poller on
---- first use.
-function _M.start(conf, req)
+--- Access phase, first step: the state of the request (its route, fields
+--- to send, leases held, the decision "allowed"; a rule policy's caller
+--- `ident` and list `entries` when given; the form adds the rest), kept in
+--- req.ctx().rl. Starts the edge deny cache's poller on first use.
+---
+--- One constructor with every field the allowed path sets, the ones not
+--- known yet `false` (each reader tests them for truth): a field added
+--- to a table later costs LuaJIT a call that resizes or rehashes it.
+function _M.start(conf, req, ident, entries)
     deny.ensure_poller(conf)
-    local path = req.path()
-    local state = new_table(0, STATE_FIELDS)
-    state.route, state.path = policy.match_route(conf, req.method(), path), path
-    -- room for RateLimit-Policy and RateLimit
-    state.headers, state.leases, state.decision = new_table(0, 2), _M.NO_LEASES, "allowed"
+    -- without routes every request has the default route: no path to read
+    local route = conf.routes[1] and policy.match_route(conf, req.method(), req.path())
+        or conf.default_route
+    local state = { route = route, headers = new_table(0, 2), leases = _M.NO_LEASES,
+                    decision = "allowed", ident = ident or false,
+                    tier_name = ident and ident.attrs.tier, entries = entries,
+                    request_id_of = req.request_id, binding = false, binding_entry = false,
+                    admitted = false }
     req.ctx().rl = state
     return state
 end

@@ -342,6 +342,8 @@ local function validate_rule(i, r, conf)
     -- the attributes a request needs for the rule to apply (resty.rl.engine)
     r.attrs = { unpack(r.scope) }
     r.attrs[#r.attrs + 1] = l.member
+    -- the tag attribute alone: its value names the rule's key
+    r.tag_only = #r.attrs == 1 and r.attrs[1] == r.tag
     if l.kind ~= "lease" then
         check_penalty(where .. ".limiter", l, tiers)
     end
