@@ -17,7 +17,10 @@
 #   rl         the proxy + rl (the sample policy gateway/nginx/policy.lua
 #              through resty.rl.nginx, budgets raised by
 #              bench/gateway_policy.lua so that every request takes the
-#              allowed path: RL.TAKE with the tenant bucket, strikes, boxes)
+#              allowed path: RL.TAKE with the tenant bucket, strikes, boxes;
+#              the sample's shared dicts, the usage dashboard's counters
+#              included, and its phases but the body filter, which only
+#              post-paid rules reading the response's usage need)
 #   allowance  the proxy + rl with local allowances (a rule policy,
 #              bench/gateway_allowance_policy.lua: one bucket rule per
 #              tenant with `allowance`, size 200, refill_below 50: one
@@ -223,6 +226,7 @@ start_targets() {
         lua_shared_dict rl_deny 4m;
         lua_shared_dict rl_redis 1m;
         lua_shared_dict rl_allowance 1m;
+        lua_shared_dict rl_usage 10m;
         lua_socket_log_errors off;
         limit_req_zone \$binary_remote_addr zone=bench:1m rate=1000000r/s;
     $PROFILE

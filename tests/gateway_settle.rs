@@ -213,6 +213,37 @@ fn openai_usage_settles_from_a_json_body_and_from_a_stream_and_bytes_from_egress
 }
 
 #[test]
+fn a_usage_rule_without_the_body_filter_keeps_its_estimate_and_says_why() {
+    let redis = Server::start(&[]);
+    let gw = front_with(&redis, SETTLE_POLICY, Front::NginxWithoutBodyFilter);
+    let mut con = redis.client();
+    let quota = ["RL.QUOTA", "pp:{key_id:k1}:llm-tokens", "1000", "DAY"];
+    let r = get(
+        &agent(),
+        &format!("{}/v1/llm/chat?tokens=340", gw.url(0)),
+        &[("X-Api-Key", "k1")],
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+    assert_eq!(
+        r.json()["usage"]["total_tokens"],
+        340,
+        "the body passes untouched"
+    );
+    poll(ASYNC, "the unread body is logged", || {
+        gw.nginx.error_log().contains(
+            "llm-tokens: no actual cost in the response (usage: the body was not read, \
+             settle.from = \"usage\" needs body_filter_by_lua); the estimate 100 stands",
+        )
+    });
+    assert_eq!(
+        probe(&mut con, &quota),
+        1000 - 100,
+        "the estimate, not the 340 used"
+    );
+    gw.nginx.assert_no_lua_errors();
+}
+
+#[test]
 fn the_kong_plugin_settles_a_header_and_a_streamed_usage() {
     let redis = Server::start(&[]);
     let gw = front_with(&redis, SETTLE_POLICY, Front::Kong);

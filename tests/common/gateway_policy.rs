@@ -30,6 +30,8 @@ pub const JWT_SECRET: &str = "test-jwt-secret";
 #[derive(Clone, Debug)]
 pub enum Front {
     Nginx(String),
+    /// The nginx front end in a location without `body_filter_by_lua`.
+    NginxWithoutBodyFilter(String),
     Kong(String),
 }
 
@@ -72,7 +74,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
         // the usage dashboard's locations (resty.rl.usage), nginx front ends only
         let mut usage = String::new();
         let handler = match f {
-            Front::Nginx(expr) => {
+            Front::Nginx(expr) | Front::NginxWithoutBodyFilter(expr) => {
                 init += &format!("front.configure(\"f{i}\", {expr})\n");
                 let h = |phase: &str| format!("require(\"resty.rl.nginx\").{phase}(\"f{i}\")");
                 for page in ["usage", "dashboard"] {
@@ -81,7 +83,13 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
                         h(page)
                     );
                 }
-                (h("access"), h("header_filter"), h("log"), h("body_filter"))
+                let body = match f {
+                    Front::Nginx(_) => {
+                        format!("body_filter_by_lua_block {{ {} }}", h("body_filter"))
+                    }
+                    _ => String::new(),
+                };
+                (h("access"), h("header_filter"), h("log"), body)
             }
             Front::Kong(expr) => {
                 init += &format!(
@@ -90,7 +98,8 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
                      require \"kong.plugins.rl.handler\"\n"
                 );
                 let h = |phase: &str| format!("require(\"kong_shim\").run(\"{phase}\")");
-                (h("access"), h("header_filter"), h("log"), h("body_filter"))
+                let body = format!("body_filter_by_lua_block {{ {} }}", h("body_filter"));
+                (h("access"), h("header_filter"), h("log"), body)
             }
         };
         servers += &format!(
@@ -103,7 +112,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
 {usage}        location / {{
             access_by_lua_block {{ {} }}
             header_filter_by_lua_block {{ {} }}
-            body_filter_by_lua_block {{ {} }}
+            {}
             log_by_lua_block {{ {} }}
             proxy_pass http://127.0.0.1:{upstream};
         }}

@@ -16,7 +16,8 @@
 -- dict says since when; serve() waits (at most SERVE_WAIT_S) until no
 -- worker holds counts from before the scrape, so that /metrics counts
 -- every request logged before it was asked. render() reads the dict as
--- it is.
+-- it is. add() and await() are the same for other dicts' counters (the
+-- usage dashboard's, resty.rl.usage).
 
 local _M = {}
 
@@ -38,8 +39,9 @@ local SERVE_WAIT_S = 1
 local MARK_TTL_S = 5
 local PENDING_MARK = SEP .. "pending" .. SEP
 
--- This worker's counts not yet in the dict: per dict, by counter name.
-local pending = {}
+-- This worker's counts not yet in the dict: per dict, by counter name;
+-- and the expiry (seconds) of the counters created with one.
+local pending, pending_ttl = {}, {}
 
 local function mark_name()
     return PENDING_MARK .. ngx.worker.pid()
@@ -48,10 +50,10 @@ end
 -- Adds this worker's counts for `d` to it (also when the worker exits:
 -- `premature`), then clears its mark.
 local function flush(_premature, d)
-    local p = pending[d]
-    pending[d] = nil
+    local p, ttl = pending[d], pending_ttl[d]
+    pending[d], pending_ttl[d] = nil, nil
     for key, n in pairs(p or {}) do
-        d:incr(key, n, 0)
+        d:incr(key, n, 0, ttl and ttl[key])
     end
     d:delete(mark_name())
 end
@@ -89,17 +91,32 @@ function _M.decision(conf, decision, route, tier)
         key = "req" .. SEP .. decision .. SEP .. route .. SEP .. tier
         by_tier[tier] = key
     end
+    _M.add(d, key, 1)
+end
+
+--- Adds `n` to the counter `key` of shared dict `d` (made with the
+--- expiry `ttl` seconds when it is new and `ttl` is given): counted in
+--- this worker and added to the dict at most FLUSH_S later.
+function _M.add(d, key, n, ttl)
     local p = pending[d]
     if not p then
         if not schedule_flush(d) then
             -- no flush to come: counted at once
-            d:incr(key, 1, 0)
+            d:incr(key, n, 0, ttl)
             return
         end
         p = {}
         pending[d] = p
     end
-    p[key] = (p[key] or 0) + 1
+    p[key] = (p[key] or 0) + n
+    if ttl then
+        local t = pending_ttl[d]
+        if not t then
+            t = {}
+            pending_ttl[d] = t
+        end
+        t[key] = ttl
+    end
 end
 
 --- Counts one failed Redis call, by kind of failure.
@@ -171,7 +188,7 @@ function _M.render(dict_name)
     }, "\n"):gsub("\n\n+", "\n") .. "\n"
 end
 
--- Polls of await_flushes (every POLL_S, SERVE_WAIT_S in all).
+-- Polls of await() (every POLL_S, SERVE_WAIT_S in all).
 local POLL_S = 0.005
 
 -- True when a worker holds counts for `d` from `asked` or before.
@@ -187,9 +204,9 @@ local function held_since(d, asked)
     return false
 end
 
--- Waits (at most SERVE_WAIT_S) until every worker has added the counts
--- it held when asked: each does within FLUSH_S.
-local function await_flushes(d)
+--- Waits (at most SERVE_WAIT_S) until every worker has added to dict `d`
+--- the counts it held when asked (add()): each does within FLUSH_S.
+function _M.await(d)
     ngx.update_time()
     local asked = ngx.now()
     for _ = 1, math.ceil(SERVE_WAIT_S / POLL_S) do
@@ -206,7 +223,7 @@ function _M.serve(dict_name)
     dict_name = dict_name or "rl_metrics"
     local d = ngx.shared[dict_name]
     if d then
-        await_flushes(d)
+        _M.await(d)
     end
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
     ngx.print(_M.render(dict_name))

@@ -136,6 +136,7 @@ function _M.body_filter(state)
     if not u or u.done then
         return
     end
+    u.filtered = true
     local chunk, eof = ngx.arg[1], ngx.arg[2]
     if u.sse then
         if chunk and chunk ~= "" then
@@ -195,8 +196,12 @@ function _M.commands(state, kinds, bytes, warn, cmds)
                 actual = count(bytes or 0, s.scale)
             end
             if not actual then
+                -- a body that was not read: no body_filter_by_lua in the location
+                local unread = s.from == "usage" and state.usage and not state.usage.done
+                    and not state.usage.filtered
                 warn("rl: " .. e.name .. ": no actual cost in the response (" .. s.from
-                    .. "); the estimate " .. e.cost .. " stands")
+                    .. (unread and ": the body was not read, settle.from = \"usage\" needs "
+                        .. "body_filter_by_lua" or "") .. "); the estimate " .. e.cost .. " stands")
             elseif actual ~= e.cost then
                 cmds[#cmds + 1] = command(kinds, e, actual - e.cost)
             end

@@ -14,10 +14,12 @@
 --     COST 0`, `RL.QUOTA ... COST 0` (probes that write nothing),
 --     `RL.LEASE LIST` and `RL.BOX STATUS`, one pipelined round trip per
 --     usage request;
---   * this nginx node's counters in the shared dict `usage.dict`, written
---     in the log phase of ordinary requests by count(): one `incr` per
---     admitted request (per key and second, kept 61 s), two per refused
---     one (the second per key, reason and minute, kept 11 minutes).
+--   * this nginx node's counters in the shared dict `usage.dict`, counted
+--     in the log phase of ordinary requests by count(): one per admitted
+--     request (per key and second, kept 61 s), two per refused one (the
+--     second per key, reason and minute, kept 11 minutes); counted per
+--     worker and added to the dict at most 50 ms later (resty.rl.metrics.add),
+--     and a report waits for the counts of the requests before it.
 --     Ordinary requests send nothing more to Redis. Usage reports are
 --     capped per key and node (usage.reports_per_second, one more incr).
 
@@ -26,6 +28,8 @@ local entries_of = require "resty.rl.entries"
 local policy = require "resty.rl.policy"
 local problem = require "resty.rl.problem"
 local store = require "resty.rl.store"
+local metrics = require "resty.rl.metrics"
+local memo = require "resty.rl.memo"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -62,8 +66,16 @@ local function dict(conf)
     return u and ngx.shared[u.dict]
 end
 
---- Log phase of an ordinary request: counts it for its key (one shared
---- dict `incr` when admitted, one more when refused; no Redis).
+-- The counter names of a key (by key prefix and key id, a per-worker
+-- memo): `who` the part they share, `a` and `r` the admitted and refused
+-- counters of the second `at` (made again when the second changes).
+local counter_names = memo.new(10000)
+local function new_names(prefix, key_id)
+    return { who = prefix .. SEP .. key_id .. SEP, at = -1, a = false, r = false }
+end
+
+--- Log phase of an ordinary request: counts it for its key (one counter
+--- when admitted, one more when refused; no Redis).
 function _M.count(conf, state)
     local d, ident = dict(conf), state.ident
     -- a rule policy's identity has attrs; the tier form's is flat
@@ -73,10 +85,13 @@ function _M.count(conf, state)
     end
     local now = ngx.time()
     local admitted = ADMITTED[state.decision]
-    local who = conf.key_prefix .. SEP .. key_id .. SEP
-    d:incr((admitted and "a" or "r") .. SEP .. who .. now, 1, 0, SERIES + 1)
+    local n = counter_names:get(conf.key_prefix, key_id, new_names)
+    if n.at ~= now then
+        n.at, n.a, n.r = now, "a" .. SEP .. n.who .. now, "r" .. SEP .. n.who .. now
+    end
+    metrics.add(d, admitted and n.a or n.r, 1, SERIES + 1)
     if not admitted then
-        d:incr("x" .. SEP .. who .. state.decision .. SEP .. math.floor(now / 60), 1, 0,
+        metrics.add(d, "x" .. SEP .. n.who .. state.decision .. SEP .. math.floor(now / 60), 1,
             (REFUSAL_MINUTES + 1) * 60)
     end
 end
@@ -374,6 +389,8 @@ function _M.report(gw, req, ident)
     local sec = math.floor(now)
     local admitted_60s = 0
     if d and a.key_id then
+        -- the workers' counts of the requests before this one
+        metrics.await(d)
         local admitted, refused, by_reason, total = counters(d, conf.key_prefix, a.key_id, sec)
         local live = sum(admitted, SERIES - LIVE + 1) + sum(refused, SERIES - LIVE + 1)
         admitted_60s = sum(admitted, 1)
