@@ -419,14 +419,15 @@ end
 function Engine:access(req)
     local conf = self.conf
     local ident, err = identity.resolve(conf, req)
-    if not ident then
+    local store_failed = not ident
+    if store_failed then
         -- the identity store is away and nothing is cached: the caller is
         -- unknown (not refused); the rules of its other attributes apply
         ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
     local state = phases.start(conf, req, ident, hotpath.new_table(#conf.rules, 0))
-    if err then
+    if store_failed then
         phases.redis_error(conf, state, err)
     end
     -- the request id is read on first use (most requests need none)
