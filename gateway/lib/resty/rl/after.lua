@@ -111,9 +111,9 @@ local function event(_req, state, status)
     return {
         request_id = state.request_id, decision = state.decision, would_be = state.would_be,
         route = state.route.name, tenant = tenant, key_id = key_id, user = user,
-        brand = brand, tier = state.tier_name, status = status, policy = state.policy,
-        retry_after = state.retry_after, box_level = state.box_level,
-        strikes_remaining = state.strikes_remaining, redis_error = state.redis_error,
+        brand = brand, tier = state.tier_name or nil, status = status,
+        policy = state.policy or nil, retry_after = state.retry_after, box_level = state.box_level,
+        strikes_remaining = state.strikes_remaining or nil, redis_error = state.redis_error,
         deny_cache = state.deny_cached,
     }
 end

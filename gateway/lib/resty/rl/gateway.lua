@@ -308,10 +308,9 @@ function Gateway:access(req)
     local status, binding = reply.status, reply.binding + 1
     local policies = view.policies
     state.policy, state.strikes_remaining = policies[binding].name, reply.strikes_remaining
-    headers.ratelimit(state.headers, conf, policies, {
-        name = policies[binding].name, limit = reply.limit, remaining = reply.remaining,
-        reset_ms = reply.reset_ms,
-    }, view.policy_field)
+    -- the reply is the binding RateLimit shows (no table of its own)
+    reply.name = policies[binding].name
+    headers.ratelimit(state.headers, conf, policies, reply, view.policy_field)
     if status == 1 or status == 2 then
         if state.route.leases then
             return self:acquire_leases(req, state, ident, tier)
@@ -508,13 +507,13 @@ local function event(req, state, status)
         route = state.route.name,
         tenant = ident.tenant,
         key_id = ident.key_id,
-        tier = state.tier_name,
-        cost = state.cost,
+        tier = state.tier_name or nil,
+        cost = state.cost or nil,
         status = status,
-        policy = state.policy,
+        policy = state.policy or nil,
         retry_after = state.retry_after,
         box_level = state.box_level,
-        strikes_remaining = state.strikes_remaining,
+        strikes_remaining = state.strikes_remaining or nil,
         redis_error = state.redis_error,
         deny_cache = state.deny_cached,
         -- token endpoint: who was refused (a client id is no secret)

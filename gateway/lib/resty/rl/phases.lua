@@ -40,9 +40,10 @@ end
 --- `ident` and list `entries` when given; the form adds the rest), kept in
 --- req.ctx().rl. Starts the edge deny cache's poller on first use.
 ---
---- One constructor with every field the allowed path sets, the ones not
---- known yet `false` (each reader tests them for truth): a field added
---- to a table later costs LuaJIT a call that resizes or rehashes it.
+--- One constructor with every field the allowed path of either form
+--- sets, the ones not known yet `false` (each reader tests them for
+--- truth; the event lines leave them out): a field added to a table
+--- later costs LuaJIT a call that resizes or rehashes it.
 function _M.start(conf, req, ident, entries)
     deny.ensure_poller(conf)
     -- without routes every request has the default route: no path to read
@@ -50,9 +51,9 @@ function _M.start(conf, req, ident, entries)
         or conf.default_route
     local state = { route = route, headers = new_table(0, 2), leases = _M.NO_LEASES,
                     decision = "allowed", ident = ident or false,
-                    tier_name = ident and ident.attrs.tier, entries = entries,
+                    tier_name = ident and ident.attrs.tier or false, entries = entries,
                     request_id_of = req.request_id, binding = false, binding_entry = false,
-                    admitted = false }
+                    admitted = false, cost = false, policy = false, strikes_remaining = false }
     req.ctx().rl = state
     return state
 end

@@ -68,6 +68,9 @@ function _M.decode(res)
         box_level = res[6],
         strikes_remaining = none(res[7]),
         binding = res[8],
+        -- the name of the policy it describes, when its caller shows it
+        -- (resty.rl.headers.ratelimit): given here, not added later
+        name = false,
     }
 end
 
