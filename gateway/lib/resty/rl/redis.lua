@@ -18,6 +18,7 @@ if not ok_resty then
 end
 
 local memo = require "resty.rl.memo"
+local hotpath = require "resty.rl.hotpath"
 
 local _M = { driver = driver }
 
@@ -143,6 +144,56 @@ function _M.encode(args)
     return table.concat(out)
 end
 
+-- The integers of `buf` when it is exactly the RESP array of `n`
+-- integers ("*<n>\r\n" then n times ":<int>\r\n"), else nil (a reply
+-- not complete yet, or another shape). Read byte by byte: a pattern with
+-- n captures costs LuaJIT about 8,300 instructions for the limiter's 8
+-- integers (it is not compiled, and makes a string per capture), this
+-- about 2,400.
+local byte = string.byte
+local new_table = hotpath.new_table
+local function int_array(buf, n)
+    if byte(buf, 1) ~= 42 then -- "*"
+        return nil
+    end
+    local pos, count = 2, 0
+    local c = byte(buf, pos)
+    while c and c >= 48 and c <= 57 do
+        count, pos = count * 10 + c - 48, pos + 1
+        c = byte(buf, pos)
+    end
+    if count ~= n or pos == 2 or c ~= 13 or byte(buf, pos + 1) ~= 10 then
+        return nil
+    end
+    pos = pos + 2
+    local out = new_table(n, 0)
+    for i = 1, n do
+        if byte(buf, pos) ~= 58 then -- ":"
+            return nil
+        end
+        pos = pos + 1
+        local negative = byte(buf, pos) == 45 -- "-"
+        if negative then
+            pos = pos + 1
+        end
+        local v, first = 0, pos
+        c = byte(buf, pos)
+        while c and c >= 48 and c <= 57 do
+            v, pos = v * 10 + c - 48, pos + 1
+            c = byte(buf, pos)
+        end
+        if pos == first or c ~= 13 or byte(buf, pos + 1) ~= 10 then
+            return nil
+        end
+        out[i] = negative and -v or v
+        pos = pos + 2
+    end
+    if pos ~= #buf + 1 then
+        return nil
+    end
+    return out
+end
+
 -- The reply of one command that answers an array of `n` integers (the
 -- limiter replies), read in one piece: lua-resty-redis has no call for
 -- that and reads one line per element (a `receive` each, the dearest part
@@ -150,14 +201,8 @@ end
 -- integers, {false, message} for an error reply (as the driver gives
 -- one), or nil and an error: a timeout, or any other shape (the caller
 -- then closes the connection).
-local INT_ARRAYS = {}
 local MAX_READS = 16
 local function read_int_array(sock, n)
-    local pat = INT_ARRAYS[n]
-    if not pat then
-        pat = "^%*" .. n .. "\r\n" .. string.rep(":(%-?%d+)\r\n", n) .. "$"
-        INT_ARRAYS[n] = pat
-    end
     local buf
     for _ = 1, MAX_READS do
         local data, err = sock:receiveany(4096)
@@ -165,11 +210,8 @@ local function read_int_array(sock, n)
             return nil, err
         end
         buf = buf and buf .. data or data
-        local out = { buf:match(pat) }
-        if out[n] then
-            for i = 1, n do
-                out[i] = tonumber(out[i])
-            end
+        local out = int_array(buf, n)
+        if out then
             return out
         end
         local msg = buf:match("^%-(.-)\r\n$")
