@@ -338,3 +338,79 @@ fn the_sample_nginx_conf_runs_its_policy_and_a_bad_policy_stops_nginx() {
         }
     }
 }
+
+/// The raw RESP reply to `args` from the Redis at `port`, read until
+/// `lines` CRLF-terminated lines have come.
+fn raw_reply(port: u16, args: &[&str], lines: usize) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req += &format!("${}\r\n{a}\r\n", a.len());
+    }
+    s.write_all(req.as_bytes()).expect("send");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 512];
+    for _ in 0..100 {
+        if out.windows(2).filter(|w| w == b"\r\n").count() >= lines {
+            break;
+        }
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "Redis closed the connection");
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(out).expect("a RESP reply in UTF-8")
+}
+
+#[test]
+fn the_gateway_reads_limiter_replies_as_redis_sends_them() {
+    let (redis, nginx) = setup();
+    // real replies: allowed, refused (a wait, no strike yet), boxed
+    // (status -1, no reset: negative integers)
+    let boxing = [
+        "RL.TAKE", "ia:b", "1", "1", "60", "STRIKES", "1", "60", "BOX", "300", "3600", "86400",
+    ];
+    let mut replies: Vec<String> = (0..3)
+        .map(|_| raw_reply(redis.port, &["RL.TAKE", "ia:k", "2", "1", "60"], 9))
+        .collect();
+    replies.extend((0..3).map(|_| raw_reply(redis.port, &boxing, 9)));
+    assert!(replies.iter().any(|r| r.contains(":-1\r\n")), "{replies:?}");
+    // each reply whole, every prefix of it, one element too many, `*7`, and
+    // each digit turned into a letter
+    let mut cases: Vec<(String, Option<Vec<i64>>)> = Vec::new();
+    for r in &replies {
+        let want: Vec<i64> = r
+            .split("\r\n")
+            .skip(1)
+            .filter(|l| !l.is_empty())
+            .map(|l| l.trim_start_matches(':').parse().expect("an integer"))
+            .collect();
+        assert_eq!(want.len(), 8, "{r:?}");
+        cases.push((r.clone(), Some(want)));
+        cases.extend((0..r.len()).map(|i| (r[..i].to_string(), None)));
+        cases.push((format!("{r}:1\r\n"), None));
+        cases.push((r.replacen("*8", "*7", 1), None));
+        for (i, _) in r
+            .char_indices()
+            .filter(|(i, c)| *i > 1 && c.is_ascii_digit())
+        {
+            cases.push((format!("{}x{}", &r[..i], &r[i + 1..]), None));
+        }
+    }
+    let body = serde_json::json!(cases.iter().map(|(c, _)| c).collect::<Vec<_>>());
+    let url = format!("http://127.0.0.1:{}/int-array?n=8", nginx.ports.upstream);
+    let r = gateway::into_resp(
+        agent()
+            .post(&url)
+            .set("Content-Type", "application/json")
+            .send_string(&body.to_string()),
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+    let got: Vec<Option<Vec<i64>>> = serde_json::from_str(&r.body).expect("a JSON array");
+    assert_eq!(got.len(), cases.len());
+    for ((case, want), got) in cases.iter().zip(&got) {
+        assert_eq!(got, want, "{case:?}");
+    }
+}

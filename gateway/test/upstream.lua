@@ -50,6 +50,20 @@ function _M.llm(args)
     ngx.print(last:sub(half + 1), "data: [DONE]\n\n")
 end
 
+-- The request body (kept in memory or, when large, in a file).
+local function body()
+    ngx.req.read_body()
+    local data = ngx.req.get_body_data()
+    if not data then
+        local f = io.open(ngx.req.get_body_file() or "", "rb")
+        data = f and f:read("*a")
+        if f then
+            f:close()
+        end
+    end
+    return data
+end
+
 --- content_by_lua handler.
 function _M.serve()
     ngx.header["Content-Type"] = "application/json"
@@ -60,21 +74,23 @@ function _M.serve()
     end
     if ngx.var.uri == "/keyslot" then
         -- the gateway's hash slots of a JSON array of keys (tests/gateway_cluster.rs)
-        ngx.req.read_body()
-        local body = ngx.req.get_body_data()
-        if not body then
-            local f = io.open(ngx.req.get_body_file() or "", "rb")
-            body = f and f:read("*a")
-            if f then
-                f:close()
-            end
-        end
-        local keys = cjson.decode(body or "[]") or {}
+        local keys = cjson.decode(body() or "[]") or {}
         local slots = {}
         for i, k in ipairs(keys) do
             slots[i] = require("resty.rl.cluster").keyslot(k)
         end
         ngx.say(cjson.encode(slots))
+        return
+    end
+    if ngx.var.uri == "/int-array" then
+        -- the gateway's reading of RESP replies of `n` integers, for each
+        -- string of a JSON array: the integers, or null (tests/gateway_modes.rs)
+        local replies = cjson.decode(body() or "[]") or {}
+        local out = {}
+        for i, r in ipairs(replies) do
+            out[i] = require("resty.rl.redis").int_array(r, tonumber(args.n)) or cjson.null
+        end
+        ngx.say(cjson.encode(out))
         return
     end
     if ngx.var.uri == "/v1/auth/token" then

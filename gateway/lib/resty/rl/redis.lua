@@ -144,12 +144,12 @@ function _M.encode(args)
     return table.concat(out)
 end
 
--- The integers of `buf` when it is exactly the RESP array of `n`
--- integers ("*<n>\r\n" then n times ":<int>\r\n"), else nil (a reply
--- not complete yet, or another shape). Read byte by byte: a pattern with
--- n captures costs LuaJIT about 8,300 instructions for the limiter's 8
--- integers (it is not compiled, and makes a string per capture), this
--- about 2,400.
+--- The integers of `buf` when it is exactly the RESP array of `n`
+--- integers ("*<n>\r\n" then n times ":<int>\r\n"), else nil (a reply
+--- not complete yet, or another shape). Read byte by byte: a pattern with
+--- n captures costs LuaJIT about 8,300 instructions for the limiter's 8
+--- integers (it is not compiled, and makes a string per capture), this
+--- about 2,400.
 local byte = string.byte
 local new_table = hotpath.new_table
 local function int_array(buf, n)
@@ -193,6 +193,7 @@ local function int_array(buf, n)
     end
     return out
 end
+_M.int_array = int_array
 
 -- The reply of one command that answers an array of `n` integers (the
 -- limiter replies), read in one piece: lua-resty-redis has no call for
