@@ -25,7 +25,10 @@
 #                          Redis call in the measured seconds, so the
 #                          steadiest count of the path served from the
 #                          node's allowance
-#   rl_before allowance_before allowance_local_before   the same with the library of
+#   rules                  the allowance policy without `allowance`: a rule
+#                          policy's RL.TAKE on every request
+#   rl_before allowance_before allowance_local_before rules_before
+#                          the same with the library of
 #                          $RL_BENCH_GW_BEFORE (another checkout's gateway/
 #                          directory, loaded under another package name)
 #
@@ -44,9 +47,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 SECS=${RL_BENCH_GW_IR_SECS:-6}
-TARGETS=${RL_BENCH_GW_IR_TARGETS:-plain limit_req incr incr_id phases minimal rl allowance allowance_local}
+TARGETS=${RL_BENCH_GW_IR_TARGETS:-plain limit_req incr incr_id phases minimal rl allowance allowance_local rules}
 if [[ -n "${RL_BENCH_GW_BEFORE:-}" && -z "${RL_BENCH_GW_IR_TARGETS:-}" ]]; then
-    TARGETS+=" rl_before allowance_before allowance_local_before"
+    TARGETS+=" rl_before allowance_before allowance_local_before rules_before"
 fi
 HOST=127.0.0.1
 API_KEY=demo-enterprise-key
@@ -83,8 +86,8 @@ if [[ -n "${RL_BENCH_GW_BEFORE:-}" ]]; then
 fi
 
 declare -A PORT
-for t in upstream plain limit_req incr incr_id phases minimal rl allowance allowance_local \
-    rl_before allowance_before allowance_local_before; do
+for t in upstream plain limit_req incr incr_id phases minimal rl allowance allowance_local rules \
+    rl_before allowance_before allowance_local_before rules_before; do
     for _ in $(seq 1 50); do
         p=$(random_port)
         port_is_free "$p" && [[ " ${PORT[*]:-} " != *" $p "* ]] && break
@@ -118,13 +121,13 @@ server() {
     [[ -n "$4" ]] && echo "    log_by_lua_block { $4 }"
     echo "    $5 $PROXY } }"
 }
-# rl_servers PACKAGE RL_PORT ALLOWANCE_PORT LOCAL_PORT: the rl, allowance
-# and allowance_local targets.
+# rl_servers PACKAGE RL_PORT ALLOWANCE_PORT LOCAL_PORT RULES_PORT: the rl,
+# allowance, allowance_local and rules targets.
 rl_servers() {
     local m="require(\"$1.rl.nginx\")" g
     server "$2" "$m.access(\"api\")" "$m.header_filter(\"api\")" "$m.log(\"api\")" \
         'proxy_set_header X-Request-Id $request_id;'
-    for g in allow:$3 allow_local:$4; do
+    for g in allow:$3 allow_local:$4 rules:$5; do
         server "${g#*:}" "$m.access(\"${g%%:*}\")" "$m.header_filter(\"${g%%:*}\")" \
             "$m.log(\"${g%%:*}\")" ""
     done
@@ -150,6 +153,10 @@ rl_servers() {
         echo "    p.key_prefix, p.rules[1].allowance = \"bench-al-local\","
         echo "        { size = 10000000, max_age = 3600, refill_below = 50 }"
         echo "    require(\"$pkg.rl.nginx\").configure(\"allow_local\", p)"
+        # rules: the same policy without allowances (RL.TAKE per request)
+        echo "    p = dofile(package.searchpath(\"gateway_allowance_policy\", package.path))"
+        echo "    p.key_prefix, p.rules[1].allowance = \"bench-rules\", nil"
+        echo "    require(\"$pkg.rl.nginx\").configure(\"rules\", p)"
     done
     echo "  }"
     server "${PORT[plain]}" "" "" "" ""
@@ -163,9 +170,9 @@ rl_servers() {
         "local _ = ngx.ctx.rl
             $FIELDS" 'local _ = ngx.ctx.rl; ngx.shared.rl_metrics:incr("x", 1, 0)' \
         'proxy_set_header X-Request-Id $request_id;'
-    rl_servers resty "${PORT[rl]}" "${PORT[allowance]}" "${PORT[allowance_local]}"
+    rl_servers resty "${PORT[rl]}" "${PORT[allowance]}" "${PORT[allowance_local]}" "${PORT[rules]}"
     [[ -n "$BEFORE_PATH" ]] && rl_servers restyb "${PORT[rl_before]}" "${PORT[allowance_before]}" \
-        "${PORT[allowance_local_before]}"
+        "${PORT[allowance_local_before]}" "${PORT[rules_before]}"
     echo "}"
 } >"$WORK/gw/nginx.conf"
 

@@ -183,6 +183,9 @@ function _M.spent(conf, e)
     return false
 end
 
+--- The integers of a fetch's reply (the usual 8 and the points granted).
+_M.REPLY_INTS = 9
+
 --- The command fetching an allowance for `e` (its own cost included).
 function _M.command(e)
     local p = e.params

@@ -385,10 +385,17 @@ local function plan(e, _, conf, state)
             cmds, sent = {}, {}
             state.cmds, state.sent = cmds, sent
         end
-        cmds[#cmds + 1] = e.fetch and allowance.command(e)
-            or kind.command(e, e.probe and 0 or e.cost, false, state.request_id)
+        -- the request id only for a lease (nginx makes it on first read:
+        -- about 7,000 instructions of random bytes)
+        local lease = e.params.kind == "lease"
+        local cmd = e.fetch and allowance.command(e)
+            or kind.command(e, e.probe and 0 or e.cost, false, lease and state.request_id or nil)
+        -- the integers of its reply, when it is an array of them (alone, it
+        -- is read in one piece: resty.rl.redis.send)
+        cmd.ints = e.fetch and allowance.REPLY_INTS or kind.reply_ints
+        cmds[#cmds + 1] = cmd
         sent[#sent + 1] = e
-        if e.params.kind == "lease" then
+        if lease then
             -- recorded before the call: a timed-out ACQUIRE may have been granted
             phases.add_lease(state, { key = e.key, id = state.request_id })
         end

@@ -12,6 +12,10 @@
 -- compensation of a request another rule refused. A lease has no refund
 -- (it is released).
 --
+-- A kind's reply_ints: the integers of its command's reply when that is
+-- an array of integers (a command sent alone is then read in one piece,
+-- resty.rl.redis.send); nil for another shape.
+--
 -- An entry `e` (built by resty.rl.engine for one rule and one request):
 --   e.rule, e.params (the limiter's options resolved for the caller),
 --   e.key, e.also_keys, e.cost, e.name and e.also_names (policy names),
@@ -198,6 +202,7 @@ _M.KINDS = {
         end,
         policies = rate_policies,
         outcome = rate_outcome,
+        reply_ints = 8,
     },
     window = {
         command = function(e, cost, record, _request_id, refund)
@@ -216,6 +221,7 @@ _M.KINDS = {
         end,
         policies = rate_policies,
         outcome = rate_outcome,
+        reply_ints = 8,
     },
     quota = {
         command = function(e, cost, _record, _request_id, refund)
@@ -229,6 +235,7 @@ _M.KINDS = {
         end,
         policies = rate_policies,
         outcome = rate_outcome,
+        reply_ints = 8,
     },
     lease = {
         command = function(e, _cost, _record, request_id)

@@ -145,13 +145,15 @@ function _M.encode(args)
 end
 
 --- The integers of `buf` when it is exactly the RESP array of `n`
---- integers ("*<n>\r\n" then n times ":<int>\r\n"), else nil (a reply
---- not complete yet, or another shape). Read byte by byte: a pattern with
+--- integers ("*<n>\r\n" then n times ":<int>\r\n"; `n` nil: as many
+--- as it says, at most MAX_INTS), else nil (a reply not complete yet, or
+--- another shape). Read byte by byte: a pattern with
 --- n captures costs LuaJIT about 8,300 instructions for the limiter's 8
 --- integers (it is not compiled, and makes a string per capture), this
 --- about 2,400.
 local byte = string.byte
 local new_table = hotpath.new_table
+local MAX_INTS = 64
 local function int_array(buf, n)
     if byte(buf, 1) ~= 42 then -- "*"
         return nil
@@ -162,12 +164,13 @@ local function int_array(buf, n)
         count, pos = count * 10 + c - 48, pos + 1
         c = byte(buf, pos)
     end
-    if count ~= n or pos == 2 or c ~= 13 or byte(buf, pos + 1) ~= 10 then
+    if pos == 2 or (n and count ~= n) or count > MAX_INTS or c ~= 13
+        or byte(buf, pos + 1) ~= 10 then
         return nil
     end
     pos = pos + 2
-    local out = new_table(n, 0)
-    for i = 1, n do
+    local out = new_table(count, 0)
+    for i = 1, count do
         if byte(buf, pos) ~= 58 then -- ":"
             return nil
         end
@@ -199,9 +202,10 @@ _M.int_array = int_array
 -- limiter replies), read in one piece: lua-resty-redis has no call for
 -- that and reads one line per element (a `receive` each, the dearest part
 -- of the allowed path's reply; see bench/RESULTS.md). Returns the
--- integers, {false, message} for an error reply (as the driver gives
--- one), or nil and an error: a timeout, or any other shape (the caller
--- then closes the connection).
+-- integers (as many as the reply has: its decoder checks them),
+-- {false, message} for an error reply (as the driver gives one), or nil
+-- and an error: a timeout, or any other shape (the caller then closes
+-- the connection).
 local MAX_READS = 16
 local function read_int_array(sock, n)
     local buf
@@ -211,7 +215,7 @@ local function read_int_array(sock, n)
             return nil, err
         end
         buf = buf and buf .. data or data
-        local out = int_array(buf, n)
+        local out = int_array(buf)
         if out then
             return out
         end
@@ -231,16 +235,25 @@ end
 --- before command i (its OK is not returned). A command with a `resp`
 --- field (its RESP request as a list of strings, the fixed parts made by
 --- `encode` once) goes into the driver's pipeline as it is: the driver
---- would format every argument of every call; alone, with `ints` (its
---- reply is an array of that many integers), it is also read in one piece. Returns one reply per
---- command (an error reply is {false, "ERR ..."} in its place), or nil
---- and an error (the connection is then closed).
+--- would format every argument of every call. A command alone with
+--- `ints` (its reply is an array of that many integers) is read in one
+--- piece. Returns one reply per command (an error reply is {false,
+--- "ERR ..."} in its place), or nil and an error (the connection is then
+--- closed).
 function _M.send(red, cmds, asking)
     local one = cmds[1]
     local sock = rawget(red, "_sock")
-    if #cmds == 1 and not asking and one.resp and one.ints and sock then
-        -- one limiter call (the tier form's RL.TAKE): its reply in one read
-        local bytes, err = sock:send(one.resp)
+    if #cmds == 1 and not asking and one.ints and sock then
+        -- one limiter call (the tier form's RL.TAKE, a rule's command): its
+        -- reply in one read; a request without `resp` encoded by the driver
+        local req = one.resp
+        if not req then
+            red:init_pipeline()
+            red[one[1]](red, unpack(one, 2))
+            req = rawget(red, "_reqs")
+            red:cancel_pipeline()
+        end
+        local bytes, err = sock:send(req)
         local reply
         if bytes then
             reply, err = read_int_array(sock, one.ints)
