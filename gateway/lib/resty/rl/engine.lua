@@ -388,11 +388,15 @@ local function plan(e, _, conf, state)
         -- the request id only for a lease (nginx makes it on first read:
         -- about 7,000 instructions of random bytes)
         local lease = e.params.kind == "lease"
-        local cmd = e.fetch and allowance.command(e)
-            or kind.command(e, e.probe and 0 or e.cost, false, lease and state.request_id or nil)
-        -- the integers of its reply, when it is an array of them (alone, it
-        -- is read in one piece: resty.rl.redis.send)
-        cmd.ints = e.fetch and allowance.REPLY_INTS or kind.reply_ints
+        local cmd
+        if lease then
+            cmd = kind.command(e, e.cost, false, state.request_id)
+        elseif e.fetch then
+            cmd = allowance.command(e)
+            cmd.ints = allowance.REPLY_INTS
+        else
+            cmd = limiters.command_of(e, e.probe and 0 or e.cost)
+        end
         cmds[#cmds + 1] = cmd
         sent[#sent + 1] = e
         if lease then

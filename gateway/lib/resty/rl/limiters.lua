@@ -26,6 +26,7 @@
 
 local store = require "resty.rl.store"
 local metrics = require "resty.rl.metrics"
+local memo = require "resty.rl.memo"
 local distinct = require "resty.rl.distinct"
 
 local _M = {}
@@ -157,6 +158,36 @@ local function also(args, e, fields)
         end
     end
     return args
+end
+
+-- The commands of entries whose command their rule's key and cost say
+-- all of (a static limiter without ALSO, a cost from the configuration),
+-- by rule, key and cost: made and encoded once (resty.rl.store.encoded),
+-- as the tier form's are. Bounded: past the memo's size it starts over.
+local static_cmds = memo.new(10000, true)
+local function new_by_cost()
+    return {}
+end
+
+--- The command of entry `e` (not a lease: it names the request) charging
+--- `cost`, with the integers of its reply (`ints`: alone, it is read in
+--- one piece). Shared by the requests of the same key when the rule's
+--- key and cost say all of it: never changed by its users.
+function _M.command_of(e, cost)
+    local kind = _M.KINDS[e.params.kind]
+    if not (e.static and kind.reply_ints and not e.params.also
+            and type(e.rule.cost) ~= "table") then
+        local cmd = kind.command(e, cost, false, nil)
+        cmd.ints = kind.reply_ints
+        return cmd
+    end
+    local by_cost = static_cmds:get(e.rule, e.key, new_by_cost)
+    local cmd = by_cost[cost]
+    if not cmd then
+        cmd = store.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
+        by_cost[cost] = cmd
+    end
+    return cmd
 end
 
 --- The capacity every bucket of an entry has (a cost above it never fits).

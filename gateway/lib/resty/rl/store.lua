@@ -107,6 +107,20 @@ local DEFAULT_COST = 1
 local DEFAULT_BOX = { 300, 3600, 86400 }
 local DEFAULT_OFFENSES_TTL = 86400
 
+--- `cmd` (a command: its name, then its arguments, which become strings)
+--- with its RESP request (`resp`, sent as it is by resty.rl.redis.send)
+--- and the integers of its reply (`ints`: read in one piece when it is
+--- sent alone): for a command made once and sent many times, never
+--- changed after (resty.rl.redis and resty.rl.cluster only read it).
+function _M.encoded(cmd, ints)
+    for i, v in ipairs(cmd) do
+        cmd[i] = tostring(v)
+    end
+    cmd.resp = "*" .. #cmd .. "\r\n" .. transport.encode(cmd)
+    cmd.ints = ints
+    return cmd
+end
+
 -- The RL.TAKE command of a caller on `tier` (its key, its tenant's key)
 -- for `cost`, with its RESP request (`resp`, sent as it is by
 -- resty.rl.redis.send) and the shape of its reply (`ints`).
@@ -129,12 +143,7 @@ local function take_cmd(tier, key, tenant_key, cost)
     if tier.offenses_ttl ~= DEFAULT_OFFENSES_TTL then
         add("OFFENSES", tier.offenses_ttl)
     end
-    for i, v in ipairs(cmd) do
-        cmd[i] = tostring(v)
-    end
-    cmd.resp = "*" .. #cmd .. "\r\n" .. transport.encode(cmd)
-    cmd.ints = 8
-    return cmd
+    return _M.encoded(cmd, 8)
 end
 
 -- The RL.TAKE commands (each alone in a list, as run() takes them), per
