@@ -183,14 +183,14 @@ function _M.spent(conf, e)
     return false
 end
 
---- The integers of a fetch's reply (the usual 8 and the points granted).
-_M.REPLY_INTS = 9
-
---- The command fetching an allowance for `e` (its own cost included).
+--- The command fetching an allowance for `e` (its own cost included),
+--- with the integers of its reply (`ints`: the usual 8 and the points
+--- granted; resty.rl.redis.send).
 function _M.command(e)
     local p = e.params
     return { "RL.TAKE", e.key, p.burst, p.rate, p.period,
-             "COST", math.max(e.rule.allowance.size, e.cost), "PARTIAL", "MIN", e.cost }
+             "COST", math.max(e.rule.allowance.size, e.cost), "PARTIAL", "MIN", e.cost,
+             ints = 9 }
 end
 
 --- The reply to the fetch of `e` (9 integers): keeps what this request

@@ -393,7 +393,6 @@ local function plan(e, _, conf, state)
             cmd = kind.command(e, e.cost, false, state.request_id)
         elseif e.fetch then
             cmd = allowance.command(e)
-            cmd.ints = allowance.REPLY_INTS
         else
             cmd = limiters.command_of(e, e.probe and 0 or e.cost)
         end

@@ -147,10 +147,9 @@ end
 --- The integers of `buf` when it is exactly the RESP array of `n`
 --- integers ("*<n>\r\n" then n times ":<int>\r\n"; `n` nil: as many
 --- as it says, at most MAX_INTS), else nil (a reply not complete yet, or
---- another shape). Read byte by byte: a pattern with
---- n captures costs LuaJIT about 8,300 instructions for the limiter's 8
---- integers (it is not compiled, and makes a string per capture), this
---- about 2,400.
+--- another shape). Read byte by byte: a pattern with n captures costs
+--- LuaJIT about 8,300 instructions for the limiter's 8 integers (it is
+--- not compiled, and makes a string per capture), this about 2,400.
 local byte = string.byte
 local new_table = hotpath.new_table
 local MAX_INTS = 64
