@@ -59,9 +59,11 @@ _M.defaults = {
     -- Status of a manual box (enterprise level 3: no time to come back).
     manual_box_status = 403,
     -- The edge deny cache (resty.rl.deny): boxed keys answered by the node
-    -- until the box ends; a release is seen within `poll` seconds of
+    -- until the box ends; a cached box is asked of Redis again once it is
+    -- `recheck` seconds old (a release by any client is seen within that
+    -- and one round trip), and dropped within `poll` seconds of
     -- INCR <key_prefix>:deny:version.
-    deny_cache = { dict = "rl_deny", poll = 1, manual_ttl = 60 },
+    deny_cache = { dict = "rl_deny", poll = 1, manual_ttl = 60, recheck = 2 },
     -- The usage dashboard of rule policies (resty.rl.usage): per-key
     -- counters of this node in the lua_shared_dict `dict` (not declared:
     -- no counters); at most reports_per_second usage reports per key and
@@ -348,6 +350,8 @@ local function validate_general(conf)
     check(type(dc.poll) == "number" and dc.poll > 0, "deny_cache.poll must be seconds > 0")
     check(type(dc.manual_ttl) == "number" and dc.manual_ttl > 0,
         "deny_cache.manual_ttl must be seconds > 0")
+    check(type(dc.recheck) == "number" and dc.recheck > 0,
+        "deny_cache.recheck must be seconds > 0")
     check(conf.usage == false or type(conf.usage) == "table" and type(conf.usage.dict) == "string"
         and positive_int(conf.usage.reports_per_second),
         "usage must be false or { dict = <lua_shared_dict name>, reports_per_second = <n >= 1> }")

@@ -1,18 +1,30 @@
--- resty.rl.deny: the edge deny cache of a rule policy. A key found boxed
--- in Redis is remembered in a lua_shared_dict (deny_cache.dict, shared by
--- the workers of one nginx node) until its box ends, so that its next
--- requests are answered here without a Redis round trip (a manual box: for
--- deny_cache.manual_ttl seconds at a time). A release is seen within
--- deny_cache.poll seconds: every worker polls the release version
--- `<prefix>:deny:version` (one GET a second) and, when it changed, drops
--- the cached boxes of that prefix. Release a box with
---   RL.BOX RELEASE <key>   then   INCR <prefix>:deny:version
--- (gateway/README.md, "Releasing a box").
+-- resty.rl.deny: the edge deny cache of a rule policy (and of the tier
+-- form's API key bucket). A key found boxed in Redis is remembered in a
+-- lua_shared_dict (deny_cache.dict, shared by the workers of one nginx
+-- node) until its box ends, so that its next requests are answered here
+-- without a Redis round trip (a manual box: for deny_cache.manual_ttl
+-- seconds at a time).
 --
--- The same dict keeps the alert de-duplication marks (one alert per box).
+-- A release reaches the node in two ways:
+--   * every cached box is trusted for deny_cache.recheck seconds after
+--     Redis last said so; past that it is stale, and the next request
+--     of its key goes to Redis (which says whether the box is still
+--     there, refreshing the entry, or gone, dropping it). So a release
+--     by any client (`RL.BOX RELEASE <key>`, or a box that a trip
+--     replaced) is seen within `recheck` seconds and one round trip;
+--   * every worker polls the release version `<prefix>:deny:version`
+--     (one GET every deny_cache.poll seconds) and, when it changed,
+--     drops the cached boxes of that prefix at once (`rlctl release`
+--     increments it).
+-- (gateway/README.md, "The edge deny cache, and how to release a box".)
+--
+-- When several keys of one request are boxed, the cache answers with the
+-- strictest box (resty.rl.deny.stricter). The same dict keeps the alert
+-- de-duplication marks (one alert per box).
 
 local cjson = require "cjson.safe"
 local store = require "resty.rl.store"
+local limiters = require "resty.rl.limiters"
 
 local _M = {}
 
@@ -32,7 +44,9 @@ function _M.version_key(conf)
     return conf.key_prefix .. ":deny:version"
 end
 
---- A cached box of `key`: {level, retry_ms (nil: manual)} or nil.
+--- A cached box of `key`: {level, retry_ms (nil: manual), stale (true
+--- once Redis last confirmed it deny_cache.recheck seconds ago or more:
+--- ask Redis again)}, or nil.
 function _M.get(conf, key)
     local d = dict(conf)
     local v = d and d:get(key)
@@ -43,31 +57,100 @@ function _M.get(conf, key)
     if type(box) ~= "table" then
         return nil
     end
-    if box.ends < 0 then
-        return { level = box.level, retry_ms = nil }
-    end
     ngx.update_time()
-    local left = box.ends - ngx.now() * 1000
+    local now = ngx.now() * 1000
+    local stale = now - (box.checked or 0) >= conf.deny_cache.recheck * 1000
+    if box.ends < 0 then
+        return { level = box.level, retry_ms = nil, stale = stale }
+    end
+    local left = box.ends - now
     if left <= 0 then
         return nil
     end
-    return { level = box.level, retry_ms = math.ceil(left) }
+    return { level = box.level, retry_ms = math.ceil(left), stale = stale }
 end
 
 --- Remembers that `key` is boxed at `level` for `retry_ms` more (nil: a
---- manual box).
+--- manual box), as Redis said just now.
 function _M.put(conf, key, level, retry_ms)
     local d = dict(conf)
     if not d then
         return
     end
     ngx.update_time()
+    local now = ngx.now() * 1000
     local ends, ttl = -1, conf.deny_cache.manual_ttl
     if retry_ms then
-        ends = ngx.now() * 1000 + retry_ms
+        ends = now + retry_ms
         ttl = retry_ms / 1000
     end
-    d:set(key, cjson.encode({ level = level, ends = ends }), ttl)
+    d:set(key, cjson.encode({ level = level, ends = ends, checked = now }), ttl)
+end
+
+--- Forgets the cached box of `key` (Redis no longer has it).
+function _M.forget(conf, key)
+    local d = dict(conf)
+    if d then
+        d:delete(key)
+    end
+end
+
+--- Is box `a` stricter than box `b` (each {level, retry_ms}, retry_ms nil
+--- for a manual box)? The higher level, then the later end (a manual box
+--- has none: it ends last).
+function _M.stricter(a, b)
+    local la, lb = a.level or 0, b.level or 0
+    if la ~= lb then
+        return la > lb
+    end
+    return (a.retry_ms or math.huge) > (b.retry_ms or math.huge)
+end
+
+-- Entry `e` of a rule policy's request with its outcome set when its key
+-- is cached as boxed (fresh), else nil; a stale cached box marks the
+-- entry (e.stale_box) and the request (state.deny_stale).
+local function cached_box(conf, e, state)
+    local box = limiters.boxes(e.params) and _M.get(conf, e.key)
+    if not box then
+        return nil
+    end
+    if box.stale then
+        e.stale_box, state.deny_stale = true, true
+        return nil
+    end
+    e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
+                  strikes = 0, cached = true,
+                  binding = { name = e.name, limit = limiters.capacity(e), remaining = 0,
+                              boxed = true } }
+    return e
+end
+
+--- The entry of `entries` (a rule policy's request, resty.rl.engine)
+--- whose key has the strictest box this node knows (_M.stricter), its
+--- outcome set (boxed, `cached`); nil when none is cached, or when a
+--- cached box of theirs is stale (e.stale_box and state.deny_stale set):
+--- Redis then answers for all of them, so that a cached box never hides
+--- a stricter one.
+function _M.strictest_entry(conf, entries, state)
+    if #entries == 1 then
+        -- one entry, without a loop (resty.rl.hotpath)
+        return cached_box(conf, entries[1], state)
+    end
+    local best
+    for _, e in ipairs(entries) do
+        if cached_box(conf, e, state) and (not best or _M.stricter(e.outcome, best.outcome)) then
+            best = e
+        end
+    end
+    if state.deny_stale then
+        for _, e in ipairs(entries) do
+            if e.outcome and e.outcome.cached then
+                e.outcome = false
+            end
+        end
+        return nil
+    end
+    return best
 end
 
 --- True once per node for a mark (`name`, kept `ttl` seconds): the alert

@@ -3,14 +3,16 @@
 --   1. the route and the caller (resty.rl.identity);
 --   2. every rule that matches and whose scope the caller has (its entry:
 --      resty.rl.entries);
---   3. the edge deny cache: a rule key known to be boxed answers at once;
+--   3. the edge deny cache: a rule key known to be boxed answers at once
+--      (the strictest box of the request: resty.rl.deny.strictest_entry);
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
 --      RL.QUOTA, RL.LEASE ACQUIRE, RL.DISTINCT; a probe for rules that count
 --      failures),
 --      pipelined (each command atomic on its own), decoded by
 --      resty.rl.limiters; when the request is refused, a second round
 --      trip gives back what the admitted rules took (resty.rl.limiters.compensate);
---   5. the strictest outcome wins (a box without end, then the longest
+--   5. the strictest outcome wins (of several boxes the highest level,
+--      then the latest end; then a refusal without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
 --      answers (reject, quota, challenge) or marks the request (soft);
 --   6. after the response (log phase, in a timer, resty.rl.after): failures
@@ -101,25 +103,35 @@ local function severity(o)
 end
 
 --- The strictest outcome of `entries` (a hard refusal, else a soft block,
---- else nil when everything was admitted).
+--- else nil when everything was admitted). Among boxes the strictest box
+--- (resty.rl.deny.stricter: the highest level, then the latest end, as
+--- the edge deny cache answers); between it and the other refusals, the
+--- one without end, then the longest wait.
 local function strictest(entries)
     if #entries == 1 then
         -- one entry, without a loop (resty.rl.hotpath)
         local o = entries[1].outcome
         return o and (o.state == "refused" or o.state == "boxed") and entries[1] or nil
     end
-    local hard, soft
+    local box, hard, soft
     for _, e in ipairs(entries) do
         local o = e.outcome
         if o and (o.state == "refused" or o.state == "boxed") then
             if e.rule.on_refusal.action == "soft" then
                 soft = soft or e
+            elseif o.state == "boxed" then
+                if not box or deny.stricter(o, box.outcome) then
+                    box = e
+                end
             elseif not hard or severity(o) > severity(hard.outcome) then
                 hard = e
             end
         end
     end
-    return hard or soft
+    if box and (not hard or severity(box.outcome) >= severity(hard.outcome)) then
+        return box
+    end
+    return hard or box or soft
 end
 
 -- The RateLimit binding of an admitted request: the rate entry with the
@@ -180,32 +192,35 @@ function Engine:rate_headers(state, binding_entry)
     end
 end
 
--- The `detail`/`message` of a refusal.
-local function message(e, o, secs)
+-- The `detail`/`message` of a refusal by `name` (the binding policy).
+local function message(e, o, secs, name)
     local a = e.rule.on_refusal
     if a.message then
         return a.message
     end
     if o.state == "boxed" then
-        return string.format("%s: locked (level %d) after repeated refusals; %s.", e.name,
+        return string.format("%s: locked (level %d) after repeated refusals; %s.", name,
             o.level or 0, secs and ("retry in " .. secs .. " s") or "until a manual review")
     end
     if e.params.kind == "lease" then
-        return string.format("%s: at most %d concurrent request(s); retry in %d s.", e.name,
+        return string.format("%s: at most %d concurrent request(s); retry in %d s.", name,
             e.params.max, secs or 1)
     end
-    return string.format("%s: %d %s per %s s exhausted (this request: %d); %s.", e.name,
+    return string.format("%s: %d %s per %s s exhausted (this request: %d); %s.", name,
         o.binding.limit, e.rule.unit, tostring(o.binding.window), e.cost,
         secs and ("retry in " .. secs .. " s") or "it never fits")
 end
 
 --- Answers the winning refusal `e` (or lets it through in shadow mode),
---- counted as `decision_as` when given.
+--- counted as `decision_as` when given. The body, the event line and
+--- RateLimit name the same policy: the bucket that refused (an `also`
+--- bucket, such as the tenant's, is named as itself).
 function Engine:refuse_with(req, state, e, decision_as)
     local conf = self.conf
     local o, a = e.outcome, e.rule.on_refusal
+    local name = o.binding and o.binding.name or e.name
     local secs = o.retry_ms and headers.seconds(o.retry_ms) or nil
-    state.policy, state.retry_after, state.box_level = e.name, secs, o.level ~= 0 and o.level or nil
+    state.policy, state.retry_after, state.box_level = name, secs, o.level ~= 0 and o.level or nil
     state.strikes_remaining = o.strikes
     local kind, decision = a.type, "throttled"
     if o.state == "boxed" then
@@ -237,8 +252,8 @@ function Engine:refuse_with(req, state, e, decision_as)
         status = conf.manual_box_status
     end
     local vars = {
-        status = status, type = kind, message = message(e, o, secs), retry_after = secs or null,
-        policy = e.name, tier = state.tier_name or null, strikes = o.strikes or null,
+        status = status, type = kind, message = message(e, o, secs, name),
+        retry_after = secs or null, policy = name, tier = state.tier_name or null, strikes = o.strikes or null,
         level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
         upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
         concurrency_limit = o.concurrency or null, instance = req.path(),
@@ -253,14 +268,16 @@ function Engine:refuse_with(req, state, e, decision_as)
     return phases.exit(req, state, status, ctype, body)
 end
 
--- A refusal that is not a rule's (401, 400): a problem body.
-function Engine:refuse_plain(req, state, status, kind, decision, detail)
+-- A refusal that is not a rule's (401, 400, the fail-closed 503): a
+-- problem body; `retry_after` the seconds of its Retry-After, if any (the
+-- body says the same).
+function Engine:refuse_plain(req, state, status, kind, decision, detail, retry_after)
     if not phases.refusing(self.conf, state, status, decision) then
         return
     end
     local ctype, body = problem.render(self.conf, { status = status, type = kind,
         message = detail, instance = req.path(), request_id = state.request_id,
-        tier = state.tier_name or null }, false)
+        tier = state.tier_name or null, retry_after = retry_after or null }, false)
     return phases.exit(req, state, status, ctype, body)
 end
 
@@ -279,9 +296,9 @@ function Engine:redis_failed(req, state, err)
         closed = closed or mode == "closed"
     end
     if closed then
-        local _, detail = phases.fail_closed(conf, state, false)
+        local wait, detail = phases.fail_closed(conf, state, false)
         return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
-            detail)
+            detail, wait)
     end
     state.decision = "degraded_allowed"
     -- decided here, without Redis: the response (and a refusal's body) says so
@@ -352,19 +369,6 @@ local function add_entry(rule, _, conf, req, state)
     end
 end
 
--- Step 3: entry `e` when the edge deny cache knows its key to be boxed
--- (its outcome set).
-local function cached_box(e, _, conf)
-    local box = limiters.boxes(e.params) and deny.get(conf, e.key)
-    if box then
-        e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
-                      strikes = 0, cached = true,
-                      binding = { name = e.name, limit = limiters.capacity(e), remaining = 0,
-                                  boxed = true } }
-        return e
-    end
-end
-
 -- Step 4, before the round trip: entry `e` decided here (above its
 -- capacity it never fits; or spent from the node's allowance), else its
 -- command added to state.cmds and the entry to state.sent (made on
@@ -415,13 +419,17 @@ local function decide(e, i, res)
 end
 
 -- A box the module reported for entry `e`: kept in the edge deny cache
--- and, for the log phase's alerts, in state.boxed.
+-- and, for the log phase's alerts, in state.boxed; a stale cached box
+-- that Redis no longer has is dropped.
 local function note_box(e, _, conf, state)
     local o = e.outcome
     if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
         deny.put(conf, e.key, o.level, o.retry_ms)
         state.boxed = state.boxed or {}
         state.boxed[#state.boxed + 1] = e
+    elseif e.stale_box and o.state ~= "boxed" then
+        -- the stale cached box is gone from Redis (released)
+        deny.forget(conf, e.key)
     end
 end
 
@@ -459,7 +467,7 @@ function Engine:access(req)
     end
     local entries = state.entries
     -- the edge deny cache: a known box answers without Redis
-    local cached = hotpath.first_of(entries, cached_box, conf)
+    local cached = deny.strictest_entry(conf, entries, state)
     if cached then
         state.deny_cached = true
         self:rate_headers(state, cached)

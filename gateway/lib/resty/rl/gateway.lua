@@ -288,10 +288,11 @@ function Gateway:access(req)
     state.headers["RateLimit-Policy"] = view.policy_field
     state.cost = policy.cost(route, req)
     local key, tenant_key = self:bucket_keys(ident)
-    -- the edge deny cache: a key known to be boxed is answered here
+    -- the edge deny cache: a key known to be boxed (Redis said so within
+    -- deny_cache.recheck seconds) is answered here
     local reply, err
     local box = deny.get(conf, key)
-    if box then
+    if box and not box.stale then
         state.deny_cached = true
         reply = { status = -1, limit = tier.key.burst, remaining = 0, reset_ms = box.retry_ms,
                   retry_after_ms = box.retry_ms, box_level = box.level, strikes_remaining = 0,
@@ -303,6 +304,9 @@ function Gateway:access(req)
         end
         if reply.status == -1 then
             deny.put(conf, key, reply.box_level, reply.retry_after_ms)
+        elseif box then
+            -- the stale cached box is gone from Redis (released)
+            deny.forget(conf, key)
         end
     end
     local status, binding = reply.status, reply.binding + 1
@@ -416,14 +420,17 @@ function Gateway:auth_access(req, state)
             replies[i] = recorded[j]
         end
     end
-    -- the binding window: a boxed one, else the one with fewest failures left
-    local b = 1
+    -- the binding window: the strictest box (resty.rl.deny.stricter: the
+    -- highest level, then the latest end), else the one with fewest
+    -- failures left
+    local b, box = 1, nil
     for i, r in ipairs(replies) do
         if r.status == -1 then
-            b = i
-            break
-        end
-        if r.remaining < replies[b].remaining then
+            local this = { level = r.box_level, retry_ms = r.retry_after_ms }
+            if not box or deny.stricter(this, box) then
+                b, box = i, this
+            end
+        elseif not box and r.remaining < replies[b].remaining then
             b = i
         end
     end

@@ -143,6 +143,7 @@ return {
                     { dict = { type = "string", default = "rl_deny" } },
                     { poll = { type = "number", default = 1, gt = 0 } },
                     { manual_ttl = { type = "number", default = 60, gt = 0 } },
+                    { recheck = { type = "number", default = 2, gt = 0 } },
                 } } },
                 { manual_box_status = { type = "integer", default = 403, one_of = { 403, 429 } } },
                 { client_ip_header = { type = "string" } },
