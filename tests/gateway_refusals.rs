@@ -35,6 +35,12 @@ const ASYNC: Duration = Duration::from_secs(10);
 /// reaching the gateway, plus one round trip.
 const RECHECK: Duration = Duration::from_secs(2);
 
+/// The tier form's test policy (`gateway/test/policy.lua`) with its own
+/// key prefix and a `deny_cache.recheck` of 1 s.
+const TIER_RECHECK_1: &str = "dofile(GW .. \"/test/policy.lua\")({ redis = { port = \
+     tonumber(os.getenv(\"RL_REDIS_PORT\")) }, key_prefix = \"tier\", \
+     deny_cache = { recheck = 1 } })";
+
 /// `RL.BOX STATUS key`: [level, ttl_ms, offenses, strikes].
 fn box_status(con: &mut redis::Connection, key: &str) -> Vec<i64> {
     ints(con, &format!("RL.BOX STATUS {key}"))
@@ -194,12 +200,9 @@ fn a_box_released_by_any_client_reaches_the_gateway_within_the_recheck() {
     let mut con = redis.client();
     // the ledger example as shipped (the default recheck), and the tier
     // form's test policy with a recheck of 1 s
-    let tier = "dofile(GW .. \"/test/policy.lua\")({ redis = { port = \
-                tonumber(os.getenv(\"RL_REDIS_PORT\")) }, key_prefix = \"tier\", \
-                deny_cache = { recheck = 1 } })";
     let gw = start(
         redis.port,
-        &[example("ledger"), Front::Nginx(tier.into())],
+        &[example("ledger"), Front::Nginx(TIER_RECHECK_1.into())],
         &[],
     )
     .expect("start");
@@ -247,6 +250,54 @@ fn a_box_released_by_any_client_reaches_the_gateway_within_the_recheck() {
         "{:?}",
         gw.nginx.lua_errors()
     );
+}
+
+/// Past `deny_cache.recheck` a cached box sends its requests to Redis;
+/// when Redis is away then, the box still refuses (not the local
+/// limiter's degraded admission), in both forms.
+#[test]
+fn a_cached_box_still_refuses_when_redis_fails_after_the_recheck() {
+    let redis = Server::start(&[]);
+    let mut con = redis.client();
+    let rules = "(function() local p = dofile(GW .. \"/examples/ledger.lua\") \
+                 p.deny_cache = { recheck = 1 } return p end)()";
+    let gw = start(
+        redis.port,
+        &[
+            Front::Nginx(rules.into()),
+            Front::Nginx(TIER_RECHECK_1.into()),
+        ],
+        &[],
+    )
+    .expect("start");
+    let a = agent();
+    let ledger = format!("{}/v1/ledgers", gw.url(0));
+    let sandbox = ("X-Api-Key", "demo-sandbox-key");
+    let tier_url = format!("{}/v1/ledgers", gw.url(1));
+    let tier_key = ("X-Api-Key", "k-sandbox");
+    // first requests start the release pollers, then both keys are boxed
+    // and cached
+    assert_eq!(get(&a, &ledger, &[sandbox]).status, 200);
+    assert_eq!(get(&a, &tier_url, &[tier_key]).status, 200);
+    ints(
+        &mut con,
+        "RL.BOX TRIP ledger:{tenant:t-100}:tier-key:key_id=k-1 1 300",
+    );
+    ints(&mut con, "RL.BOX TRIP tier:{t:sbx}:key:s1 1 300");
+    let boxed = |r: &Resp| {
+        problem(r, 429, "penalty-box-active");
+        assert_eq!(r.must("X-Penalty-Box-Status"), "Active-Lockout");
+        assert!(r.header("X-RateLimit-Degraded").is_none(), "{r:#?}");
+    };
+    boxed(&get(&a, &ledger, &[sandbox]));
+    boxed(&get(&a, &tier_url, &[tier_key]));
+    // past the recheck, with Redis gone
+    std::thread::sleep(Duration::from_millis(1500));
+    redis.kill9();
+    for _ in 0..3 {
+        boxed(&get(&a, &ledger, &[sandbox]));
+        boxed(&get(&a, &tier_url, &[tier_key]));
+    }
 }
 
 #[test]

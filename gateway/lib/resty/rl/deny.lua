@@ -106,18 +106,8 @@ function _M.stricter(a, b)
     return (a.retry_ms or math.huge) > (b.retry_ms or math.huge)
 end
 
--- Entry `e` of a rule policy's request with its outcome set when its key
--- is cached as boxed (fresh), else nil; a stale cached box marks the
--- entry (e.stale_box) and the request (state.deny_stale).
-local function cached_box(conf, e, state)
-    local box = limiters.boxes(e.params) and _M.get(conf, e.key)
-    if not box then
-        return nil
-    end
-    if box.stale then
-        e.stale_box, state.deny_stale = true, true
-        return nil
-    end
+-- Entry `e` with its outcome set to the cached `box`.
+local function answer_with(e, box)
     e.outcome = { state = "boxed", retry_ms = box.retry_ms, level = box.level,
                   strikes = 0, cached = true,
                   binding = { name = e.name, limit = limiters.capacity(e), remaining = 0,
@@ -125,12 +115,28 @@ local function cached_box(conf, e, state)
     return e
 end
 
+-- Entry `e` of a rule policy's request with its outcome set when its key
+-- is cached as boxed (fresh), else nil. A cached box, fresh or stale, is
+-- kept as e.known_box; a stale one marks the request (state.deny_stale).
+local function cached_box(conf, e, state)
+    local box = limiters.boxes(e.params) and _M.get(conf, e.key)
+    if not box then
+        return nil
+    end
+    e.known_box = box
+    if box.stale then
+        state.deny_stale = true
+        return nil
+    end
+    return answer_with(e, box)
+end
+
 --- The entry of `entries` (a rule policy's request, resty.rl.engine)
 --- whose key has the strictest box this node knows (_M.stricter), its
 --- outcome set (boxed, `cached`); nil when none is cached, or when a
---- cached box of theirs is stale (e.stale_box and state.deny_stale set):
---- Redis then answers for all of them, so that a cached box never hides
---- a stricter one.
+--- cached box of theirs is stale (state.deny_stale set): Redis then
+--- answers for all of them, so that a cached box never hides a stricter
+--- one.
 function _M.strictest_entry(conf, entries, state)
     if #entries == 1 then
         -- one entry, without a loop (resty.rl.hotpath)
@@ -149,6 +155,23 @@ function _M.strictest_entry(conf, entries, state)
             end
         end
         return nil
+    end
+    return best
+end
+
+--- Redis failed after a stale cached box sent the request there: the
+--- entry of `entries` with the strictest box cached for them, stale ones
+--- included (the best knowledge without Redis: a known box is not let
+--- through while Redis is away), its outcome set; or nil.
+function _M.strictest_known(entries)
+    local best
+    for _, e in ipairs(entries) do
+        if e.known_box then
+            answer_with(e, e.known_box)
+            if not best or _M.stricter(e.outcome, best.outcome) then
+                best = e
+            end
+        end
     end
     return best
 end

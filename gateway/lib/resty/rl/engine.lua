@@ -281,13 +281,21 @@ function Engine:refuse_plain(req, state, status, kind, decision, detail, retry_a
     return phases.exit(req, state, status, ctype, body)
 end
 
---- Redis failed: fail closed (503) when a rule says so (or the route is
---- critical and the rule does not say otherwise); else each bucket and
+--- Redis failed: a box the edge deny cache knows (stale: not confirmed
+--- lately) answers; else fail closed (503) when a rule says so (or the
+--- route is critical and the rule does not say otherwise); else each bucket and
 --- window rule runs on the local per-worker limiter at fallback_ratio,
 --- and quota and lease rules let the request through.
 function Engine:redis_failed(req, state, err)
     local conf = self.conf
     phases.redis_error(conf, state, err)
+    -- boxes this node knows but could not confirm: still refused
+    local known = state.deny_stale and deny.strictest_known(state.entries)
+    if known then
+        state.deny_cached = true
+        self:rate_headers(state, known)
+        return self:refuse_with(req, state, known)
+    end
     local entries = state.entries or {}
     local closed = state.route.critical and #entries == 0
     for _, e in ipairs(entries) do
@@ -419,16 +427,16 @@ local function decide(e, i, res)
 end
 
 -- A box the module reported for entry `e`: kept in the edge deny cache
--- and, for the log phase's alerts, in state.boxed; a stale cached box
--- that Redis no longer has is dropped.
+-- and, for the log phase's alerts, in state.boxed; a cached box that
+-- Redis no longer has is dropped.
 local function note_box(e, _, conf, state)
     local o = e.outcome
     if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
         deny.put(conf, e.key, o.level, o.retry_ms)
         state.boxed = state.boxed or {}
         state.boxed[#state.boxed + 1] = e
-    elseif e.stale_box and o.state ~= "boxed" then
-        -- the stale cached box is gone from Redis (released)
+    elseif e.known_box and o.state ~= "boxed" then
+        -- the cached box is gone from Redis (released)
         deny.forget(conf, e.key)
     end
 end

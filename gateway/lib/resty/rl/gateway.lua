@@ -292,22 +292,26 @@ function Gateway:access(req)
     -- deny_cache.recheck seconds) is answered here
     local reply, err
     local box = deny.get(conf, key)
-    if box and not box.stale then
+    if not box or box.stale then
+        reply, err = store.take(route.store_conf or conf, key, tenant_key, tier, state.cost)
+        if not reply and not box then
+            return self:redis_failed(req, state, err, tier, key, tenant_key)
+        end
+    end
+    if not reply then
+        -- from the cache (a stale box too when Redis failed: still boxed)
         state.deny_cached = true
         reply = { status = -1, limit = tier.key.burst, remaining = 0, reset_ms = box.retry_ms,
                   retry_after_ms = box.retry_ms, box_level = box.level, strikes_remaining = 0,
                   binding = 0 }
-    else
-        reply, err = store.take(route.store_conf or conf, key, tenant_key, tier, state.cost)
-        if not reply then
-            return self:redis_failed(req, state, err, tier, key, tenant_key)
+        if err then
+            phases.redis_error(conf, state, err)
         end
-        if reply.status == -1 then
-            deny.put(conf, key, reply.box_level, reply.retry_after_ms)
-        elseif box then
-            -- the stale cached box is gone from Redis (released)
-            deny.forget(conf, key)
-        end
+    elseif reply.status == -1 then
+        deny.put(conf, key, reply.box_level, reply.retry_after_ms)
+    elseif box then
+        -- the stale cached box is gone from Redis (released)
+        deny.forget(conf, key)
     end
     local status, binding = reply.status, reply.binding + 1
     local policies = view.policies
