@@ -170,10 +170,15 @@ fn released_within(
     request: impl Fn() -> Resp,
 ) -> Resp {
     let boxed = |r: &Resp| r.header("X-Penalty-Box-Status") == Some("Active-Lockout");
-    // answered from the cache: no RL.TAKE reaches Redis
-    let calls = redis.info_get("rl", "rl_take_calls");
-    assert!(boxed(&request()));
-    assert_eq!(redis.info_get("rl", "rl_take_calls"), calls);
+    // answered from the cache: no RL.TAKE reaches Redis (a request after a
+    // stall longer than the recheck asks Redis, which caches the box
+    // again: tried 3 times at most)
+    let cached = (0..3).any(|_| {
+        let calls = redis.info_get("rl", "rl_take_calls");
+        assert!(boxed(&request()));
+        redis.info_get("rl", "rl_take_calls") == calls
+    });
+    assert!(cached, "never answered from the deny cache");
     assert_eq!(release_with_redis_cli(redis.port, boxed_key), "1");
     let released = Instant::now();
     let deadline = released + bound + ASYNC;
