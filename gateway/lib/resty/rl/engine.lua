@@ -253,7 +253,8 @@ function Engine:refuse_with(req, state, e, decision_as)
     end
     local vars = {
         status = status, type = kind, message = message(e, o, secs, name),
-        retry_after = secs or null, policy = name, tier = state.tier_name or null, strikes = o.strikes or null,
+        retry_after = secs or null, policy = name, tier = state.tier_name or null,
+        strikes = o.strikes or null,
         level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
         upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
         concurrency_limit = o.concurrency or null, instance = req.path(),
@@ -283,9 +284,9 @@ end
 
 --- Redis failed: a box the edge deny cache knows (stale: not confirmed
 --- lately) answers; else fail closed (503) when a rule says so (or the
---- route is critical and the rule does not say otherwise); else each bucket and
---- window rule runs on the local per-worker limiter at fallback_ratio,
---- and quota and lease rules let the request through.
+--- route is critical and the rule does not say otherwise); else each
+--- bucket and window rule runs on the local per-worker limiter at
+--- fallback_ratio, and quota and lease rules let the request through.
 function Engine:redis_failed(req, state, err)
     local conf = self.conf
     phases.redis_error(conf, state, err)
