@@ -177,7 +177,7 @@ reliability: deps build
 
 # System benchmark (bench/run.sh, 5-10 minutes): one redis-server with
 # the module and its peers, the floor module (FLOOR.TAKE) and redis-cell
-# renamed CELL.THROTTLE (built once into target/peers/ from ../shared/ by
+# renamed CELL.THROTTLE (built once into target/peers/ from a shared/ folder by
 # bench/peers.sh; RL_SHARED=dir overrides the location; a peer that cannot
 # be built is reported and left out), redis-benchmark for INCR,
 # RL.TAKE/WINDOW/LEASE, CL.THROTTLE, CELL.THROTTLE, FLOOR.TAKE and the Lua
@@ -201,7 +201,7 @@ WORKLOAD ?= take
 bench-profile: deps
 	bash bench/profile.sh $(WORKLOAD)
 
-# The gateway's speed (bench/gateway.sh, about 2 minutes; not part of
+# The gateway's speed (bench/gateway.sh, about 4 minutes; not part of
 # `make test`): wrk on the upstream direct, a plain nginx proxy, the proxy
 # with one pooled INCR per request (the floor), the proxy with rl (the
 # sample policy's allowed path) and with nginx's limit_req, in interleaved

@@ -31,7 +31,7 @@ shared_dir() {
         (cd "$ROOT/../shared" && pwd)
         return
     fi
-    # A worktree (e.g. /work/wt/NAME): the main checkout is the parent of
+    # A git worktree elsewhere: the main checkout is the parent of
     # the common git directory.
     common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
     if [[ -n "$common" && -d "$(dirname "$common")/../shared" ]]; then

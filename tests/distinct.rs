@@ -1,5 +1,5 @@
 //! RL.DISTINCT against a real redis-server (its clock moved by the
-//! `TimeShift` shim): the contract's rows, bad input, the box it trips
+//! `TimeShift` shim): the documented behaviour, bad input, the box it trips
 //! (and that `RL.TAKE` then meets), the credential-stuffing pattern,
 //! replication and AOF replay.
 

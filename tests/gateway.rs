@@ -167,8 +167,8 @@ fn throttled_requests_get_429_with_a_problem_body() {
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
 }
 
-/// Sends throttled requests until the box trips (contract 1.2: a strike
-/// is an early retry). The first refusal (`first`, already sent, or sent
+/// Sends throttled requests until the box trips (a strike is an early
+/// retry). The first refusal (`first`, already sent, or sent
 /// here) is no strike: `threshold` strikes remain; each retry before its
 /// Retry-After is one, and the `threshold`-th trips the box. Returns the
 /// boxed response.

@@ -1,4 +1,4 @@
-//! How a call settles its cost (contract 1.2): post-paid `DEBT`, `REFUND`,
+//! How a call settles its cost: post-paid `DEBT`, `REFUND`,
 //! `PARTIAL` grants with their 9th integer, and `RESERVE` per bucket,
 //! against a real server.
 

@@ -1,4 +1,4 @@
-//! RL.TAKE against a real redis-server: the contract's rows, bad input,
+//! RL.TAKE against a real redis-server: the documented behaviour, bad input,
 //! expiry, time steps and INFO counters.
 
 mod common;

@@ -1,4 +1,4 @@
--- The payments ledger design (/work/shared/designs/000_*): a rule policy.
+-- The payments ledger design: a rule policy.
 -- Load it with resty.rl.nginx.configure("api", dofile(".../ledger.lua"))
 -- (see gateway/README.md, "Policy reference"); RL_REDIS_HOST and
 -- RL_REDIS_PORT name Redis with the rl module.

@@ -1,4 +1,4 @@
--- The tiered quotas design (/work/shared/designs/002_*): a rule policy.
+-- The tiered quotas design: a rule policy.
 -- Free / Developer / Business / Enterprise, each with a monthly quota of
 -- requests and of data egress (403 with an upgrade link when spent), a steady rate and burst per key
 -- (429 with Retry-After; no strikes), concurrent requests per key, and a

@@ -1,4 +1,4 @@
--- The deposit velocity design (/work/shared/designs/001_*): a rule policy.
+-- The deposit velocity design: a rule policy.
 -- The caller comes from a JWT (HS256, secret in RL_JWT_SECRET) with the
 -- user in `sub` and the brand in `brand_id`; RL_REDIS_HOST / RL_REDIS_PORT
 -- name Redis. Checks in the design's order, one round trip:

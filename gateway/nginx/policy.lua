@@ -1,6 +1,6 @@
 -- The sample policy of gateway/nginx/nginx.conf: every option not given
 -- here takes its default from resty.rl.config, which holds the policy of
--- the issue (tiers sandbox / growth / enterprise, the route costs, the
+-- the sample (tiers sandbox / growth / enterprise, the route costs, the
 -- reconcile and export leases, the failed-login windows). See
 -- gateway/README.md for every option.
 return {

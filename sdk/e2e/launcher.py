@@ -102,7 +102,7 @@ def redis_call(port: int, *args: Union[str, int], timeout: float = 5.0) -> objec
 
 def probe_strike_rule(port: int) -> str:
     """Which strike rule the module on ``port`` follows: ``"early-retry"``
-    (contract 1.2: a refusal is a strike only when it arrives before the
+    (a refusal is a strike only when it arrives before the
     retry time the previous refusal announced) or ``"every-refusal"`` (the
     older rule: every refusal is a strike). Probes a scratch key: one
     allowed call, then one refusal that follows no earlier refusal."""

@@ -1,5 +1,5 @@
 //! The wire form of the core's typed answers: the one place where a
-//! [`Decision`] becomes the contract's 8 integers (and a redis-cell answer
+//! [`Decision`] becomes the reply's 8 integers (and a redis-cell answer
 //! its 5), with `-1` for "never" and "no strikes counted".
 
 use std::os::raw::c_int;
@@ -31,7 +31,7 @@ fn int(v: u64) -> i64 {
 }
 
 /// `[status, limit, remaining, reset_ms, retry_after_ms, box_level,
-/// strikes_remaining, binding]`, as the contract orders them.
+/// strikes_remaining, binding]`, in the reply's order (commands.md).
 pub fn to_wire(d: &Decision) -> [i64; 8] {
     [
         status_code(d.status),

@@ -85,7 +85,7 @@ mod tests {
         let rows: &[(&str, bool, bool)] = &[
             (&plausible, true, true),
             (&plausible, false, false),
-            // 1970 is within 100 years of 2023: the contract takes it.
+            // 1970 is within 100 years of 2023: taken as a redis-cell value.
             ("1000", true, true),
             ("5", false, false),
             ("9223372036854775807", true, false),

@@ -1,5 +1,5 @@
 //! The decision of a limiter call (`RL.TAKE`, `RL.WINDOW`, `RL.QUOTA`),
-//! typed: the adapter turns it into the contract's 8 integers in one place
+//! typed: the adapter turns it into the reply's 8 integers in one place
 //! (`adapter::reply::to_wire`), so no sentinel value exists in here.
 
 use super::penalty::ActiveBox;

@@ -35,12 +35,12 @@ pub fn config(cases: u32) -> ProptestConfig {
     }
 }
 
-/// A decision as the contract's 8 integers.
+/// A decision as the reply's 8 integers.
 pub fn wire(d: &Decision) -> [i64; 8] {
     to_wire(d)
 }
 
-/// The contract's 8 integers of a decision.
+/// The reply's 8 integers of a decision.
 pub trait ToWire {
     /// `[status, limit, remaining, reset_ms, retry_after_ms, box_level,
     /// strikes_remaining, binding]`.
@@ -53,7 +53,7 @@ impl ToWire for Decision {
     }
 }
 
-/// A decision field by field as the wire writes it (what the contract
+/// A decision field by field as the wire writes it (what commands.md
 /// states its invariants on), the status kept typed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wire {

@@ -3,7 +3,7 @@
  *
  * Why not libfaketime? Debian's redis-server links jemalloc, and libfaketime
  * deadlocks with jemalloc at startup ("Unexpected recursive calls to
- * clock_gettime() without proper initialization", libfaketime issue #130).
+ * clock_gettime() without proper initialization", a libfaketime bug).
  * This shim never calls dlsym() or malloc(): it reads the real clock with the
  * raw syscall and adds an offset.
  *

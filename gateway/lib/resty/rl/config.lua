@@ -10,7 +10,7 @@ local _M = {}
 local DAY = 86400
 
 --- The default policy: the three tiers, the route table and the auth rules
---- of the issue (sandbox, growth, enterprise).
+--- of the sample (sandbox, growth, enterprise).
 _M.defaults = {
     -- Redis with the rl module. timeout_ms is the budget of one call
     -- (connect, send and read each); a slower reply counts as a failure.

@@ -100,7 +100,7 @@ local function limiter_reply(res, err)
     return d
 end
 
--- The defaults of RL.TAKE's options (commands-v1.md): an option equal to
+-- The defaults of RL.TAKE's options (commands.md): an option equal to
 -- its default is not sent (the same decision, fewer arguments for Redis
 -- to parse).
 local DEFAULT_COST = 1
@@ -215,7 +215,7 @@ end
 
 --- An attempt beyond the failures allowed (a failed login, ...) is a
 --- strike. The module counts a strike only for a retry before the
---- Retry-After of the previous refusal (contract 1.2), so the first
+--- Retry-After of the previous refusal, so the first
 --- refusal of a key is none: each command of `cmds` whose reply `res[i]`
 --- is such a refusal (status 0, `threshold(i)` strikes still left) is
 --- sent once more, as its own early retry, and its reply replaces the

@@ -26,7 +26,7 @@ def gateway() -> Iterator[launcher.Gateway]:
 
 @pytest.fixture(scope="session")
 def strike_rule(gateway: launcher.Gateway) -> str:
-    """``"early-retry"`` (contract 1.2) or ``"every-refusal"`` (older module)."""
+    """``"early-retry"`` (current module) or ``"every-refusal"`` (older module)."""
     return launcher.probe_strike_rule(gateway.redis_port)
 
 

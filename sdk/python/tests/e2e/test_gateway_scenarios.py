@@ -130,7 +130,7 @@ def drain(gw: launcher.Gateway, name: str, limit: int = 60) -> List[int]:
 
 def test_a_client_honouring_the_waits_for_60_s_of_full_use_is_never_struck_nor_boxed(
         gateway: launcher.Gateway, strike_rule: str) -> None:
-    """Depends on the module's strike rule of contract 1.2 (a refusal is a
+    """Depends on the module's early-retry strike rule (a refusal is a
     strike only when it arrives before the retry time the previous refusal
     announced). Under the older rule (every refusal is a strike) this client
     is boxed after 20 refusals however well it waits: the test is then an
@@ -163,8 +163,8 @@ def test_a_client_honouring_the_waits_for_60_s_of_full_use_is_never_struck_nor_b
         assert box_status(gateway, "honour") == [0, 0, 0, 0]
     except AssertionError:
         if strike_rule == "every-refusal":
-            pytest.xfail("the module counts every refusal as a strike (rule before contract "
-                         "1.2): a client that waits Retry-After is still struck")
+            pytest.xfail("the module counts every refusal as a strike (the older rule): "
+                         "a client that waits Retry-After is still struck")
         raise
     assert strike_rule == "early-retry"
     # full use: at least half of what the bucket could give in the time

@@ -115,7 +115,7 @@ async function drain(name: string, limit = 60): Promise<void> {
 }
 
 describe("the SDK against the gateway", { concurrency: true }, () => {
-  test("a client honouring the waits for 60 s of full use is never struck nor boxed (needs the contract 1.2 strike rule)", async (t) => {
+  test("a client honouring the waits for 60 s of full use is never struck nor boxed (needs the early-retry strike rule)", async (t) => {
     const rec = recorder();
     const c = client("honour", rec.fetch);
     let allowed = 0;
@@ -147,7 +147,7 @@ describe("the SDK against the gateway", { concurrency: true }, () => {
       assert.deepEqual(await boxStatus("honour"), [0, 0, 0, 0]);
     } catch (e) {
       if (gw.strike_rule === "every-refusal") {
-        t.todo("the module counts every refusal as a strike (rule before contract 1.2): a client that waits Retry-After is still struck");
+        t.todo("the module counts every refusal as a strike (the older rule): a client that waits Retry-After is still struck");
         return;
       }
       throw e;
