@@ -40,9 +40,13 @@ pub const START_ATTEMPTS: usize = 3;
 /// Timeout of one HTTP request of the tests.
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The `gateway/` directory of the repository.
+/// The `gateway/` directory of the repository, or the copy named by the
+/// environment variable `RL_GATEWAY_DIR` (a test of a checkout the
+/// workers cannot read sets it).
 pub fn gateway_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway")
+    std::env::var_os("RL_GATEWAY_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway"))
 }
 
 /// The nginx binary: env `NGINX`, else `nginx` from `PATH`. Panics with a

@@ -35,6 +35,11 @@ local metrics = require "resty.rl.metrics"
 local limiters = require "resty.rl.limiters"
 local deny = require "resty.rl.deny"
 local phases = require "resty.rl.phases"
+-- Everything the library may need is loaded now, with the front end (in
+-- init_by_lua, by nginx's master): the workers run as another user, who
+-- may not read the library's directory (a checkout in root's home).
+local engine = require "resty.rl.engine"
+require "resty.rl.cluster"
 
 local _M = {}
 
@@ -49,7 +54,7 @@ local null = ngx.null
 function _M.new(user_conf)
     local conf = config.build(user_conf)
     if conf.rules then
-        return require("resty.rl.engine").new(conf)
+        return engine.new(conf)
     end
     -- per tier and per API key identity, what the allowed path needs of
     -- them, made once (see Gateway:tier_view, Gateway:bucket_keys)

@@ -459,7 +459,23 @@ function _M.serve(gw, req)
     return answer(req, 200, json)
 end
 
+-- The dashboard page (dashboard.html, next to this file), read when the
+-- library is loaded (init_by_lua: nginx's workers run as another user,
+-- who may not read the library's directory); a page that cannot be read
+-- stops nginx from starting, the path named.
 local page
+do
+    local here = package.searchpath("resty.rl.usage", package.path)
+    local path = here and here:gsub("usage%.lua$", "dashboard.html") or "dashboard.html"
+    local f, err = io.open(path, "rb")
+    page = f and f:read("*a")
+    if f then
+        f:close()
+    end
+    if not page then
+        error("rl: cannot read the usage dashboard's page " .. path .. ": " .. tostring(err))
+    end
+end
 
 --- content_by_lua of GET /_rl/dashboard: the page (no key needed to load
 --- it; its script asks for the key and sends it in the API key header).
@@ -467,15 +483,6 @@ function _M.dashboard(gw, req)
     local conf = gw.conf
     if not conf.usage then
         return refuse(conf, req, 404, "not-found", "No usage dashboard on this gateway.")
-    end
-    if not page then
-        local here = package.searchpath("resty.rl.usage", package.path)
-        local f = here and io.open(here:gsub("usage%.lua$", "dashboard.html"), "rb")
-        if not f then
-            return refuse(conf, req, 500, "internal", "dashboard.html is missing.")
-        end
-        page = f:read("*a")
-        f:close()
     end
     -- the header name as a JS string literal (a replacement string: % doubled)
     local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")
