@@ -99,12 +99,14 @@ pub fn load_modules() -> String {
 /// The `http {}` lines every test nginx shares: temp paths inside its
 /// directory, the Lua path (library, Kong plugin, test helpers) and the
 /// shared dicts (counters, the deny cache and the local allowances of rule
-/// policies).
+/// policies); bodies up to 4 MiB (above the 1 MiB the gateway reads the
+/// arguments of, so that its own refusal can be tested).
 pub fn http_common() -> String {
     let gw = gateway_dir();
     let gw = gw.display();
     format!(
         r#"    access_log off;
+    client_max_body_size 4m;
     client_body_temp_path tmp/body;
     proxy_temp_path tmp/proxy;
     fastcgi_temp_path tmp/fastcgi;

@@ -272,9 +272,9 @@ end
 function _M.caller(conf, req)
     local tier_form = not conf.rules
     local hname = key_header(conf)
-    local key = policy.header(req, hname)
+    local key = policy.credential(req, hname)
     if not key then
-        return nil, 401, "unauthenticated", "Send your API key in " .. hname .. "."
+        return nil, 401, "unauthenticated", "Send your API key, once, in " .. hname .. "."
     end
     if tier_form then
         -- the static key table of the tier form
@@ -284,11 +284,13 @@ function _M.caller(conf, req)
         end
         return { attrs = { key_id = id.key_id, tenant = id.tenant, tier = id.tier } }
     end
-    local only_key = setmetatable({ header = function(name)
+    local function only_the_key(name)
         if name:lower() == hname:lower() then
             return key
         end
-    end }, { __index = req })
+    end
+    local only_key = setmetatable({ header = only_the_key, header_values = only_the_key },
+        { __index = req })
     -- JWTs and auth-layer headers read nothing: the wrapper has only the key
     local ident = identity.resolve(conf, only_key)
     if not ident then
