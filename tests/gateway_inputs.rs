@@ -17,7 +17,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{ints, Server};
-use gateway::{agent, get, leases, poll, post_form, problem, HTTP_TIMEOUT};
+use gateway::{agent, get, leases, poll, post, post_form, problem, HTTP_TIMEOUT};
 use gateway_policy::{example, jwt, post_json, start, Front, JWT_SECRET};
 use serde_json::json;
 
@@ -150,33 +150,42 @@ fn padded_concurrent_reconciles_of_one_ledger_conflict() {
     )
     .expect("start");
     let a = agent();
-    let sandbox = ("X-Api-Key", "demo-sandbox-key");
+    // growth: two reconciles per tenant at a time, one per ledger
+    let growth = ("X-Api-Key", "demo-growth-key");
     let reconcile = format!("{}/v1/ledgers/reconcile", gw.url(0));
     // the ledger id in a padded JSON body only: the second gets 409
     let body = json!({"ledger_id": "L-pad", "memo": "x".repeat(PAD)});
     let held = {
-        let (a, url, body) = (agent(), format!("{reconcile}?hold=2"), body.clone());
-        std::thread::spawn(move || post_json(&a, &url, &[sandbox], body))
+        let (a, url, body) = (agent(), format!("{reconcile}?hold=3"), body.clone());
+        std::thread::spawn(move || post_json(&a, &url, &[growth], body))
     };
-    let lease = "ledger:{tenant:t-100}:reconcile-ledger:arg:ledger_id=L-pad";
+    let lease = "ledger:{tenant:t-200}:reconcile-ledger:arg:ledger_id=L-pad";
     poll(ASYNC, "the first reconcile holds its lease", || {
         leases(&mut con, lease) == 1
     });
-    let r = post_json(&a, &reconcile, &[sandbox], body.clone());
+    let r = post_json(&a, &reconcile, &[growth], body.clone());
+    problem(&r, 409, "concurrency-limit-exceeded");
+    // nor is an id behind a hundred other query arguments
+    let many: Vec<String> = (0..120).map(|i| format!("a{i}=1")).collect();
+    let r = post(
+        &a,
+        &format!("{reconcile}?{}&ledger_id=L-pad", many.join("&")),
+        &[growth],
+    );
     problem(&r, 409, "concurrency-limit-exceeded");
     assert_eq!(held.join().expect("holder").status, 200);
     // above the gateway's limit: 413, no lease taken
     let r = post_json(
         &a,
         &reconcile,
-        &[sandbox],
+        &[growth],
         json!({"ledger_id": "L-big", "memo": "x".repeat(BIG)}),
     );
     problem(&r, 413, "body-too-large");
     assert_eq!(
         leases(
             &mut con,
-            "ledger:{tenant:t-100}:reconcile-ledger:arg:ledger_id=L-big"
+            "ledger:{tenant:t-200}:reconcile-ledger:arg:ledger_id=L-big"
         ),
         0
     );
@@ -184,7 +193,7 @@ fn padded_concurrent_reconciles_of_one_ledger_conflict() {
     let r = post_json(
         &a,
         &format!("{}/v1/ledgers/reconcile", gw.url(1)),
-        &[sandbox],
+        &[growth],
         body,
     );
     problem(&r, 413, "body-too-large");

@@ -112,7 +112,9 @@ _M.adapter = {
         return ngx.var.uri
     end,
     query_arg = function(name)
-        return ngx.req.get_uri_args(100)[name]
+        -- every argument (nginx bounds the request line): one beyond a
+        -- count would reach the upstream unseen
+        return ngx.req.get_uri_args(0)[name]
     end,
     -- nil, "too_large" for a body too large to read (MAX_BODY_ARGS)
     body_arg = function(name)

@@ -65,7 +65,7 @@ local adapter = {
     -- every value of a repeated argument (get_query_arg gives the first
     -- only): the library refuses arguments whose values disagree
     query_arg = function(name)
-        return kong.request.get_query(100)[name]
+        return kong.request.get_query(1000)[name]
     end,
     -- nil, "too_large" for a body the PDK does not read (kept in a temp
     -- file by nginx, or above the PDK's file limit)
