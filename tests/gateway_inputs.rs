@@ -269,12 +269,15 @@ fn two_api_key_headers_are_refused() {
 #[test]
 fn the_upstream_gets_the_gateways_priority_while_redis_is_down() {
     let redis = Server::start(&[]);
-    let gw = start(
-        redis.port,
-        &[Front::Nginx(TIERED_WITH_BUSINESS.into())],
-        &[],
-    )
-    .expect("start");
+    // and a soft rule: 2 a minute per key, then marked (1 per worker on
+    // the local limiter)
+    let policy = format!(
+        "(function() local p = {TIERED_WITH_BUSINESS}; table.insert(p.rules, \
+         {{ name = \"soft-cap\", scope = {{ \"key_id\" }}, \
+         limiter = {{ kind = \"window\", limit = 2, window = 60 }}, \
+         on_refusal = {{ action = \"soft\" }} }}); return p end)()"
+    );
+    let gw = start(redis.port, &[Front::Nginx(policy)], &[]).expect("start");
     let a = agent();
     let url = format!("{}/v1/things", gw.url(0));
     let forged = ("X-RateLimit-Priority", "3");
@@ -284,7 +287,13 @@ fn the_upstream_gets_the_gateways_priority_while_redis_is_down() {
     // Redis away: a business key runs on the local limiter, and the
     // upstream still gets its priority and tier, not the client's
     redis.kill9();
-    for forged in [None, Some(forged), Some(("X-RateLimit-Tier", "enterprise"))] {
+    let mut soft_blocked = 0;
+    for forged in [
+        None,
+        Some(forged),
+        Some(("X-RateLimit-Tier", "enterprise")),
+        Some(("X-RateLimit-Soft-Block", "forged")),
+    ] {
         let mut h = vec![BUSINESS];
         h.extend(forged);
         let r = get(&a, &url, &h);
@@ -296,7 +305,15 @@ fn the_upstream_gets_the_gateways_priority_while_redis_is_down() {
             (&json!("2"), &json!("business")),
             "{r:#?}"
         );
+        // a soft refusal of the local limiter marks the request too
+        match marks["x-ratelimit-soft-block"].as_str() {
+            Some("soft-cap") => soft_blocked += 1,
+            None => {}
+            other => panic!("{other:?}: {r:#?}"),
+        }
     }
+    // 4 requests, 2 workers, 1 each before the mark
+    assert!(soft_blocked >= 1, "no soft block marked");
     gw.nginx.assert_no_lua_errors();
 }
 
