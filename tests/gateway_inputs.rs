@@ -85,6 +85,22 @@ fn a_padded_deposit_is_still_marked_for_kyc() {
         "deposit_total_24h",
         "{r:#?}"
     );
+    // a JSON body the gateway cannot decode (nested deeper than its
+    // decoder reads): refused, never let past the amount's rule
+    let deep = format!(
+        "{{\"amount\": 2000000, \"memo\": {}1{}}}",
+        "[".repeat(1100),
+        "]".repeat(1100)
+    );
+    let r = gateway::into_resp(
+        a.post(&deposits)
+            .set("Content-Type", "application/json")
+            .set(h[0].0, h[0].1)
+            .set(h[1].0, h[1].1)
+            .send_string(&deep),
+    );
+    assert_eq!(r.status, 400, "{r:#?}");
+    assert_eq!(r.json()["error"], "INVALID_ARGUMENT", "{r:#?}");
     // above the gateway's limit (1 MiB): refused, in the design's body
     let r = post_json(
         &a,

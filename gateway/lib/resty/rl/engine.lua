@@ -490,7 +490,8 @@ function Engine:access(req)
     elseif why then
         return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
             "The argument " .. arg .. " is missing a single valid value (repeated, "
-            .. "different in the query string and the body, or not a number).")
+            .. "different in the query string and the body, not a number, or in a JSON "
+            .. "body that does not decode).")
     end
     local entries = state.entries
     -- the edge deny cache: a known box answers without Redis

@@ -137,7 +137,8 @@ function Gateway:ambiguous(req, state, name, err)
     end
     return self:refuse(req, state, 400, "ambiguous-argument", "invalid", {
         detail = "The argument " .. name .. " has more than one value (repeated, or "
-            .. "different in the query string and the body); send it once.",
+            .. "different in the query string and the body), or is in a JSON body that "
+            .. "does not decode; send it once.",
     })
 end
 

@@ -52,7 +52,8 @@ local function body_data()
 end
 
 -- The arguments of a form or JSON body (read once per request), or an
--- empty table and "too_large" (see MAX_BODY_ARGS).
+-- empty table and "too_large" (see MAX_BODY_ARGS) or "invalid" (a JSON
+-- body that does not decode).
 local function body_args()
     local ctx = ngx.ctx
     if ctx.rl_body_args then
@@ -72,6 +73,10 @@ local function body_args()
             local decoded = cjson.decode(data)
             if type(decoded) == "table" then
                 args = decoded
+            elseif decoded == nil and data:find("%S") then
+                -- not JSON to this decoder (nested deeper than it reads,
+                -- ...): its arguments cannot be known
+                err = "invalid"
             end
         end
     end
@@ -116,7 +121,8 @@ _M.adapter = {
         -- count would reach the upstream unseen
         return ngx.req.get_uri_args(0)[name]
     end,
-    -- nil, "too_large" for a body too large to read (MAX_BODY_ARGS)
+    -- nil, "too_large" for a body too large to read (MAX_BODY_ARGS), nil,
+    -- "invalid" for a JSON body that does not decode
     body_arg = function(name)
         local args, err = body_args()
         if err then

@@ -50,7 +50,8 @@ end
 --- source has it, and nil, "ambiguous" when the sources (or repeated
 --- values) disagree: the gateway must not key a limit on one value while
 --- the upstream acts on another; nil, "too_large" when the body is too
---- large for the gateway to read (the front end's limit).
+--- large for the gateway to read (the front end's limit), nil, "invalid"
+--- when it does not decode.
 function _M.arg(req, name)
     local set = {}
     add_values(req.query_arg(name), set)
