@@ -136,6 +136,7 @@ test-gateway: deps build
 		--test gateway_cluster --test gateway_sentinel --test gateway_usage \
 		--test gateway_settle --test gateway_allowance --test gateway_distinct \
 		--test gateway_jwt --test gateway_degraded --test gateway_refusals \
+		--test gateway_inputs --test gateway_private \
 		-- --test-threads=$(TEST_THREADS)
 
 # The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and

@@ -373,9 +373,10 @@ fn tiered_example_runs_every_rule_of_its_design() {
             .starts_with(r#""business-rate-degraded""#),
         "{r:#?}"
     );
-    // a key this gateway never saw cannot be looked up: unknown, not refused
+    // a key this gateway never saw cannot be looked up: never admitted
+    // unchecked (tests/gateway_inputs.rs)
     let r = get(&a, &url, &[("X-Api-Key", "never-seen-key")]);
-    assert_eq!(r.status, 200, "{r:#?}");
+    problem(&r, 503, "rate-limiter-unavailable");
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",

@@ -52,6 +52,10 @@ _M.kong = {
             phase_check("kong.request.get_header", REQ)
             return first(ngx.req.get_headers(100)[name])
         end,
+        get_headers = function(max_headers)
+            phase_check("kong.request.get_headers", REQ)
+            return ngx.req.get_headers(max_headers or 100)
+        end,
         get_method = function()
             phase_check("kong.request.get_method", REQ)
             return ngx.req.get_method()
@@ -72,6 +76,11 @@ _M.kong = {
             phase_check("kong.request.get_body", GET_BODY)
             local ctype = ngx.var.content_type or ""
             ngx.req.read_body()
+            if not ngx.req.get_body_data() and ngx.req.get_body_file() then
+                -- Kong's answer for a body nginx keeps in a temp file
+                return nil, "request body did not fit into client body buffer, consider "
+                    .. "raising 'client_body_buffer_size'"
+            end
             if ctype:find("application/x-www-form-urlencoded", 1, true) then
                 return ngx.req.get_post_args(100), nil, "application/x-www-form-urlencoded"
             elseif ctype:find("application/json", 1, true) then

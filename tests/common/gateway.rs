@@ -40,9 +40,13 @@ pub const START_ATTEMPTS: usize = 3;
 /// Timeout of one HTTP request of the tests.
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The `gateway/` directory of the repository.
+/// The `gateway/` directory of the repository, or the copy named by the
+/// environment variable `RL_GATEWAY_DIR` (a test of a checkout the
+/// workers cannot read sets it).
 pub fn gateway_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway")
+    std::env::var_os("RL_GATEWAY_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("gateway"))
 }
 
 /// The nginx binary: env `NGINX`, else `nginx` from `PATH`. Panics with a
@@ -95,12 +99,14 @@ pub fn load_modules() -> String {
 /// The `http {}` lines every test nginx shares: temp paths inside its
 /// directory, the Lua path (library, Kong plugin, test helpers) and the
 /// shared dicts (counters, the deny cache and the local allowances of rule
-/// policies).
+/// policies); bodies up to 4 MiB (above the 1 MiB the gateway reads the
+/// arguments of, so that its own refusal can be tested).
 pub fn http_common() -> String {
     let gw = gateway_dir();
     let gw = gw.display();
     format!(
         r#"    access_log off;
+    client_max_body_size 4m;
     client_body_temp_path tmp/body;
     proxy_temp_path tmp/proxy;
     fastcgi_temp_path tmp/fastcgi;

@@ -331,6 +331,23 @@ function Engine:redis_failed(req, state, err)
     self:rate_headers(state, win or tightest(state.entries or {}))
     if win and win.rule.on_refusal.action ~= "soft" then
         return self:refuse_with(req, state, win, "degraded_throttled")
+    elseif win then
+        local a = win.rule.on_refusal
+        req.set_upstream_header(a.mark_header, a.mark_value)
+    end
+    self:tell_upstream(req, state.ident)
+end
+
+--- The upstream headers (`upstream_headers`: the tier's priority, ...)
+--- of an admitted request, decided or not by Redis: each set from the
+--- caller, a client's own value replaced or removed.
+function Engine:tell_upstream(req, ident)
+    if not self.upstream_headers then
+        return
+    end
+    for name, v in pairs(self.conf.upstream_headers) do
+        local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
+        req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
     end
 end
 
@@ -365,10 +382,14 @@ local function strip_mark(rule, _, req)
 end
 
 -- Step 2: the entry of `rule` when it matches the request (added to
--- state.entries); "ambiguous" and the argument's name when an argument
--- it needs has no single valid value.
+-- state.entries); "ambiguous" (or "invalid", "too_large") and the
+-- argument's name when an argument it needs has no single valid value.
 local function add_entry(rule, _, conf, req, state)
-    if entries_of.matches(rule, state.route, req) then
+    local matched, merr, marg = entries_of.matches(rule, state.route, req)
+    if merr then
+        return merr, marg
+    end
+    if matched then
         local e, why, arg = entries_of.entry(conf, req, state, rule, state.ident)
         if why then
             return why, arg
@@ -448,31 +469,46 @@ function Engine:access(req)
     local ident, err = identity.resolve(conf, req)
     local store_failed = not ident
     if store_failed then
-        -- the identity store is away and nothing is cached: the caller is
-        -- unknown (not refused); the rules of its other attributes apply
+        -- the identity store is away and this worker never saw the API
+        -- key: it may be unknown, revoked or of any tier
         ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
     local state = phases.start(conf, req, ident, hotpath.new_table(#conf.rules, 0))
-    if store_failed then
-        phases.redis_error(conf, state, err)
-    end
     -- the request id is read on first use (most requests need none)
     setmetatable(state, lazy_request_id)
+    if store_failed then
+        phases.redis_error(conf, state, err)
+        -- never admitted unchecked (an unknown caller is never treated
+        -- better than a known one of the lowest tier): 503 as a route
+        -- failing closed (in shadow mode the rules of its other attributes apply)
+        local wait = phases.fail_closed(conf, state, false)
+        return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
+            "The API key cannot be checked while the rate limiter is unavailable; retry in "
+            .. wait .. " s.", wait)
+    end
     local route = state.route
     hotpath.each(self.soft_rules, strip_mark, req)
     if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
         and not ident.store_failed) then
         return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
-            ident.revoked and "This API key is revoked." or "Send valid credentials.")
+            ident.revoked and "This API key is revoked."
+            or ident.ambiguous_key and "Send one API key: the "
+                .. conf.identity.api_key.header .. " header came more than once."
+            or "Send valid credentials.")
     end
     -- the phase in three traces (one would be too long to compile)
     hotpath.split_trace()
     local why, arg = hotpath.first_of(conf.rules, add_entry, conf, req, state)
-    if why then
+    if why == "too_large" then
+        return self:refuse_plain(req, state, 413, "body-too-large", "invalid",
+            "The request body is too large for the gateway to read its argument " .. arg
+            .. ", on which a rate limit depends; send a smaller body.")
+    elseif why then
         return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
             "The argument " .. arg .. " is missing a single valid value (repeated, "
-            .. "different in the query string and the body, or not a number).")
+            .. "different in the query string and the body, not a number, or in a JSON "
+            .. "body that does not decode).")
     end
     local entries = state.entries
     -- the edge deny cache: a known box answers without Redis
@@ -537,11 +573,7 @@ function Engine:access(req)
     end
     state.admitted = true
     if self.upstream_headers then
-        for name, v in pairs(conf.upstream_headers) do
-            -- what the upstream needs to know of the caller (its tier's priority, ...)
-            local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
-            req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
-        end
+        self:tell_upstream(req, ident)
     end
     if needs.delays then
         for _, e in ipairs(entries) do

@@ -15,10 +15,14 @@ local _M = {}
 local NONE = {}
 
 -- Does every name of `want` have its value in the request (`read(req,
--- name)`; true: any value)?
+-- name)`; true: any value)? False, the error and the name when one
+-- cannot be read (an ambiguous argument, a body too large to read).
 local function all_present(want, read, req)
     for name, w in pairs(want) do
-        local v = read(req, name)
+        local v, err = read(req, name)
+        if err then
+            return false, err, name
+        end
         if w == true and v == nil or w ~= true and v ~= w then
             return false
         end
@@ -27,7 +31,8 @@ local function all_present(want, read, req)
 end
 
 --- Does `rule` match the request (its routes, method, path, headers and
---- arguments)?
+--- arguments)? False, the error and the argument's name when an argument
+--- of its match cannot be read (the rule must not be skipped then).
 function _M.matches(rule, route, req)
     local m = rule.match
     if m.route_set and not m.route_set[route.name] then
@@ -43,8 +48,13 @@ function _M.matches(rule, route, req)
         return false
     end
     -- (no loop without headers or arguments to match: resty.rl.hotpath)
-    return (not m.header or all_present(m.header, policy.header, req))
-        and (not m.arg or all_present(m.arg, policy.arg, req))
+    if m.header and not all_present(m.header, policy.header, req) then
+        return false
+    end
+    if m.arg then
+        return all_present(m.arg, policy.arg, req)
+    end
+    return true
 end
 
 -- Resolves every reference inside `v` for the caller.
@@ -90,7 +100,8 @@ end
 
 --- One entry (a rule applied to this request), nil when the rule does
 --- not apply (an attribute of its scope, its distinct member or its cost
---- argument missing), or nil, "ambiguous", argument name.
+--- argument missing), or nil, "ambiguous" (or "invalid", "too_large"),
+--- argument name.
 function _M.entry(conf, req, state, rule, ident)
     local tag_value, values
     if rule.tag_only then

@@ -7,9 +7,12 @@
 --   gw:log(req)            log phase: count, log, release leases, record
 --                          failed logins (in a timer: no cosockets here)
 -- `req` is the front end's adapter, a table of functions:
---   header(name), method(), path(), query_arg(name) and body_arg(name)
+--   header(name), header_values(name) (every value of a header: a string,
+--   a list for a repeated one, or nil), method(), path(), query_arg(name)
+--   and body_arg(name)
 --   (raw values of the query string and of a form or JSON body; a list for
---   a repeated argument), client_ip(), request_id(),
+--   a repeated argument; body_arg gives nil, "too_large" for a body the
+--   front end cannot read), client_ip(), request_id(),
 --   ctx() (per-request table), exit(status, body, headers),
 --   set_header(name, value), status() (response status, log phase),
 --   warn(message).
@@ -35,6 +38,11 @@ local metrics = require "resty.rl.metrics"
 local limiters = require "resty.rl.limiters"
 local deny = require "resty.rl.deny"
 local phases = require "resty.rl.phases"
+-- Everything the library may need is loaded now, with the front end (in
+-- init_by_lua, by nginx's master): the workers run as another user, who
+-- may not read the library's directory (a checkout in root's home).
+local engine = require "resty.rl.engine"
+require "resty.rl.cluster"
 
 local _M = {}
 
@@ -49,7 +57,7 @@ local null = ngx.null
 function _M.new(user_conf)
     local conf = config.build(user_conf)
     if conf.rules then
-        return require("resty.rl.engine").new(conf)
+        return engine.new(conf)
     end
     -- per tier and per API key identity, what the allowed path needs of
     -- them, made once (see Gateway:tier_view, Gateway:bucket_keys)
@@ -118,11 +126,19 @@ function Gateway:refuse(req, state, status, kind, decision, fields)
 end
 
 --- Refuses a request whose argument `name` has two different values (in
---- the query string and the body, or repeated): 400.
-function Gateway:ambiguous(req, state, name)
+--- the query string and the body, or repeated): 400; or (`err`
+--- "too_large") whose body is too large for the gateway to read: 413.
+function Gateway:ambiguous(req, state, name, err)
+    if err == "too_large" then
+        return self:refuse(req, state, 413, "body-too-large", "invalid", {
+            detail = "The request body is too large for the gateway to read its argument "
+                .. name .. ", on which a rate limit depends; send a smaller body.",
+        })
+    end
     return self:refuse(req, state, 400, "ambiguous-argument", "invalid", {
         detail = "The argument " .. name .. " has more than one value (repeated, or "
-            .. "different in the query string and the body); send it once.",
+            .. "different in the query string and the body), or is in a JSON body that "
+            .. "does not decode; send it once.",
     })
 end
 
@@ -212,7 +228,7 @@ function Gateway:acquire_leases(req, state, ident, tier)
         local key, ambiguous = policy.lease_key(conf, ident, spec, req)
         if ambiguous then
             self:release_now(state)
-            return self:ambiguous(req, state, spec.arg)
+            return self:ambiguous(req, state, spec.arg, ambiguous)
         end
         local max = policy.lease_max(spec, tier)
         -- recorded before the call: a timed-out ACQUIRE may have been
@@ -276,10 +292,12 @@ function Gateway:access(req)
     if route.auth then
         return self:auth_access(req, state)
     end
-    local ident = policy.identify(conf, req)
+    local ident, ambiguous = policy.identify(conf, req)
     if not ident then
         return self:refuse(req, state, 401, "unauthenticated", "unauthenticated", {
-            detail = "Send a valid API key in the " .. conf.identity.header .. " header.",
+            detail = ambiguous and ("Send one API key: the " .. conf.identity.header
+                .. " header came more than once.")
+                or "Send a valid API key in the " .. conf.identity.header .. " header.",
         })
     end
     state.ident, state.tier_name = ident, ident.tier
@@ -368,7 +386,7 @@ function Gateway:auth_access(req, state)
     local sconf = state.route.store_conf or conf
     local subject, ambiguous = policy.auth_subject(req, auth.subject_arg)
     if ambiguous then
-        return self:ambiguous(req, state, auth.subject_arg)
+        return self:ambiguous(req, state, auth.subject_arg, ambiguous)
     end
     local ip = conf.client_ip_header and policy.header(req, conf.client_ip_header)
         or req.client_ip()

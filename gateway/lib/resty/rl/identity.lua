@@ -284,14 +284,17 @@ local function key_attrs(e)
 end
 
 --- The caller of a request: {attrs, tier_data, overrides, authenticated,
---- revoked, bad_key, claims (false without a JWT)}, or nil and an error
---- when the identity store failed.
+--- revoked, ambiguous_key (the API key header repeated), bad_key, claims
+--- (false without a JWT)}, or nil and an error when the identity store
+--- failed.
 function _M.resolve(conf, req)
     local id = conf.identity
     -- the key's record, or why the key is refused ("revoked", "unknown")
     local record, refused
-    local key = policy.header(req, id.api_key.header)
-    if key then
+    local key, ambiguous = policy.credential(req, id.api_key.header)
+    if ambiguous then
+        refused = "ambiguous"
+    elseif key then
         local e, err = api_key_entry(conf, key)
         if e == nil then
             return nil, err
@@ -306,7 +309,8 @@ function _M.resolve(conf, req)
     -- one constructor with every field (see resty.rl.phases.start)
     local ident = { attrs = attrs, overrides = NONE, tier_data = NONE,
                     authenticated = record ~= nil, revoked = refused == "revoked",
-                    bad_key = refused ~= nil, claims = false }
+                    ambiguous_key = refused == "ambiguous", bad_key = refused ~= nil,
+                    claims = false }
     if id.jwt then
         local claims = _M.jwt_claims(id.jwt, req)
         if claims then
@@ -355,7 +359,8 @@ function _M.resolve(conf, req)
 end
 
 --- The value of attribute `name` for a request (nil when it has none),
---- or nil, "ambiguous" for an argument with two different values.
+--- or nil, "ambiguous" for an argument with two different values (or
+--- "too_large": in a body too large for the gateway to read).
 function _M.attr(conf, req, ident, name, route)
     local v = ident.attrs[name]
     if v ~= nil then

@@ -17,26 +17,71 @@ local _M = {}
 
 local instances = {}
 
--- The arguments of a form or JSON body (read once per request).
+--- The largest request body whose arguments the gateway reads, in bytes
+--- (1 MiB, nginx's default client_max_body_size): wherever nginx keeps
+--- the body, in memory or (above client_body_buffer_size) in its temp
+--- file. A larger body has no argument the gateway can read: a rule that
+--- needs one refuses the request (413), never skips it.
+_M.MAX_BODY_ARGS = 1048576
+
+-- The request body as a string ("" for none), or nil, "too_large".
+local function body_data()
+    ngx.req.read_body()
+    local data = ngx.req.get_body_data()
+    if data then
+        return data
+    end
+    local path = ngx.req.get_body_file()
+    if not path then
+        return ""
+    end
+    local f = io.open(path, "rb")
+    if not f then
+        return nil, "too_large"
+    end
+    local size = f:seek("end")
+    if size and size <= _M.MAX_BODY_ARGS then
+        f:seek("set")
+        data = f:read("*a")
+    end
+    f:close()
+    if not data then
+        return nil, "too_large"
+    end
+    return data
+end
+
+-- The arguments of a form or JSON body (read once per request), or an
+-- empty table and "too_large" (see MAX_BODY_ARGS) or "invalid" (a JSON
+-- body that does not decode).
 local function body_args()
     local ctx = ngx.ctx
     if ctx.rl_body_args then
-        return ctx.rl_body_args
+        return ctx.rl_body_args, ctx.rl_body_error
     end
-    local args = {}
+    local args, err = {}, nil
     local ctype = ngx.var.content_type or ""
-    if ctype:find("application/x-www-form-urlencoded", 1, true) then
-        ngx.req.read_body()
-        args = ngx.req.get_post_args(100) or {}
-    elseif ctype:find("application/json", 1, true) then
-        ngx.req.read_body()
-        local decoded = cjson.decode(ngx.req.get_body_data() or "")
-        if type(decoded) == "table" then
-            args = decoded
+    local form = ctype:find("application/x-www-form-urlencoded", 1, true)
+    if form or ctype:find("application/json", 1, true) then
+        local data
+        data, err = body_data()
+        if data and form then
+            -- every argument (the body is bounded): one beyond a count
+            -- would reach the upstream unseen
+            args = ngx.decode_args(data, 0) or {}
+        elseif data then
+            local decoded = cjson.decode(data)
+            if type(decoded) == "table" then
+                args = decoded
+            elseif decoded == nil and data:find("%S") then
+                -- not JSON to this decoder (nested deeper than it reads,
+                -- ...): its arguments cannot be known
+                err = "invalid"
+            end
         end
     end
-    ctx.rl_body_args = args
-    return args
+    ctx.rl_body_args, ctx.rl_body_error = args, err
+    return args, err
 end
 
 -- The ngx.var names of request headers ("X-Api-Key" -> "http_x_api_key"),
@@ -60,6 +105,11 @@ _M.adapter = {
         end
         return ngx.req.get_headers(100)[name]
     end,
+    -- every value of a request header: a string, a list for a repeated
+    -- one (whatever nginx's version), or nil
+    header_values = function(name)
+        return ngx.req.get_headers(0)[name]
+    end,
     method = function()
         return ngx.req.get_method()
     end,
@@ -67,10 +117,18 @@ _M.adapter = {
         return ngx.var.uri
     end,
     query_arg = function(name)
-        return ngx.req.get_uri_args(100)[name]
+        -- every argument (nginx bounds the request line): one beyond a
+        -- count would reach the upstream unseen
+        return ngx.req.get_uri_args(0)[name]
     end,
+    -- nil, "too_large" for a body too large to read (MAX_BODY_ARGS), nil,
+    -- "invalid" for a JSON body that does not decode
     body_arg = function(name)
-        return body_args()[name]
+        local args, err = body_args()
+        if err then
+            return nil, err
+        end
+        return args[name]
     end,
     client_ip = function()
         return ngx.var.remote_addr

@@ -49,11 +49,17 @@ end
 --- (form or JSON) body agree on, whichever carries it. Returns nil when no
 --- source has it, and nil, "ambiguous" when the sources (or repeated
 --- values) disagree: the gateway must not key a limit on one value while
---- the upstream acts on another.
+--- the upstream acts on another; nil, "too_large" when the body is too
+--- large for the gateway to read (the front end's limit), nil, "invalid"
+--- when it does not decode.
 function _M.arg(req, name)
     local set = {}
     add_values(req.query_arg(name), set)
-    add_values(req.body_arg(name), set)
+    local body, err = req.body_arg(name)
+    if err then
+        return nil, err
+    end
+    add_values(body, set)
     return single(set)
 end
 
@@ -77,10 +83,15 @@ end
 --- `subject_arg`, which must agree when both are sent; the query string is
 --- never a source (RFC 6749 keeps credentials out of the URI), and a query
 --- value that differs from the subject makes the request ambiguous.
---- Returns the subject or nil (none sent), or nil, "ambiguous".
+--- Returns the subject or nil (none sent), or nil, "ambiguous" (or
+--- "too_large": a body the gateway cannot read).
 function _M.auth_subject(req, subject_arg)
     local set = {}
-    add_values(req.body_arg(subject_arg), set)
+    local body, err = req.body_arg(subject_arg)
+    if err then
+        return nil, err
+    end
+    add_values(body, set)
     add_values(_M.basic_user(req), set)
     local subject, err = single(set)
     if err then
@@ -96,9 +107,9 @@ function _M.auth_subject(req, subject_arg)
     return subject
 end
 
---- A request header as one string (the first of repeated ones), or nil.
-function _M.header(req, name)
-    local v = req.header(name)
+-- The first value of a header (a string, or a list for a repeated one),
+-- nil when it is empty.
+local function first_value(v)
     if type(v) == "table" then
         v = v[1]
     end
@@ -106,6 +117,22 @@ function _M.header(req, name)
         return nil
     end
     return v
+end
+
+--- A request header as one string (the first of repeated ones), or nil.
+function _M.header(req, name)
+    return first_value(req.header(name))
+end
+
+--- The credential (an API key) in request header `name`, or nil; nil,
+--- "ambiguous" when the header comes more than once: the gateway must not
+--- charge one key while the upstream may read another.
+function _M.credential(req, name)
+    local v = req.header_values(name)
+    if type(v) == "table" and #v > 1 then
+        return nil, "ambiguous"
+    end
+    return first_value(v)
 end
 
 -- The first configured route whose method and template match, else the
@@ -142,9 +169,13 @@ function _M.match_route(conf, method, path)
 end
 
 --- The caller's identity {tenant, tier, key_id} from the API key header,
---- or nil when the key is missing or unknown.
+--- or nil when the key is missing or unknown (nil, "ambiguous": the
+--- header came more than once).
 function _M.identify(conf, req)
-    local key = _M.header(req, conf.identity.header)
+    local key, err = _M.credential(req, conf.identity.header)
+    if err then
+        return nil, err
+    end
     return key and conf.identity.keys[key]
 end
 

@@ -19,6 +19,7 @@ local TITLES = {
     ["rate-limiter-unavailable"] = "Rate limiter unavailable",
     ["unauthenticated"] = "Unknown or missing API key",
     ["ambiguous-argument"] = "Ambiguous request argument",
+    ["body-too-large"] = "Request body too large to check",
     ["quota-exceeded"] = "Quota exceeded",
     ["challenge-required"] = "Re-authentication required",
 }
@@ -33,6 +34,7 @@ local ERRORS = {
     ["rate-limiter-unavailable"] = "RATE_LIMITER_UNAVAILABLE",
     ["unauthenticated"] = "UNAUTHENTICATED",
     ["ambiguous-argument"] = "INVALID_ARGUMENT",
+    ["body-too-large"] = "PAYLOAD_TOO_LARGE",
 }
 
 

@@ -272,9 +272,9 @@ end
 function _M.caller(conf, req)
     local tier_form = not conf.rules
     local hname = key_header(conf)
-    local key = policy.header(req, hname)
+    local key = policy.credential(req, hname)
     if not key then
-        return nil, 401, "unauthenticated", "Send your API key in " .. hname .. "."
+        return nil, 401, "unauthenticated", "Send your API key, once, in " .. hname .. "."
     end
     if tier_form then
         -- the static key table of the tier form
@@ -284,11 +284,13 @@ function _M.caller(conf, req)
         end
         return { attrs = { key_id = id.key_id, tenant = id.tenant, tier = id.tier } }
     end
-    local only_key = setmetatable({ header = function(name)
+    local function only_the_key(name)
         if name:lower() == hname:lower() then
             return key
         end
-    end }, { __index = req })
+    end
+    local only_key = setmetatable({ header = only_the_key, header_values = only_the_key },
+        { __index = req })
     -- JWTs and auth-layer headers read nothing: the wrapper has only the key
     local ident = identity.resolve(conf, only_key)
     if not ident then
@@ -459,7 +461,23 @@ function _M.serve(gw, req)
     return answer(req, 200, json)
 end
 
+-- The dashboard page (dashboard.html, next to this file), read when the
+-- library is loaded (init_by_lua: nginx's workers run as another user,
+-- who may not read the library's directory); a page that cannot be read
+-- stops nginx from starting, the path named.
 local page
+do
+    local here = package.searchpath("resty.rl.usage", package.path)
+    local path = here and here:gsub("usage%.lua$", "dashboard.html") or "dashboard.html"
+    local f, err = io.open(path, "rb")
+    page = f and f:read("*a")
+    if f then
+        f:close()
+    end
+    if not page then
+        error("rl: cannot read the usage dashboard's page " .. path .. ": " .. tostring(err))
+    end
+end
 
 --- content_by_lua of GET /_rl/dashboard: the page (no key needed to load
 --- it; its script asks for the key and sends it in the API key header).
@@ -467,15 +485,6 @@ function _M.dashboard(gw, req)
     local conf = gw.conf
     if not conf.usage then
         return refuse(conf, req, 404, "not-found", "No usage dashboard on this gateway.")
-    end
-    if not page then
-        local here = package.searchpath("resty.rl.usage", package.path)
-        local f = here and io.open(here:gsub("usage%.lua$", "dashboard.html"), "rb")
-        if not f then
-            return refuse(conf, req, 500, "internal", "dashboard.html is missing.")
-        end
-        page = f:read("*a")
-        f:close()
     end
     -- the header name as a JS string literal (a replacement string: % doubled)
     local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")

@@ -51,6 +51,11 @@ local adapter = {
     header = function(name)
         return kong.request.get_header(name)
     end,
+    -- every value of a request header: a string, a list for a repeated
+    -- one, or nil
+    header_values = function(name)
+        return kong.request.get_headers(1000)[name]
+    end,
     method = function()
         return kong.request.get_method()
     end,
@@ -60,10 +65,16 @@ local adapter = {
     -- every value of a repeated argument (get_query_arg gives the first
     -- only): the library refuses arguments whose values disagree
     query_arg = function(name)
-        return kong.request.get_query(100)[name]
+        return kong.request.get_query(1000)[name]
     end,
+    -- nil, "too_large" for a body the PDK does not read (kept in a temp
+    -- file by nginx, or above the PDK's file limit)
     body_arg = function(name)
-        local body = kong.request.get_body()
+        local body, err = kong.request.get_body()
+        if body == nil and err and (err:find("did not fit", 1, true)
+            or err:find("too big", 1, true)) then
+            return nil, "too_large"
+        end
         return type(body) == "table" and body[name] or nil
     end,
     client_ip = function()
