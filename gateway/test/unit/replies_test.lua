@@ -44,11 +44,15 @@ T.cases("a mangled reply gives nothing", REPLIES, function(c)
     T.eq(redis.int_array((c.resp:gsub("^%*8", "*9")), 8), nil, "*9 with 8 elements")
     T.eq(redis.int_array(c.resp .. "x", 8), nil, "a byte after the end")
     T.eq(redis.int_array((c.resp:gsub("\r\n$", "\n")), 8), nil, "the last CR missing")
-    -- each digit after "*8" turned into a letter
+    -- each digit after "*8" turned into a letter, each ":" into "+"
+    -- (a simple string), each CR and each LF into a space
+    local swaps = { ["%d"] = "x", [":"] = "+", ["\r"] = " ", ["\n"] = " " }
     for i = 3, #c.resp do
-        if c.resp:sub(i, i):match("%d") then
-            local bad = c.resp:sub(1, i - 1) .. "x" .. c.resp:sub(i + 1)
-            T.eq(redis.int_array(bad, 8), nil, T.show(bad))
+        for class, by in pairs(swaps) do
+            if c.resp:sub(i, i):match(class) then
+                local bad = c.resp:sub(1, i - 1) .. by .. c.resp:sub(i + 1)
+                T.eq(redis.int_array(bad, 8), nil, T.show(bad))
+            end
         end
     end
 end)
@@ -316,4 +320,29 @@ T.cases("lease_retry_ms: the earliest holder's expected end", {
       want = 1000 },
 }, function(c)
     T.eq(limiters.lease_retry_ms(c.ttl, c.expected, c.left), c.want)
+end)
+
+T.cases("a quota's window is its calendar period's length (UTC)", {
+    { name = "a day", period = "DAY", now = 1707998400, want = 86400 },
+    { name = "a week", period = "WEEK", now = 1707998400, want = 7 * 86400 },
+    { name = "February of a leap year", period = "MONTH", now = 1707998400, want = 29 * 86400 },
+    { name = "the last second of February 2023", period = "MONTH", now = 1677628799,
+      want = 28 * 86400 },
+    { name = "February 2100 (no leap day)", period = "MONTH", now = 4105900800,
+      want = 28 * 86400 },
+    { name = "February 2000 (a leap day)", period = "MONTH", now = 951782400, want = 29 * 86400 },
+    { name = "April", period = "MONTH", now = 1775779200, want = 30 * 86400 },
+    { name = "the first second of November", period = "MONTH", now = 1793491200,
+      want = 30 * 86400 },
+    { name = "the last second of December", period = "MONTH", now = 1798761599,
+      want = 31 * 86400 },
+    { name = "January", period = "MONTH", now = 1769860800, want = 31 * 86400 },
+}, function(c)
+    -- the clock the library reads, set to the case's time for this call
+    local clock = ngx.time
+    ngx.time = function() return c.now end
+    local ok, got = pcall(limiters.period_seconds, c.period)
+    ngx.time = clock
+    T.ok(ok, tostring(got))
+    T.eq(got, c.want)
 end)

@@ -39,6 +39,10 @@ end
 local R = "rules[1] (alpha)"
 local L = R .. ".limiter"
 
+-- A case of the tables below: good() changed by `c.mod` is refused with
+-- an error containing `c.err`.
+local refused = T.refusing(good, config.build, "rl config: ")
+
 T.test("the base policy builds", function()
     T.eq(config.build(good()).rules[1].name, "alpha")
 end)
@@ -112,11 +116,7 @@ T.cases("a bad rule is named", {
                        limiter = { kind = "distinct", member = "subject", limit = 5, window = 60,
                                    trip = { level = 3, duration = 0 } } }
     end, err = R .. ": tier pro pages at level 3" },
-}, function(c)
-    local p = good()
-    c.mod(p)
-    T.raises(function() config.build(p) end, "rl config: " .. c.err)
-end)
+}, refused)
 
 T.cases("a bad limiter option is named", {
     { name = "bucket rate", mod = limiter({ kind = "bucket", rate = 0, burst = 20 }),
@@ -212,11 +212,7 @@ T.cases("a bad limiter option is named", {
     { name = "a runtime reference without default",
       mod = limiter({ kind = "window", limit = { ref = "brand.max" }, window = 60 }),
       err = "brand.max needs a default (the identity store may not have it)" },
-}, function(c)
-    local p = good()
-    c.mod(p)
-    T.raises(function() config.build(p) end, "rl config: " .. c.err)
-end)
+}, refused)
 
 T.cases("a bad allowance, settlement or quota event option is named", {
     { name = "allowance on a window", mod = function(p)
@@ -278,11 +274,7 @@ T.cases("a bad allowance, settlement or quota event option is named", {
         p.rules[1].count = "failures"
         p.rules[1].one_in_flight = { retry_after = 0.5 }
     end, err = R .. ": one_in_flight.retry_after must be an integer >= 1" },
-}, function(c)
-    local p = good()
-    c.mod(p)
-    T.raises(function() config.build(p) end, "rl config: " .. c.err)
-end)
+}, refused)
 
 T.cases("a bad policy-wide option is named", {
     { name = "a tier's name", mod = function(p) p.tiers["a b"] = {} end,
@@ -326,8 +318,4 @@ T.cases("a bad policy-wide option is named", {
         .. "attr:<attribute>" },
     { name = "a general option too", mod = function(p) p.redis = { mode = "ring" } end,
       err = "redis.mode must be single, cluster or sentinel" },
-}, function(c)
-    local p = good()
-    c.mod(p)
-    T.raises(function() config.build(p) end, "rl config: " .. c.err)
-end)
+}, refused)

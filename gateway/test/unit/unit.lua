@@ -110,13 +110,6 @@ function _M.ok(cond, what)
     end
 end
 
---- The string `s` contains `part` (as it is, no pattern).
-function _M.contains(s, part, what)
-    if type(s) ~= "string" or not s:find(part, 1, true) then
-        fail(show(s) .. " does not contain " .. show(part), what)
-    end
-end
-
 --- `fn()` raises an error whose message contains `part` (as it is);
 --- returns the message.
 function _M.raises(fn, part, what)
@@ -129,6 +122,17 @@ function _M.raises(fn, part, what)
         fail("error " .. show(err) .. "\n      does not contain " .. show(part), what)
     end
     return err
+end
+
+--- The test of a table of bad inputs: for each case, `base()` makes a
+--- fresh good input, the case's `mod(input)` spoils it, and `build(input)`
+--- must raise an error containing `prefix` then the case's `err`.
+function _M.refusing(base, build, prefix)
+    return function(c)
+        local input = base()
+        c.mod(input)
+        _M.raises(function() build(input) end, (prefix or "") .. c.err)
+    end
 end
 
 -- The file name of a path (what failures are reported under).
@@ -158,8 +162,10 @@ local function run_file(path, out, verbose, filter)
     for _, t in ipairs(registered) do
         if not filter or t.name:find(filter, 1, true) then
             local ok, e = xpcall(t.fn, function(m)
-                -- an assertion's message, or an error with where it came from
-                return type(m) == "string" and m or show(m)
+                -- an assertion's message, or an error with where it came
+                -- from (paths of the library shown from gateway/)
+                m = type(m) == "string" and m or show(m)
+                return (m:gsub(_M.gateway_dir:gsub("%p", "%%%0") .. "/", "gateway/"))
             end)
             if ok then
                 passed = passed + 1
