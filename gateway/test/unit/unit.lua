@@ -89,7 +89,6 @@ local function same(a, b)
     end
     return true
 end
-_M.same = same
 
 -- Raises `msg` at the test's line (the caller of the assertion).
 local function fail(msg, what)
