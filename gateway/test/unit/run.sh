@@ -54,7 +54,7 @@ http {
     fastcgi_temp_path tmp/fastcgi;
     uwsgi_temp_path tmp/uwsgi;
     scgi_temp_path tmp/scgi;
-    lua_package_path "$gw/lib/?.lua;$gw/test/unit/?.lua;$gw/test/?.lua;/usr/share/lua/5.1/?.lua;;";
+    lua_package_path "$gw/lib/?.lua;$gw/kong/?.lua;$gw/test/unit/?.lua;$gw/test/?.lua;/usr/share/lua/5.1/?.lua;;";
     # the dicts the library's validation looks for (as the sample declares)
     lua_shared_dict rl_metrics 1m;
     lua_shared_dict rl_deny 1m;
