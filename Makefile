@@ -8,7 +8,10 @@
 #   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
 #   make bench-gateway-instructions  the gateway's instructions per request, by target
 #                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
-#   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
+#   make test-gateway  the gateway's Lua unit tests, then its end-to-end tests
+#                       (nginx + Redis + HTTP)
+#   make test-gateway-unit  only the gateway's Lua unit tests (one nginx
+#                       process, no Redis, seconds; gateway/test/unit/run.sh)
 #   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
 #
@@ -41,10 +44,12 @@ SUMMARY      = awk '/^test result:/ { p += $$4; f += $$6; s += $$8 } \
 
 # sdk/test.sh writes one cargo-style "test result:" line per SDK here.
 SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
+# gateway/test/unit/run.sh writes the Lua unit tests' counts here, likewise.
+LUA_COUNTS   := $(CURDIR)/target/lua-unit-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-gateway-unit test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
 
 all: build
 
@@ -61,13 +66,15 @@ run: deps build
 	redis-server --port $(PORT) --bind 127.0.0.1 --dir $(CURDIR)/target/run \
 		--loadmodule $(MODULE)
 
-# The integration tests load the release module (RL_MODULE). They start real
+# First the gateway's Lua unit tests (once: they use no server). The
+# integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
 # they load is the one just built, with Redis' allocator; then rlctl's tests
 # (a workspace member), the integration tests again on Valkey
 # (valkey-integration), then the SDKs' tests (sdk/test.sh). The last line
 # sums up every test binary of these runs (cargo's own last line is the
-# doc-tests' count) and both SDKs' counts, after the wall time of each run;
+# doc-tests' count), both SDKs' counts and the Lua unit tests' count, after
+# the wall time of each run;
 # the exit status is the first failure.
 test: deps
 	$(CARGO) fmt --all --check
@@ -75,12 +82,15 @@ test: deps
 	$(CARGO) clippy -p rlctl --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
-	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS)
+	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS)
 	@set -o pipefail; \
 	started=$$SECONDS; \
+	RL_UNIT_COUNTS=$(LUA_COUNTS) bash gateway/test/unit/run.sh; \
+	lua_rc=$$?; \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES) $(CARGO) test --release --no-fail-fast \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG); \
 	rc=$$?; \
+	[ $$rc -ne 0 ] || rc=$$lua_rc; \
 	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl --no-fail-fast \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(TEST_LOG); \
 	rc_rlctl=$$?; \
@@ -95,9 +105,9 @@ test: deps
 	RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh; \
 	sdk_rc=$$?; \
 	[ $$rc -ne 0 ] || rc=$$sdk_rc; \
-	touch $(SDK_COUNTS); \
+	touch $(SDK_COUNTS) $(LUA_COUNTS); \
 	echo "runs: all tests on redis-server $$redis_s s, integration tests on Valkey $$valkey_s s"; \
-	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY) $(SDK_COUNTS); \
+	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS); \
 	exit $$rc
 
 # The integration tests alone, on Valkey 8.1 instead of redis-server (the
@@ -125,11 +135,12 @@ valkey-integration:
 		$(CARGO) test --release --no-fail-fast $(INTEGRATION_TESTS) \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG_VALKEY)
 
-# The gateway's end-to-end tests alone (gateway/README.md): nginx with the
-# Lua library and the Kong plugin under its PDK shim, in front of a local
-# upstream, against redis-server with the release module. `make test` runs
-# them too.
+# The gateway's tests alone (gateway/README.md): its Lua unit tests, then
+# its end-to-end tests: nginx with the Lua library and the Kong plugin
+# under its PDK shim, in front of a local upstream, against redis-server
+# with the release module. `make test` runs them too.
 test-gateway: deps build
+	bash gateway/test/unit/run.sh
 	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_routes \
 		--test gateway_logins --test gateway_modes --test gateway_kong \
 		--test gateway_rules --test gateway_examples --test gateway_ledger \
@@ -138,6 +149,12 @@ test-gateway: deps build
 		--test gateway_jwt --test gateway_degraded --test gateway_refusals \
 		--test gateway_inputs --test gateway_private \
 		-- --test-threads=$(TEST_THREADS)
+
+# The gateway's Lua unit tests alone (gateway/test/unit/run.sh): one nginx
+# process runs them in its init_by_lua, without Redis, in about a second.
+# `make test` and `make test-gateway` run them too.
+test-gateway-unit:
+	bash gateway/test/unit/run.sh
 
 # The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and
 # TypeScript (tsc + node --test), unit tests with a fake clock and

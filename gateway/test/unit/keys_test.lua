@@ -1,0 +1,103 @@
+-- Redis key names (the tier form's, which rlctl reads) and how a key
+-- routes in a cluster: resty.rl.policy's key names, resty.rl.cluster's
+-- hash slots and slot maps, resty.rl.redis's helpers.
+local T = require "unit"
+local policy = require "resty.rl.policy"
+local cluster = require "resty.rl.cluster"
+local redis = require "resty.rl.redis"
+
+local CONF = { key_prefix = "rl" }
+
+T.cases("a value fit for a key", {
+    { name = "plain and short: kept", v = "acme-1.eu_west:9@x", want = "acme-1.eu_west:9@x" },
+    { name = "a number", v = 42, want = "42" },
+    { name = "a space: hashed", v = "a b", want = ngx.md5("a b") },
+    { name = "a brace: hashed", v = "a}b", want = ngx.md5("a}b") },
+    { name = "64 bytes: kept", v = string.rep("a", 64), want = string.rep("a", 64) },
+    { name = "65 bytes: hashed", v = string.rep("a", 65), want = ngx.md5(string.rep("a", 65)) },
+    { name = "empty: hashed", v = "", want = ngx.md5("") },
+}, function(c)
+    T.eq(policy.key_part(c.v), c.want)
+end)
+
+T.test("the tier form's keys: one hash tag per tenant", function()
+    local key, tenant = policy.bucket_keys(CONF, { tenant = "acme", key_id = "g1" })
+    T.eq(key, "rl:{t:acme}:key:g1")
+    T.eq(tenant, "rl:{t:acme}:tenant")
+    T.eq(cluster.keyslot(key), cluster.keyslot(tenant), "one slot")
+    T.eq(policy.lease_key(CONF, { tenant = "acme" }, { scope = "tenant", name = "export" }),
+        "rl:{t:acme}:lease:export")
+    T.eq({ policy.auth_keys(CONF, "alice", "10.0.0.1") },
+        { "rl:{auth:sub:alice}", "rl:{auth:sub:alice}:attempt", "rl:{auth:ip:10.0.0.1}" })
+    T.eq({ policy.auth_keys(CONF, nil, nil) }, { nil, nil, "rl:{auth:ip:-}" })
+    T.eq(policy.lease_max({ name = "export" }, { concurrency = { export = 3 } }), 3)
+    T.eq(policy.lease_max({ name = "export", max = 1 }, { concurrency = { export = 3 } }), 1)
+end)
+
+T.cases("hash slots as Redis computes them", {
+    { name = "CRC16 check value", crc = "123456789", want = 0x31C3 },
+    { name = "a plain key", key = "foo", want = 12182 },
+    { name = "a hash tag", key = "{user1000}.following", same_as = "user1000" },
+    { name = "the first tag only", key = "foo{bar}{zap}", same_as = "bar" },
+    { name = "an empty tag: the whole key", key = "foo{}{bar}", want_whole = true },
+    { name = "a brace inside the tag", key = "foo{{bar}}zap", same_as = "{bar" },
+    { name = "no closing brace: the whole key", key = "foo{bar", want_whole = true },
+}, function(c)
+    if c.crc then
+        T.eq(cluster.crc16(c.crc), c.want)
+    elseif c.want then
+        T.eq(cluster.keyslot(c.key), c.want)
+    elseif c.same_as then
+        T.eq(cluster.keyslot(c.key), cluster.crc16(c.same_as) % 16384)
+    else
+        T.eq(cluster.keyslot(c.key), cluster.crc16(c.key) % 16384)
+    end
+end)
+
+T.test("the slot map from CLUSTER SHARDS: online primaries only", function()
+    local reply = {
+        { "slots", { 0, 5460 }, "nodes", {
+            { "id", "a", "port", 7000, "ip", "127.0.0.1", "role", "master", "health", "online" },
+            { "id", "b", "port", 7003, "ip", "127.0.0.1", "role", "replica", "health", "online" },
+        } },
+        { "slots", { 5461, 10922, 16000, 16383 }, "nodes", {
+            { "id", "c", "port", 7001, "ip", "127.0.0.2", "role", "master", "health", "online" },
+        } },
+        { "slots", { 10923, 15999 }, "nodes", {
+            { "id", "d", "port", 7002, "ip", "127.0.0.3", "role", "master", "health", "fail" },
+        } },
+    }
+    T.eq(cluster.parse_shards(reply), {
+        { 0, 5460, "127.0.0.1:7000" }, { 5461, 10922, "127.0.0.2:7001" },
+        { 16000, 16383, "127.0.0.2:7001" } })
+    T.eq(cluster.parse_shards("ERR"), nil)
+    T.eq(cluster.parse_shards({ "junk", { 1 } }), {})
+end)
+
+T.test("the slot map from CLUSTER SLOTS: an empty host is the node asked", function()
+    local reply = {
+        { 0, 5460, { "127.0.0.1", 7000, "a" }, { "127.0.0.1", 7003, "b" } },
+        { 5461, 16383, { "", 7001, "c" } },
+        { 1, 2 },
+    }
+    T.eq(cluster.parse_slots(reply, "10.0.0.9"), {
+        { 0, 5460, "127.0.0.1:7000" }, { 5461, 16383, "10.0.0.9:7001" } })
+    T.eq(cluster.parse_slots(nil, "h"), nil)
+end)
+
+T.cases("the key a command routes by", {
+    { name = "the first argument", cmd = { "RL.TAKE", "k", 1, 1, 1 }, want = "k" },
+    { name = "a lease's key follows its subcommand", cmd = { "RL.LEASE", "ACQUIRE", "k", 1, 1 },
+      want = "k" },
+    { name = "in lower case too", cmd = { "rl.lease", "RELEASE", "k", "id" }, want = "k" },
+}, function(c)
+    T.eq(redis.key_of(c.cmd), c.want)
+end)
+
+T.test("helpers: a flat map, an address", function()
+    T.eq(redis.flat_map({ "a", 1, "b", "x", "odd" }), { a = 1, b = "x" })
+    T.eq({ redis.addr("127.0.0.1:6379") }, { "127.0.0.1", 6379 })
+    T.eq({ redis.addr("[::1]:7000") }, { "[::1]", 7000 })
+    T.eq({ redis.addr("no-port") }, {})
+    T.eq(redis.encode({ "GET", 5, "" }), "$3\r\nGET\r\n$1\r\n5\r\n$0\r\n\r\n")
+end)
