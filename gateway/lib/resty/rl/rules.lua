@@ -101,7 +101,8 @@ function _M.resolve(v, ident)
     if root == "tier" then
         local own = dig(ident and ident.tier_data, ref.path)
         local over = ident and ident.overrides and ident.overrides.tenant
-        out = over and #ref.path == 2 and tonumber(over[field])
+        -- nil (never false) when there is none: the test below compares it
+        out = over and #ref.path == 2 and tonumber(over[field]) or nil
         -- an override must be as usable as what it replaces: a number, and
         -- at least 1 where the tier's own value is (a limit, a rate)
         if out == nil or type(own) ~= "number" or own >= 1 and out < 1 then
