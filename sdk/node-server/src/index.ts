@@ -1,0 +1,7 @@
+/**
+ * @rl/server: rl inside Node.js applications (the server side; the client
+ * side that honours Retry-After is @rl/client).
+ */
+export { RlConfigError } from "./args.js";
+export * from "./commands.js";
+export * from "./clients.js";
