@@ -5,3 +5,5 @@
 export { RlConfigError } from "./args.js";
 export * from "./commands.js";
 export * from "./clients.js";
+export * from "./responses.js";
+export * from "./rules.js";
