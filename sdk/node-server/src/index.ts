@@ -7,3 +7,4 @@ export * from "./commands.js";
 export * from "./clients.js";
 export * from "./responses.js";
 export * from "./rules.js";
+export * from "./stores.js";
