@@ -8,3 +8,7 @@ export * from "./clients.js";
 export * from "./responses.js";
 export * from "./rules.js";
 export * from "./stores.js";
+export * from "./engine.js";
+export { LocalLimiter } from "./fallback.js";
+export { rlExpress, applyVerdict } from "./express.js";
+export { rlFastify, type RlFastifyOptions } from "./fastify.js";

@@ -45,6 +45,8 @@ const TITLES: Record<string, string> = {
   "ambiguous-argument": "Ambiguous request argument",
   "quota-exceeded": "Quota exceeded",
   "challenge-required": "Re-authentication required",
+  // the application layer's own (the gateway does not check it)
+  "idempotency-key-required": "Idempotency-Key required",
 };
 
 /** Whole seconds from milliseconds, rounded up (clients are never early). */
@@ -338,6 +340,13 @@ export function respond(conf: ResponseConf, entries: { rule: RuleView; outcome: 
     endsAt: o.state === "boxed" && o.retryMs !== null ? timestamp(Math.ceil((req.nowMs + o.retryMs) / 1000)) : null,
   }, o.state === "boxed", r.fields);
   return { status, headers, contentType: PROBLEM_CONTENT_TYPE, body, refusedBy: win };
+}
+
+/** The 400 of a route that requires an Idempotency-Key when the request has none. */
+export function idempotencyKeyRequired(conf: ResponseConf, req: RequestView, header = "Idempotency-Key"): Answer {
+  const body = problemBody(conf, { status: 400, type: "idempotency-key-required", instance: req.path,
+    requestId: req.requestId, message: `This route requires an ${header} header (a unique value per operation).` }, false);
+  return { status: 400, headers: {}, contentType: PROBLEM_CONTENT_TYPE, body };
 }
 
 /** The 503 of a route that fails closed when Redis is slow or down. */

@@ -20,8 +20,8 @@ export interface PenaltyConfig {
 /** One more bucket/window/quota charged all-or-nothing with the first (ALSO). */
 export interface AlsoConfig<Req> {
   name: string;
-  /** Its scope value (default: the rule's key); the hash tag stays the rule's. */
-  key?: (req: Req) => string | undefined;
+  /** More of its key after the hash tag (e.g. nothing for a tenant-wide bucket). */
+  scope?: (req: Req) => string | undefined;
   rate?: number;
   burst?: number;
   period?: number | QuotaPeriodName;
@@ -57,8 +57,14 @@ export interface RuleConfig<Req> {
   /** The policy name (headers, bodies) and part of the Redis key. */
   name: string;
   limiter: Limiter<Req>;
-  /** The scope value the counter is kept per (a client IP, an API key, a ledger id); undefined: the rule does not apply. Default: the client IP. */
+  /**
+   * The value the counter is kept per, and the hash tag of its keys (a
+   * client IP, a tenant, a ledger id); undefined: the rule does not apply
+   * to the request. Default: the client IP.
+   */
   key?: (req: Req) => string | undefined;
+  /** More of the first key after the hash tag (an API key within its tenant); undefined: none. */
+  scope?: (req: Req) => string | undefined;
   /** Points the request costs: a number, or a function of the request (default 1). */
   cost?: number | ((req: Req) => number);
   /** RateLimit-Policy `qu` (default requests; concurrent-requests for a lease). */
@@ -129,6 +135,7 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
     });
   }
   check(r.key === undefined || typeof r.key === "function", where, "key must be a function of the request");
+  check(r.scope === undefined || typeof r.scope === "function", where, "scope must be a function of the request");
   check(r.cost === undefined || typeof r.cost === "function" || (Number.isSafeInteger(r.cost) && r.cost >= 0),
     where, "cost must be an integer >= 0 or a function of the request");
   check(r.onRedisFailure === undefined || ["closed", "local", "open"].includes(r.onRedisFailure), where,
@@ -205,8 +212,8 @@ export function rateCommand<Req>(prefix: string, r: RuleConfig<Req>, req: Req, v
     ...(l.offensesTtl ? { offenses: l.offensesTtl } : {}), ...(l.jitter ? { jitter: l.jitter } : {}),
   };
   const charge = refund ? { refund: cost } : { cost };
-  const alsoKey = (a: AlsoConfig<Req>) => ruleKey(prefix, value, a.name, a.key?.(req));
-  const k = ruleKey(prefix, value, r.name);
+  const alsoKey = (a: AlsoConfig<Req>) => ruleKey(prefix, value, a.name, a.scope?.(req));
+  const k = ruleKey(prefix, value, r.name, r.scope?.(req));
   if (l.kind === "bucket") {
     return buildTake(k, { capacity: l.burst, tokens: l.rate, period: l.period ?? 60, ...charge, ...(refund ? {} : pen),
       also: (l.also ?? []).map((a) => ({ key: alsoKey(a), capacity: a.burst!, tokens: a.rate!,

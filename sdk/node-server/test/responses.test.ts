@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  DEFAULT_RESPONSE_CONF, failClosed, leaseOutcome, periodSeconds, rateOutcome, respond, ruleView, type ResponseConf,
+  DEFAULT_RESPONSE_CONF, failClosed, idempotencyKeyRequired, leaseOutcome, periodSeconds, rateOutcome, respond, ruleView, type ResponseConf,
 } from "../src/index.js";
 import { decisionOfReply, differences, ruleConfig, VECTORS } from "./vectors.js";
 
@@ -24,7 +24,8 @@ test("the vectors' conf is this package's default", () => {
 for (const v of VECTORS.cases) {
   test(`responses.json: ${v.name}`, () => {
     const req = { path: v.request.path, requestId: v.request.request_id, tier: v.request.tier, nowMs: v.request.now_ms };
-    const answer = v.expect.status === 503 ? failClosed(conf, req) : respond(conf, v.rules.map((r, i) => {
+    const answer = v.expect.status === 503 ? failClosed(conf, req)
+      : v.expect.status === 400 ? idempotencyKeyRequired(conf, req) : respond(conf, v.rules.map((r, i) => {
       const cfg = ruleConfig(r);
       const view = ruleView(cfg);
       const l = cfg.limiter;
