@@ -84,6 +84,8 @@ export interface HttpRequest<Req> {
 export interface Verdict {
   answer: Answer;
   release: () => Promise<void>;
+  /** Leases are held: `release` must be called when the response ends. */
+  holds: boolean;
 }
 
 /** A route checked and compiled at start. */
@@ -113,7 +115,12 @@ function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
   })]).finally(() => clearTimeout(timer));
 }
 
-interface Entry<Req> { rule: RuleConfig<Req>; view: RuleView; value: string; cost: number; leaseId?: string; leaseKey?: string }
+interface Entry<Req> {
+  rule: RuleConfig<Req>; view: RuleView; value: string; cost: number;
+  /** The first key (a lease's key; the local limiter's key of a rate rule). */
+  key: string;
+  leaseId?: string;
+}
 
 /** The framework-independent limiter. */
 export class Engine<Req> {
@@ -169,9 +176,12 @@ export class Engine<Req> {
     return given && SAFE_ID.test(given) ? given : randomBytes(16).toString("hex");
   }
 
-  private event(e: DecisionEvent): void {
+  /** Reports a decision to onDecision (the request id read only then). */
+  private event(e: Omit<DecisionEvent, "path" | "requestId">, view: { path: string; requestId: string }): void {
+    const report = this.options.onDecision;
+    if (!report) return;
     try {
-      this.options.onDecision?.(e);
+      report({ ...e, path: view.path, requestId: view.requestId });
     } catch {
       // a logging hook never breaks a request
     }
@@ -179,11 +189,14 @@ export class Engine<Req> {
 
   /** Decides a request. */
   async decide(route: CompiledRoute<Req>, http: HttpRequest<Req>): Promise<Verdict> {
-    const requestId = this.requestId(http);
-    const view = { path: http.path, requestId, tier: this.options.tier?.(http.req) ?? null, nowMs: Date.now() };
+    // the request id is made on first use (an admitted request needs none)
+    let id: string | undefined;
+    const requestIdOf = () => (id ??= this.requestId(http));
+    const view = { path: http.path, get requestId() { return requestIdOf(); },
+      tier: this.options.tier?.(http.req) ?? null, nowMs: Date.now() };
     if (route.config.idempotencyKey && !http.header("idempotency-key")) {
-      this.event({ decision: "idempotency_key_missing", status: 400, path: http.path, requestId });
-      return { answer: idempotencyKeyRequired(this.conf, view), release: NOTHING };
+      this.event({ decision: "idempotency_key_missing", status: 400 }, view);
+      return { answer: idempotencyKeyRequired(this.conf, view), release: NOTHING, holds: false };
     }
     const entries: Entry<Req>[] = [];
     route.rules.forEach((rule, i) => {
@@ -195,10 +208,10 @@ export class Engine<Req> {
       }
       const v = rule.limiter.kind === "quota" ? ruleView(rule) : route.views[i]!;
       entries.push({ rule, view: v, value: String(value), cost,
-        ...(rule.limiter.kind === "lease" ? { leaseId: randomUUID(),
-          leaseKey: ruleKey(this.prefix, String(value), rule.name, rule.scope?.(http.req)) } : {}) });
+        key: ruleKey(this.prefix, String(value), rule.name, rule.scope?.(http.req)),
+        ...(rule.limiter.kind === "lease" ? { leaseId: randomUUID() } : {}) });
     });
-    if (entries.length === 0) return { answer: { status: null, headers: {} }, release: NOTHING };
+    if (entries.length === 0) return { answer: { status: null, headers: {} }, release: NOTHING, holds: false };
     const shadow = route.config.shadow ?? this.options.shadow ?? false;
     const calls = entries.map((e) => this.call(e, http.req));
     let outcomes: Outcome[];
@@ -214,27 +227,28 @@ export class Engine<Req> {
     const answer = respond(this.conf, entries.map((e, i) => ({ rule: e.view, outcome: outcomes[i]! })), view);
     const granted = entries.filter((e, i) => e.leaseId && outcomes[i]!.state === "allowed");
     const release = () => this.release(granted);
+    const holds = granted.length > 0;
     if (answer.status === null) {
-      this.event({ decision: "allowed", status: 200, path: http.path, requestId });
-      return { answer: shadow ? { status: null, headers: {} } : answer, release };
+      this.event({ decision: "allowed", status: 200 }, view);
+      return { answer: shadow ? { status: null, headers: {} } : answer, release, holds };
     }
     const policy = entries[answer.refusedBy!]!.rule.name;
     if (shadow) {
-      this.event({ decision: "shadow_refused", status: answer.status, policy, path: http.path, requestId });
-      return { answer: { status: null, headers: {} }, release };
+      this.event({ decision: "shadow_refused", status: answer.status, policy }, view);
+      return { answer: { status: null, headers: {} }, release, holds };
     }
-    this.event({ decision: "refused", status: answer.status, policy, path: http.path, requestId });
+    this.event({ decision: "refused", status: answer.status, policy }, view);
     // the other rules' charges are given back: a refused request spends nothing elsewhere
     void this.compensate(entries.filter((e, i) => i !== answer.refusedBy && outcomes[i]!.state === "allowed"),
       http.req);
-    return { answer, release: NOTHING };
+    return { answer, release: NOTHING, holds: false };
   }
 
   /** One rule's command and its outcome. */
   private async call(e: Entry<Req>, req: Req): Promise<Outcome> {
     const l = e.rule.limiter;
     if (l.kind === "lease") {
-      const key = e.leaseKey!;
+      const key = e.key;
       const lease: Lease = await this.rl.lease.acquire(key, { max: l.max, ttl: l.ttl ?? 300, id: e.leaseId! });
       return leaseOutcome(e.view, lease, l.ttl ?? 300, l.expected ?? 1);
     }
@@ -250,7 +264,7 @@ export class Engine<Req> {
   }
 
   private async release(entries: Entry<Req>[]): Promise<void> {
-    await Promise.all(entries.map((e) => this.rl.lease.release(e.leaseKey!, e.leaseId!)
+    await Promise.all(entries.map((e) => this.rl.lease.release(e.key, e.leaseId!)
       .catch(() => false)));
   }
 
@@ -268,8 +282,8 @@ export class Engine<Req> {
     tier: string | null; nowMs: number }, error: Error, shadow: boolean): Verdict {
     const mode = (e: Entry<Req>) => e.rule.onRedisFailure ?? route.config.onRedisFailure ?? "closed";
     if (entries.some((e) => mode(e) === "closed")) {
-      this.event({ decision: "failed_closed", status: 503, path: view.path, requestId: view.requestId, error });
-      return { answer: shadow ? { status: null, headers: {} } : failClosed(this.conf, view), release: NOTHING };
+      this.event({ decision: "failed_closed", status: 503, error }, view);
+      return { answer: shadow ? { status: null, headers: {} } : failClosed(this.conf, view), release: NOTHING, holds: false };
     }
     const local = entries.filter((e) => mode(e) === "local" && (e.rule.limiter.kind === "bucket" || e.rule.limiter.kind === "window"));
     const decided = local.map((e) => {
@@ -277,7 +291,7 @@ export class Engine<Req> {
       const burst = Math.max(Math.floor((l.burst ?? l.limit!) * this.ratio), 1);
       const rate = Math.max(Math.floor((l.rate ?? l.limit!) * this.ratio), 1);
       const period = (l.period ?? l.window ?? 60) * 1000;
-      const t = this.local.take(ruleKey(this.prefix, e.value, e.rule.name), rate, burst, period, Math.min(e.cost, burst));
+      const t = this.local.take(e.key, rate, burst, period, Math.min(e.cost, burst));
       const name = `${e.rule.name}-degraded`;
       const rule: RuleView = { ...e.view, name, quota: rate, also: [] };
       const outcome: Outcome = { state: t.allowed ? "allowed" : "refused", retryMs: t.allowed ? null : t.retryMs,
@@ -287,9 +301,8 @@ export class Engine<Req> {
     });
     const answer = respond(this.conf, decided, { ...view, degraded: true });
     const refused = answer.status !== null;
-    this.event({ decision: "degraded", status: answer.status ?? 200, path: view.path, requestId: view.requestId, error,
-      ...(refused ? { policy: decided[answer.refusedBy!]!.rule.name } : {}) });
-    if (shadow) return { answer: { status: null, headers: {} }, release: NOTHING };
-    return { answer, release: NOTHING };
+    this.event({ decision: "degraded", status: answer.status ?? 200, error,
+      ...(refused ? { policy: decided[answer.refusedBy!]!.rule.name } : {}) }, view);
+    return { answer: shadow ? { status: null, headers: {} } : answer, release: NOTHING, holds: false };
   }
 }

@@ -26,6 +26,7 @@ export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse
     return true;
   }
   for (const [k, x] of Object.entries(a.headers)) res.setHeader(k, x);
+  if (!v.holds) return false;
   let released = false;
   // "close" comes once the response is sent, or when the client went away first
   res.once("close", () => {
