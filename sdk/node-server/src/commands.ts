@@ -207,61 +207,57 @@ function period(name: string, p: unknown): string {
 /** A command ready to send: its arguments, its keys, the cost it charges. */
 export interface Built { args: string[]; keys: string[]; cost: number; readonly: boolean }
 
-/** RL.TAKE's arguments. */
-export function buildTake(k: string, o: TakeOptions): Built {
-  const keys = [key("key", k)];
-  const args = ["RL.TAKE", k, int("capacity", o.capacity, 1), int("tokens", o.tokens, 1),
-    seconds("period", o.period)];
+/**
+ * A rate command (RL.TAKE, RL.WINDOW, RL.QUOTA): `head` (the command, its
+ * key and first limiter), COST or REFUND, one ALSO clause per `also` item
+ * (`limits` gives the item's limiter arguments), then the penalty options
+ * and `extra` (options may come in any order).
+ */
+function buildRate<A extends { key: string }>(head: string[], o: PenaltyOptions & { cost?: number; refund?: number },
+  also: A[] | undefined, limits: (a: A, at: string) => string[], extra: string[]): Built {
+  const keys = [key("key", head[1])];
+  const args = [...head];
   const cost = costOrRefund(args, o);
-  (o.also ?? []).forEach((a, i) => {
+  (also ?? []).forEach((a, i) => {
     keys.push(key(`also[${i}].key`, a.key));
-    args.push("ALSO", a.key, int(`also[${i}].capacity`, a.capacity, 1),
-      int(`also[${i}].tokens`, a.tokens, 1), seconds(`also[${i}].period`, a.period));
+    args.push("ALSO", a.key, ...limits(a, `also[${i}]`));
   });
   penalty(args, o);
-  for (const r of o.reserve ?? []) {
-    args.push("RESERVE", int("reserve.index", r.index, 0, 15), int("reserve.percent", r.percent, 0, 100));
-  }
-  if (o.delay !== undefined) args.push("DELAY", seconds("delay", o.delay));
-  if (o.debt) args.push("DEBT");
-  if (o.partial) {
-    args.push("PARTIAL");
-    if (typeof o.partial === "object") args.push("MIN", int("partial.min", o.partial.min, 1));
-  }
+  args.push(...extra);
   return { args, keys, cost, readonly: false };
 }
 
+/** RL.TAKE's arguments. */
+export function buildTake(k: string, o: TakeOptions): Built {
+  const extra: string[] = [];
+  for (const r of o.reserve ?? []) {
+    extra.push("RESERVE", int("reserve.index", r.index, 0, 15), int("reserve.percent", r.percent, 0, 100));
+  }
+  if (o.delay !== undefined) extra.push("DELAY", seconds("delay", o.delay));
+  if (o.debt) extra.push("DEBT");
+  if (o.partial) {
+    extra.push("PARTIAL");
+    if (typeof o.partial === "object") extra.push("MIN", int("partial.min", o.partial.min, 1));
+  }
+  return buildRate(["RL.TAKE", k, int("capacity", o.capacity, 1), int("tokens", o.tokens, 1), seconds("period", o.period)],
+    o, o.also, (a, at) => [int(`${at}.capacity`, a.capacity, 1), int(`${at}.tokens`, a.tokens, 1),
+      seconds(`${at}.period`, a.period)], extra);
+}
+
+const MODE_ARGS: Record<WindowMode, string[]> = { sliding: [], exact: ["EXACT"], fixed: ["FIXED"] };
+
 /** RL.WINDOW's arguments. */
 export function buildWindow(k: string, o: WindowOptions): Built {
-  const keys = [key("key", k)];
-  const args = ["RL.WINDOW", k, int("limit", o.limit, 1), seconds("window", o.window)];
-  const cost = costOrRefund(args, o);
-  (o.also ?? []).forEach((a, i) => {
-    keys.push(key(`also[${i}].key`, a.key));
-    args.push("ALSO", a.key, int(`also[${i}].limit`, a.limit, 1), seconds(`also[${i}].window`, a.window));
-  });
-  const mode = o.mode ?? "sliding";
-  if (mode === "exact") args.push("EXACT");
-  else if (mode === "fixed") args.push("FIXED");
-  else if (mode !== "sliding") {
-    throw new RlConfigError(`mode must be "sliding", "exact" or "fixed", got ${String(mode)}`);
-  }
-  penalty(args, o);
-  return { args, keys, cost, readonly: false };
+  const mode = Object.hasOwn(MODE_ARGS, o.mode ?? "sliding") ? MODE_ARGS[o.mode ?? "sliding"] : undefined;
+  if (!mode) throw new RlConfigError(`mode must be "sliding", "exact" or "fixed", got ${String(o.mode)}`);
+  return buildRate(["RL.WINDOW", k, int("limit", o.limit, 1), seconds("window", o.window)], o, o.also,
+    (a, at) => [int(`${at}.limit`, a.limit, 1), seconds(`${at}.window`, a.window)], mode);
 }
 
 /** RL.QUOTA's arguments. */
 export function buildQuota(k: string, o: QuotaOptions): Built {
-  const keys = [key("key", k)];
-  const args = ["RL.QUOTA", k, int("limit", o.limit, 1), period("period", o.period)];
-  const cost = costOrRefund(args, o);
-  (o.also ?? []).forEach((a, i) => {
-    keys.push(key(`also[${i}].key`, a.key));
-    args.push("ALSO", a.key, int(`also[${i}].limit`, a.limit, 1), period(`also[${i}].period`, a.period));
-  });
-  if (o.peek) args.push("PEEK");
-  penalty(args, o);
-  return { args, keys, cost, readonly: false };
+  return buildRate(["RL.QUOTA", k, int("limit", o.limit, 1), period("period", o.period)], o, o.also,
+    (a, at) => [int(`${at}.limit`, a.limit, 1), period(`${at}.period`, a.period)], o.peek ? ["PEEK"] : []);
 }
 
 /** RL.DISTINCT's arguments. */

@@ -13,7 +13,7 @@ import { after, before, describe, test } from "node:test";
 import { Redis } from "ioredis";
 
 import { forIoredis, ruleKey } from "../src/index.js";
-import { FRAMEWORKS, serve, type AnyReq, type App, type RouteDef } from "./apps.js";
+import { FRAMEWORKS, serve, type App, type RouteDef } from "./apps.js";
 import { raw, Server, SERVERS, sleep } from "./servers.js";
 import { differences, ruleConfig, VECTORS, type Vector } from "./vectors.js";
 
@@ -78,5 +78,3 @@ for (const framework of FRAMEWORKS) {
     });
   });
 }
-// the request type of the routes' functions is either framework's
-export type { AnyReq };
