@@ -218,9 +218,9 @@ export class Engine<Req> {
     try {
       outcomes = await withTimeout(Promise.all(calls), route.config.timeoutMs ?? this.timeoutMs);
     } catch (err) {
-      // leases granted late are given back
+      // what the calls that did (or do, late) succeed took is given back: leases, points
       calls.forEach((c, i) => c.then((o) => {
-        if (entries[i]!.leaseId && o.state === "allowed") void this.release([entries[i]!]);
+        if (o.state === "allowed") void this.compensate([entries[i]!], http.req);
       }, NOTHING));
       return this.failed(route, entries, view, err as Error, shadow);
     }

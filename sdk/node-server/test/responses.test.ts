@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  DEFAULT_RESPONSE_CONF, failClosed, idempotencyKeyRequired, leaseOutcome, periodSeconds, rateOutcome, respond, ruleView, type ResponseConf,
+  DEFAULT_RESPONSE_CONF, failClosed, idempotencyKeyRequired, setRateLimit, leaseOutcome, periodSeconds, rateOutcome, respond, ruleView, type ResponseConf,
 } from "../src/index.js";
 import { decisionOfReply, differences, ruleConfig, VECTORS } from "./vectors.js";
 
@@ -43,3 +43,13 @@ for (const v of VECTORS.cases) {
     assert.deepEqual(differences(v, answer.status ?? 200, headers, answer.body, now, now), []);
   });
 }
+
+test("legacy headers: the RateLimit-Limit / -Remaining / -Reset triple, no Reset for a box", () => {
+  const legacy = { ...conf, legacyHeaders: true };
+  const out: Record<string, string> = {};
+  setRateLimit(out, legacy, { name: "k", limit: 10, remaining: -2, resetMs: 1500, window: 60 });
+  assert.deepEqual(out, { "RateLimit": '"k";r=0;t=2', "RateLimit-Limit": "10", "RateLimit-Remaining": "0", "RateLimit-Reset": "2" });
+  const boxed: Record<string, string> = {};
+  setRateLimit(boxed, legacy, { name: 'a "quoted" \\ name', limit: 3, remaining: 0, resetMs: 9000, boxed: true });
+  assert.deepEqual(boxed, { "RateLimit": '"a \\"quoted\\" \\\\ name";r=0', "RateLimit-Limit": "3", "RateLimit-Remaining": "0" });
+});
