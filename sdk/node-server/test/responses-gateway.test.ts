@@ -43,6 +43,7 @@ after(async () => {
 for (const v of VECTORS.cases.filter((c) => c.gateway !== null)) {
   test(`gateway answers ${v.name} as sdk/responses.json says`, async () => {
     const g = v.gateway!;
+    const startMs = Date.now();
     const url = gw.url + v.request.path;
     if (g.trip) {
       await raw(gw.redis_port, "RL.BOX", "TRIP", `rl:{ip:127.0.0.1}:${v.rules[0]!.name}`, g.trip.level, g.trip.duration);
@@ -61,7 +62,7 @@ for (const v of VECTORS.cases.filter((c) => c.gateway !== null)) {
     const headers = Object.fromEntries([...resp.headers.entries()]);
     const body = v.expect.body ? JSON.parse(text) as Record<string, unknown> : undefined;
     if (body) assert.match(String(body["request_id"]), /^[0-9a-f]{32}$/);
-    const diff = differences(v, resp.status, headers, body, sent, seen, ["request_id"]);
+    const diff = differences(v, resp.status, headers, body, { startMs, sentMs: sent, seenMs: seen }, ["request_id"]);
     assert.deepEqual(diff, [], `${v.name}: ${v.about}`);
   });
 }

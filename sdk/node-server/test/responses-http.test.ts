@@ -22,15 +22,16 @@ function routeOf(v: Vector): RouteDef {
   return { method: "GET", path: v.request.path, limits: { rules: rules as never, idempotencyKey: "idempotency_key" in v } };
 }
 
-async function check(app: App, v: Vector, headers: Record<string, string> = {}): Promise<void> {
+async function check(app: App, v: Vector, startMs = Date.now()): Promise<void> {
   const url = app.url + v.request.path;
   const sent = Date.now();
-  const resp = await fetch(url, { headers });
+  const resp = await fetch(url);
   const seen = Date.now();
   const text = await resp.text();
   const body = v.expect.body ? JSON.parse(text) as Record<string, unknown> : undefined;
   if (body) assert.match(String(body["request_id"]), /^[0-9a-f]{32}$/);
-  const diff = differences(v, resp.status, Object.fromEntries([...resp.headers.entries()]), body, sent, seen, ["request_id"]);
+  const diff = differences(v, resp.status, Object.fromEntries([...resp.headers.entries()]), body,
+    { startMs, sentMs: sent, seenMs: seen }, ["request_id"]);
   assert.deepEqual(diff, [], `${v.name}: ${v.about}`);
 }
 
@@ -55,12 +56,13 @@ for (const framework of FRAMEWORKS) {
     for (const v of VECTORS.cases.filter((c) => c.gateway !== null)) {
       test(v.name, async () => {
         const g = v.gateway!;
+        const startMs = Date.now();
         const url = app.url + v.request.path;
         if (g.trip) await raw(server.port, "RL.BOX", "TRIP", ruleKey("rl", "127.0.0.1", v.rules[0]!.name), g.trip.level, g.trip.duration);
         for (let i = 0; i < (g.before ?? 0); i++) await (await fetch(url)).arrayBuffer();
         const holder = g.hold ? fetch(`${url}?hold=${g.hold * 1000}`) : undefined;
         if (holder) await sleep(500);
-        await check(app, v);
+        await check(app, v, startMs);
         await (await holder)?.arrayBuffer();
       });
     }

@@ -40,7 +40,7 @@ for (const v of VECTORS.cases) {
     const headers = Object.fromEntries(Object.entries(answer.headers).map(([k, x]) => [k.toLowerCase(), x]));
     if (answer.contentType) headers["content-type"] = answer.contentType;
     const now = v.request.now_ms;
-    assert.deepEqual(differences(v, answer.status ?? 200, headers, answer.body, now, now), []);
+    assert.deepEqual(differences(v, answer.status ?? 200, headers, answer.body, { startMs: now, sentMs: now, seenMs: now }), []);
   });
 }
 

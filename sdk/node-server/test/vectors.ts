@@ -40,41 +40,50 @@ const DATE_RE = /^(\w{3}, \d\d \w{3} \d{4} \d\d:\d\d:\d\d GMT|\d{4}-\d\d-\d\dT\d
 const DAY_MS = 86_400_000;
 const toMidnight = (ms: number) => Math.ceil((DAY_MS - (ms % DAY_MS)) / 1000);
 
+/** When a response was asked for and seen, and when its case began (its first request). */
+export interface Times { startMs: number; sentMs: number; seenMs: number }
+
+const TIME_TOKEN = /(t=|retry in )(\d+)/g;
+const TIME_FIELDS = new Set(["Retry-After", "retry_after_seconds"]);
+
 /**
- * Whether `actual` (seen at real times `sentMs`..`seenMs`) matches
- * `expected` (written for `nowMs`): equal, or a date at the same offset
- * from the time (within 2 s), or, for a daily quota, integers equal but
- * for the time to midnight (within 2 s).
+ * Whether `actual` matches `expected` (written for `nowMs`, as if every
+ * request of the case came at that instant): equal; or a date at the same
+ * offset from the time (within 2 s); or equal but for its waits (a
+ * Retry-After, `t=`, `retry in N s`), which may be shorter by the seconds
+ * the case took (or, for a daily quota, are the time to midnight).
  */
-export function sameValue(expected: unknown, actual: unknown, nowMs: number, sentMs: number, seenMs: number,
+export function sameValue(field: string, expected: unknown, actual: unknown, nowMs: number, t: Times,
   dailyQuota: boolean): boolean {
   if (expected === actual) return true;
   if (typeof expected === "string" && typeof actual === "string" && DATE_RE.test(expected) && DATE_RE.test(actual)) {
     const offset = Date.parse(expected) - nowMs;
     const a = Date.parse(actual);
-    return a >= sentMs + offset - 2000 && a <= seenMs + offset + 2000;
+    return a >= t.startMs + offset - 2000 && a <= t.seenMs + offset + 2000;
   }
-  if (!dailyQuota || (typeof expected !== typeof actual)) return false;
-  const expLeft = toMidnight(nowMs);
-  const lo = toMidnight(seenMs) - 2;
-  const hi = toMidnight(sentMs) + 2;
-  const ints = (v: unknown) => String(v).match(/\d+/g) ?? [];
-  const shape = (v: unknown) => String(v).replace(/\d+/g, "#");
-  if (shape(expected) !== shape(actual)) return false;
-  const e = ints(expected);
-  const a = ints(actual);
-  return e.every((x, i) => x === a[i] || (Number(x) === expLeft && Number(a[i]) >= lo && Number(a[i]) <= hi));
+  if (typeof expected !== typeof actual || (typeof expected !== "string" && typeof expected !== "number")) return false;
+  const slack = Math.floor((t.seenMs - t.startMs) / 1000);
+  const wait = (e: number, a: number) => (dailyQuota && e === toMidnight(nowMs)
+    ? a >= toMidnight(t.seenMs) - 2 && a <= toMidnight(t.startMs) + 2
+    : a <= e && a >= e - slack);
+  if (TIME_FIELDS.has(field)) return wait(Number(expected), Number(actual));
+  if (typeof expected !== "string") return false;
+  const shape = (x: string) => x.replace(TIME_TOKEN, "$1#");
+  if (shape(expected) !== shape(actual as string)) return false;
+  const e = [...expected.matchAll(TIME_TOKEN)].map((m) => Number(m[2]));
+  const a = [...(actual as string).matchAll(TIME_TOKEN)].map((m) => Number(m[2]));
+  return e.every((x, i) => wait(x, a[i]!));
 }
 
 /** The differences between an expected response and an actual one (empty: the same). */
 export function differences(v: Vector, status: number, headers: Record<string, string | null>, body: unknown,
-  sentMs: number, seenMs: number, ignore: string[] = []): string[] {
+  times: Times, ignore: string[] = []): string[] {
   const out: string[] = [];
   const daily = v.rules.some((r) => r.limiter.kind === "quota" && r.limiter["period"] === "DAY");
-  const same = (e: unknown, a: unknown) => sameValue(e, a, v.request.now_ms, sentMs, seenMs, daily);
+  const same = (f: string, e: unknown, a: unknown) => sameValue(f, e, a, v.request.now_ms, times, daily);
   if (status !== v.expect.status) out.push(`status ${status}, expected ${v.expect.status}`);
   for (const [name, value] of Object.entries(v.expect.headers)) {
-    if (!same(value, headers[name.toLowerCase()])) out.push(`${name}: ${headers[name.toLowerCase()]}, expected ${value}`);
+    if (!same(name, value, headers[name.toLowerCase()])) out.push(`${name}: ${headers[name.toLowerCase()]}, expected ${value}`);
   }
   for (const name of ["ratelimit-policy", "ratelimit", "retry-after", "x-penalty-box-status", "x-ratelimit-degraded"]) {
     const known = Object.keys(v.expect.headers).some((k) => k.toLowerCase() === name);
@@ -90,7 +99,7 @@ export function differences(v: Vector, status: number, headers: Record<string, s
       if (ignore.includes(k)) continue;
       if (!(k in b)) out.push(`body.${k} missing`);
       else if (!(k in v.expect.body)) out.push(`body.${k} = ${JSON.stringify(b[k])} not expected`);
-      else if (!same(v.expect.body[k], b[k])) {
+      else if (!same(k, v.expect.body[k], b[k])) {
         out.push(`body.${k} = ${JSON.stringify(b[k])}, expected ${JSON.stringify(v.expect.body[k])}`);
       }
     }
