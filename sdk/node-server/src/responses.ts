@@ -252,6 +252,19 @@ export function rulePolicies(r: RuleView): PolicyItem[] {
   return items;
 }
 
+// RateLimit-Policy values by rule view (a route's views live as long as the route)
+const policyFields = new WeakMap<RuleView, string>();
+
+/** The RateLimit-Policy value of a rule, made once per rule view. */
+export function rulePolicyField(r: RuleView): string {
+  let v = policyFields.get(r);
+  if (v === undefined) {
+    v = policyField(rulePolicies(r));
+    policyFields.set(r, v);
+  }
+  return v;
+}
+
 /** A refusal wins by: a box without end first, then the longest wait; ties to the earlier rule. */
 export function strictest(entries: { rule: RuleView; outcome: Outcome }[]): number | null {
   let best: number | null = null;
@@ -308,8 +321,9 @@ function detail(r: RuleView, o: Outcome, secs: number | null): string {
 export function respond(conf: ResponseConf, entries: { rule: RuleView; outcome: Outcome }[],
   req: RequestView): Answer {
   const headers: Record<string, string> = {};
-  const policy = entries.flatMap((e) => rulePolicies(e.rule));
-  if (policy.length > 0) headers["RateLimit-Policy"] = policyField(policy);
+  const policy = entries.length === 1 ? rulePolicyField(entries[0]!.rule)
+    : entries.map((e) => rulePolicyField(e.rule)).filter((f) => f !== "").join(", ");
+  if (policy !== "") headers["RateLimit-Policy"] = policy;
   if (req.degraded) headers[DEGRADED_HEADER] = DEGRADED_VALUE;
   const win = strictest(entries);
   const bind = win ?? tightest(entries);
