@@ -108,7 +108,8 @@ export class RlUnavailableError extends Error {
   override name = "RlUnavailableError";
 }
 
-function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+/** `p`, or an RlUnavailableError after `ms` ms. */
+export function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout;
   return Promise.race([p, new Promise<T>((_, reject) => {
     timer = setTimeout(() => reject(new RlUnavailableError(`Redis did not answer within ${ms} ms`)), ms);

@@ -12,6 +12,7 @@
  */
 import { RlConfigError } from "./args.js";
 import { buildWindow, decisionOf, type Decision, type RlCommands, type WindowMode } from "./commands.js";
+import { withTimeout } from "./engine.js";
 
 /** Options of both stores. */
 export interface RlStoreOptions {
@@ -21,6 +22,18 @@ export interface RlStoreOptions {
   prefix?: string;
   /** `fixed` windows (the libraries' own behaviour, the default), a `sliding` window counter, or an `exact` sliding log. */
   mode?: WindowMode;
+  /**
+   * Ms Redis has to answer (default 1000); then the call fails, and the
+   * host library's own setting decides (express-rate-limit's
+   * `passOnStoreError`, @fastify/rate-limit's `skipOnError`).
+   */
+  timeoutMs?: number;
+}
+
+function checkTimeout(ms: unknown): number {
+  if (ms === undefined) return 1000;
+  if (typeof ms !== "number" || !(ms > 0)) throw new RlConfigError(`timeoutMs must be a number of ms > 0, got ${String(ms)}`);
+  return ms;
 }
 
 function checkMode(mode: unknown): WindowMode {
@@ -56,9 +69,9 @@ function waitOf(d: Decision): number {
   return d.allowed ? d.resetMs ?? 0 : d.retryAfterMs ?? 0;
 }
 
-/** Deletes `key` (the only command that is not rl's). */
-async function del(rl: RlCommands, key: string): Promise<void> {
-  await rl.transport.send([key], ["DEL", key], false);
+/** Sends a store's command within its budget. */
+function send(rl: RlCommands, keys: string[], args: string[], timeoutMs: number): Promise<unknown> {
+  return withTimeout(rl.transport.send(keys, args, false), timeoutMs);
 }
 
 /**
@@ -73,6 +86,7 @@ export class RlExpressStore {
   readonly prefix: string;
   private readonly rl: RlCommands;
   private readonly mode: WindowMode;
+  private readonly timeoutMs: number;
   private limit = 0;
   private window = 0;
   private error: Error | undefined = new RlConfigError("RlExpressStore: init was not called (pass it as `store`)");
@@ -80,6 +94,7 @@ export class RlExpressStore {
   constructor(options: RlStoreOptions) {
     this.rl = checkRl(options?.rl);
     this.mode = checkMode(options.mode);
+    this.timeoutMs = checkTimeout(options.timeoutMs);
     this.prefix = options.prefix ?? "rl:erl:";
   }
 
@@ -102,7 +117,7 @@ export class RlExpressStore {
   private async call(key: string, cost: number): Promise<Decision> {
     if (this.error) throw this.error;
     const b = buildWindow(this.prefix + key, { limit: this.limit, window: this.window, mode: this.mode, cost });
-    return decisionOf(await this.rl.transport.send(b.keys, b.args, false), cost, "RL.WINDOW");
+    return decisionOf(await send(this.rl, b.keys, b.args, this.timeoutMs), cost, "RL.WINDOW");
   }
 
   private info(d: Decision): { totalHits: number; resetTime: Date } {
@@ -124,12 +139,13 @@ export class RlExpressStore {
   async decrement(key: string): Promise<void> {
     if (this.error) throw this.error;
     const b = buildWindow(this.prefix + key, { limit: this.limit, window: this.window, mode: this.mode, refund: 1 });
-    await this.rl.transport.send(b.keys, b.args, false);
+    await send(this.rl, b.keys, b.args, this.timeoutMs);
   }
 
   /** Forgets a client's count. */
   async resetKey(key: string): Promise<void> {
-    await del(this.rl, this.prefix + key);
+    const k = this.prefix + key;
+    await send(this.rl, [k], ["DEL", k], this.timeoutMs);
   }
 }
 
@@ -153,6 +169,7 @@ export interface FastifyStore {
 export function rlFastifyStore(options: RlStoreOptions): new (params: object) => FastifyStore {
   const rl = checkRl(options?.rl);
   const mode = checkMode(options.mode);
+  const timeoutMs = checkTimeout(options.timeoutMs);
   const base = options.prefix ?? "rl:frl:";
 
   class RlFastifyStore {
@@ -174,7 +191,7 @@ export function rlFastifyStore(options: RlStoreOptions): new (params: object) =>
         cb(e as Error);
         return;
       }
-      rl.transport.send(b.keys, b.args, false).then((reply) => {
+      send(rl, b.keys, b.args, timeoutMs).then((reply) => {
         const d = decisionOf(reply, cost, "RL.WINDOW");
         cb(null, { current: hitsOf(d), ttl: waitOf(d) });
       }, (e: Error) => cb(e));

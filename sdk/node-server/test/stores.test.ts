@@ -19,7 +19,7 @@ import { createClient } from "redis";
 
 import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
 import { count, hammer, listening } from "./http.js";
-import { Server, SERVERS } from "./servers.js";
+import { Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -135,3 +135,77 @@ for (const { name, bin } of SERVERS) {
     });
   });
 }
+
+describe("stores with Redis killed and back (node-redis: commands wait while it reconnects)", () => {
+  let server: Server;
+  let client: ReturnType<typeof createClient>;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    client = createClient({ url: `redis://127.0.0.1:${server.port}`, socket: { reconnectStrategy: () => 100 } });
+    client.on("error", () => {});
+    await client.connect();
+  });
+  after(async () => {
+    client.destroy();
+    await server.stop();
+  });
+
+  /** Polls until `url` answers `want` (at most 100 tries, 100 ms apart): the last status. */
+  async function until(url: string, want: number): Promise<number> {
+    let status = 0;
+    for (let i = 0; i < 100 && status !== want; i++) {
+      status = (await fetch(url)).status;
+      if (status !== want) await sleep(100);
+    }
+    return status;
+  }
+
+  test("express-rate-limit: passOnStoreError lets through, the default fails; both count again once back", async () => {
+    const rl = forRedis(client);
+    const app = express();
+    const passStore = new RlExpressStore({ rl, prefix: "fail-pass:", timeoutMs: 300 });
+    const limited = (pass: boolean, prefix: string) => rateLimit({ windowMs: 60_000, limit: 100, passOnStoreError: pass,
+      store: pass ? passStore : new RlExpressStore({ rl, prefix, timeoutMs: 300 }) });
+    app.get("/pass", limited(true, "fail-pass:"), (_req, res) => { res.send("ok"); });
+    app.get("/fail", limited(false, "fail-strict:"), (_req, res) => { res.send("ok"); });
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      assert.equal((await fetch(`${url}/fail`)).status, 200);
+      await server.kill();
+      assert.equal((await fetch(`${url}/pass`)).status, 200);
+      assert.equal((await fetch(`${url}/fail`)).status, 500);
+      assert.ok(await server.launch());
+      assert.equal(await until(`${url}/fail`, 200), 200);
+      assert.equal((await fetch(`${url}/pass`)).status, 200);
+      // counted again (a call that timed out while Redis was away may count too, once it is sent)
+      assert.ok(((await passStore.get("127.0.0.1"))?.totalHits ?? 0) >= 1);
+    } finally {
+      http.closeAllConnections();
+      http.close();
+    }
+  });
+
+  test("@fastify/rate-limit: skipOnError lets through, the default fails; both count again once back", async () => {
+    const rl = forRedis(client);
+    const app = Fastify();
+    await app.register(fastifyRateLimit, { global: false, store: rlFastifyStore({ rl, prefix: "ffail:", timeoutMs: 300 }) });
+    app.get("/skip", { config: { rateLimit: { max: 100, timeWindow: 60_000, skipOnError: true } } }, async () => "ok");
+    app.get("/strict", { config: { rateLimit: { max: 100, timeWindow: 60_000, skipOnError: false } } }, async () => "ok");
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    try {
+      const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+      assert.equal((await fetch(`${url}/strict`)).status, 200);
+      await server.kill();
+      assert.equal((await fetch(`${url}/skip`)).status, 200);
+      assert.equal((await fetch(`${url}/strict`)).status, 500);
+      assert.ok(await server.launch());
+      assert.equal(await until(`${url}/strict`, 200), 200);
+      // counted again (a call that timed out while Redis was away may count too, once it is sent)
+      const left = Number((await fetch(`${url}/skip`)).headers.get("x-ratelimit-remaining"));
+      assert.ok(left >= 97 && left <= 99, `remaining ${left}`);
+    } finally {
+      await app.close();
+    }
+  });
+});
