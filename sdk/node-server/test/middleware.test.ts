@@ -10,10 +10,11 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
+import Fastify from "fastify";
 import { Redis } from "ioredis";
 import { createClient } from "redis";
 
-import { forIoredis, forRedis, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
+import { forIoredis, forRedis, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
 import { FRAMEWORKS, serve, type AnyReq, type App, type RouteDef } from "./apps.js";
 import { count, hammer } from "./http.js";
 import { raw, Server, SERVERS, sleep } from "./servers.js";
@@ -276,4 +277,37 @@ describe("bad configuration is refused at start, naming the option", () => {
       await assert.rejects(serve(framework, {} as never, []), /rl must be/);
     });
   }
+});
+
+describe("the Fastify plugin's hook option", () => {
+  let server: Server;
+  let redis: Redis;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    redis = new Redis(server.port, "127.0.0.1");
+  });
+  after(async () => {
+    redis.disconnect();
+    await server.stop();
+  });
+
+  test("onRequest decides before the body is read; a bad hook is refused at registration", async () => {
+    const app = Fastify();
+    await app.register(rlFastify, { rl: forIoredis(redis), hook: "onRequest" });
+    app.post("/early", { config: { rl: { rules: [{ name: "early", limiter: { kind: "bucket", rate: 1, burst: 1, period: 3600 } }] } } },
+      async () => "ok");
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    try {
+      const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}/early`;
+      assert.equal((await fetch(url, { method: "POST", body: "{}", headers: { "Content-Type": "application/json" } })).status, 200);
+      assert.equal((await fetch(url, { method: "POST", body: "{}", headers: { "Content-Type": "application/json" } })).status, 429);
+    } finally {
+      await app.close();
+    }
+    const bad = Fastify();
+    await assert.rejects(async () => {
+      await bad.register(rlFastify, { rl: forIoredis(redis), hook: "onSend" as never });
+      await bad.ready();
+    }, /hook must be onRequest or preHandler/);
+  });
 });
