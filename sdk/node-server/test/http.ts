@@ -23,3 +23,13 @@ export async function hammer(url: string, clients: number, each: number, init?: 
 }
 
 export const count = (xs: number[], x: number) => xs.filter((y) => y === x).length;
+
+/** Polls `url` until it answers `want` (at most 100 tries, 100 ms apart): the last status. */
+export async function untilStatus(url: string, want = 200): Promise<number> {
+  let status = 0;
+  for (let i = 0; i < 100 && status !== want; i++) {
+    status = (await fetch(url)).status;
+    if (status !== want) await new Promise((r) => setTimeout(r, 100));
+  }
+  return status;
+}

@@ -16,20 +16,11 @@ import { createClient } from "redis";
 
 import { forIoredis, forRedis, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
 import { FRAMEWORKS, serve, type AnyReq, type App, type RouteDef } from "./apps.js";
-import { count, hammer } from "./http.js";
+import { count, hammer, untilStatus } from "./http.js";
 import { raw, Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
-/** Polls `url` until it answers 200 (at most 100 tries, 100 ms apart): the last status. */
-async function until200(url: string): Promise<number> {
-  let status = 0;
-  for (let i = 0; i < 100 && status !== 200; i++) {
-    status = (await fetch(url)).status;
-    if (status !== 200) await sleep(100);
-  }
-  return status;
-}
 const header = (name: string) => (req: AnyReq) => {
   const v = req.headers[name];
   return Array.isArray(v) ? v[0] : v;
@@ -224,7 +215,7 @@ for (const { name, bin, client } of SUITES) {
         const slow = await fetch(`${app.url}/closed`);
         assert.equal(slow.status, 503);
         assert.equal(slow.headers.get("retry-after"), "15");
-        assert.equal(await until200(`${app.url}/closed`), 200, "Redis answers again");
+        assert.equal(await untilStatus(`${app.url}/closed`), 200, "Redis answers again");
         await server.kill();
         const closed = await fetch(`${app.url}/closed`);
         assert.equal(closed.status, 503);
@@ -240,7 +231,7 @@ for (const { name, bin, client } of SUITES) {
         assert.equal(open.headers.get("ratelimit"), null);
         // back on the same port: decided by Redis again
         assert.ok(await server.launch());
-        assert.equal(await until200(`${app.url}/closed`), 200);
+        assert.equal(await untilStatus(`${app.url}/closed`), 200);
         let degraded: string | null = "fallback";
         for (let i = 0; i < 100 && degraded !== null; i++) {
           const l = await fetch(`${app.url}/local`);

@@ -18,8 +18,8 @@ import { Redis } from "ioredis";
 import { createClient } from "redis";
 
 import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
-import { count, hammer, listening } from "./http.js";
-import { Server, SERVERS, sleep } from "./servers.js";
+import { count, hammer, listening, untilStatus } from "./http.js";
+import { Server, SERVERS } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -150,16 +150,6 @@ describe("stores with Redis killed and back (node-redis: commands wait while it 
     await server.stop();
   });
 
-  /** Polls until `url` answers `want` (at most 100 tries, 100 ms apart): the last status. */
-  async function until(url: string, want: number): Promise<number> {
-    let status = 0;
-    for (let i = 0; i < 100 && status !== want; i++) {
-      status = (await fetch(url)).status;
-      if (status !== want) await sleep(100);
-    }
-    return status;
-  }
-
   test("express-rate-limit: passOnStoreError lets through, the default fails; both count again once back", async () => {
     const rl = forRedis(client);
     const app = express();
@@ -176,7 +166,7 @@ describe("stores with Redis killed and back (node-redis: commands wait while it 
       assert.equal((await fetch(`${url}/pass`)).status, 200);
       assert.equal((await fetch(`${url}/fail`)).status, 500);
       assert.ok(await server.launch());
-      assert.equal(await until(`${url}/fail`, 200), 200);
+      assert.equal(await untilStatus(`${url}/fail`, 200), 200);
       assert.equal((await fetch(`${url}/pass`)).status, 200);
       // counted again (a call that timed out while Redis was away may count too, once it is sent)
       assert.ok(((await passStore.get("127.0.0.1"))?.totalHits ?? 0) >= 1);
@@ -200,7 +190,7 @@ describe("stores with Redis killed and back (node-redis: commands wait while it 
       assert.equal((await fetch(`${url}/skip`)).status, 200);
       assert.equal((await fetch(`${url}/strict`)).status, 500);
       assert.ok(await server.launch());
-      assert.equal(await until(`${url}/strict`, 200), 200);
+      assert.equal(await untilStatus(`${url}/strict`, 200), 200);
       // counted again (a call that timed out while Redis was away may count too, once it is sent)
       const left = Number((await fetch(`${url}/skip`)).headers.get("x-ratelimit-remaining"));
       assert.ok(left >= 97 && left <= 99, `remaining ${left}`);
