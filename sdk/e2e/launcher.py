@@ -19,7 +19,8 @@ answers, and stops everything when its standard input closes (or on
 SIGTERM/SIGINT). Environment: ``RL_MODULE`` (default
 ``target/release/librl.so`` of the repository), ``REDIS_SERVER``
 (``redis-server``), ``NGINX`` (``nginx``), ``NGINX_MODULES``
-(``/usr/lib/nginx/modules``), ``RL_KEEP_TEST_DIRS`` (keep the directory).
+(``/usr/lib/nginx/modules``), ``RL_KEEP_TEST_DIRS`` (keep the directory),
+``RL_E2E_POLICY`` (another policy file, e.g. ``responses_policy.lua``).
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ def probe_strike_rule(port: int) -> str:
     return "early-retry" if reply[6] == 100 else "every-refusal"
 
 
+def policy_file() -> Path:
+    """The gateway policy: ``RL_E2E_POLICY`` (a Lua file returning a
+    function of the Redis port, as ``policy.lua`` here) or ``policy.lua``."""
+    return Path(os.environ.get("RL_E2E_POLICY", HERE / "policy.lua")).resolve()
+
+
 def _nginx_conf(gw_port: int, up_port: int, redis_port: int) -> str:
     modules = Path(os.environ.get("NGINX_MODULES", "/usr/lib/nginx/modules"))
     loads = ""
@@ -144,7 +151,7 @@ http {{
     lua_socket_log_errors off;
     init_by_lua_block {{
         local front = require "resty.rl.nginx"
-        front.configure("sdk", dofile("{HERE}/policy.lua")({redis_port}))
+        front.configure("sdk", dofile("{policy_file()}")({redis_port}))
         -- loaded by the master: the workers may run as another user
         require "upstream"
     }}

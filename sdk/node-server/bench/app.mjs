@@ -1,0 +1,158 @@
+// The application benchmark's Node half (`make bench-app`): one Redis with
+// the module, one Express server per variant (bench/app-server.mjs, each
+// its own process), the same route; interleaved rounds (every variant once
+// per round, the order rotating), each round CONNECTIONS keep-alive
+// connections for SECONDS seconds. Per variant: requests per second and
+// p99 latency (medians over the rounds), Redis CPU per decision from
+// INFO commandstats (the commands' own time; a script's includes the
+// commands it calls) and from INFO cpu (the server's user + system time,
+// networking included). The ratios to rate-limit-redis are taken within
+// each round (the variants run one after the other: a shared machine's
+// load changes less between them than across the run), then their median.
+// Then the targets: rl's Redis CPU per decision at most 0.5x
+// rate-limit-redis's, rl's throughput at least 1.0x. Environment:
+// RL_MODULE, REDIS_SERVER, ROUNDS (12), SECONDS (2), CONNECTIONS (32).
+import { spawn } from "node:child_process";
+import { once } from "node:events";
+import http from "node:http";
+import { createServer, Socket } from "node:net";
+import { dirname, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const MODULE = resolve(process.env.RL_MODULE ?? join(HERE, "../../../target/release/librl.so"));
+const ROUNDS = Number(process.env.ROUNDS ?? 12);
+const SECONDS = Number(process.env.SECONDS ?? 2);
+const CONNECTIONS = Number(process.env.CONNECTIONS ?? 32);
+const VARIANTS = ["rate-limit-redis", "rl-store", "rl-middleware"];
+/** The commands a decision sends (scripts count with the commands they call). */
+const TOP_LEVEL = /^(evalsha|eval|evalsha_ro|eval_ro|fcall|rl\.|cl\.)/;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function freePort() {
+  const s = createServer().listen(0, "127.0.0.1");
+  await once(s, "listening");
+  const { port } = s.address();
+  s.close();
+  return port;
+}
+
+/** One command on a fresh connection; the reply's text. */
+async function redis(port, ...args) {
+  const sock = new Socket();
+  sock.connect(port, "127.0.0.1");
+  await once(sock, "connect");
+  sock.write(`*${args.length}\r\n` + args.map((a) => `$${Buffer.byteLength(String(a))}\r\n${a}\r\n`).join(""));
+  let out = "";
+  const deadline = Date.now() + 5000;
+  for await (const chunk of sock) {
+    out += chunk;
+    const m = /^\$(\d+)\r\n/.exec(out);
+    if ((m && out.length >= m[0].length + Number(m[1]) + 2) || (!m && out.endsWith("\r\n")) || Date.now() > deadline) break;
+  }
+  sock.destroy();
+  return out;
+}
+
+/** Redis CPU seconds (user + sys) and, per command, [calls, usec]. */
+async function redisStats(port) {
+  const cpu = await redis(port, "INFO", "cpu");
+  const user = Number(/used_cpu_user:([\d.]+)/.exec(cpu)[1]);
+  const sys = Number(/used_cpu_sys:([\d.]+)/.exec(cpu)[1]);
+  const stats = await redis(port, "INFO", "commandstats");
+  const cmds = {};
+  for (const m of stats.matchAll(/cmdstat_([^:]+):calls=(\d+),usec=(\d+)/g)) cmds[m[1]] = [Number(m[2]), Number(m[3])];
+  return { cpu: user + sys, cmds };
+}
+
+/** CONNECTIONS clients for SECONDS seconds: requests done, latencies (ms), non-200 answers. */
+async function load(url) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: CONNECTIONS });
+  const latencies = [];
+  let bad = 0;
+  const end = Date.now() + SECONDS * 1000;
+  const one = () => new Promise((res, rej) => {
+    const t0 = process.hrtime.bigint();
+    http.get(`${url}/bench`, { agent }, (r) => {
+      r.resume();
+      r.on("end", () => {
+        latencies.push(Number(process.hrtime.bigint() - t0) / 1e6);
+        if (r.statusCode !== 200) bad++;
+        res();
+      });
+    }).on("error", rej);
+  });
+  await Promise.all(Array.from({ length: CONNECTIONS }, async () => {
+    while (Date.now() < end) await one();
+  }));
+  agent.destroy();
+  return { n: latencies.length, latencies, bad };
+}
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+const pct = (xs, p) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(s.length * p))];
+};
+
+const redisPort = await freePort();
+const redisProc = spawn(process.env.REDIS_SERVER ?? "redis-server", ["--port", String(redisPort), "--bind", "127.0.0.1",
+  "--save", "", "--appendonly", "no", "--loadmodule", MODULE], { stdio: "ignore" });
+const servers = {};
+try {
+  for (let i = 0; i < 100 && !(await redis(redisPort, "PING").catch(() => "")).startsWith("+PONG"); i++) await sleep(100);
+  for (const v of VARIANTS) {
+    const p = spawn(process.execPath, [join(HERE, "app-server.mjs"), v, String(redisPort)], { stdio: ["pipe", "pipe", "inherit"] });
+    const [line] = await once(createInterface({ input: p.stdout }), "line");
+    servers[v] = { proc: p, url: String(line) };
+  }
+  for (const v of VARIANTS) await load(servers[v].url); // warm-up (JIT, connections)
+  const results = Object.fromEntries(VARIANTS.map((v) => [v, { rps: [], p99: [], cmdUs: [], cpuUs: [] }]));
+  for (let round = 0; round < ROUNDS; round++) {
+    const order = VARIANTS.map((_, i) => VARIANTS[(i + round) % VARIANTS.length]);
+    for (const v of order) {
+      const before = await redisStats(redisPort);
+      const t0 = Date.now();
+      const r = await load(servers[v].url);
+      const secs = (Date.now() - t0) / 1000;
+      const after = await redisStats(redisPort);
+      if (r.bad > 0) throw new Error(`${v}: ${r.bad} answers were not 200`);
+      // top-level commands only: a script's own time includes the commands it calls
+      let usec = 0;
+      const seen = [];
+      for (const [name, [calls, us]] of Object.entries(after.cmds)) {
+        const d = calls - (before.cmds[name]?.[0] ?? 0);
+        if (d > 0 && name !== "info") seen.push(`${name}=${d}`);
+        if (TOP_LEVEL.test(name)) usec += us - (before.cmds[name]?.[1] ?? 0);
+      }
+      if (round === 0) console.error(`  ${v}: commands ${seen.join(" ")}`);
+      const res = results[v];
+      res.rps.push(r.n / secs);
+      res.p99.push(pct(r.latencies, 0.99));
+      res.cmdUs.push(usec / r.n);
+      res.cpuUs.push(((after.cpu - before.cpu) * 1e6) / r.n);
+      console.error(`round ${round + 1} ${v}: ${(r.n / secs).toFixed(0)} req/s`);
+    }
+  }
+  const peer = results["rate-limit-redis"];
+  // per-round ratios to the peer, then their median
+  const ratio = (v, field) => median(results[v][field].map((x, i) => x / peer[field][i]));
+  console.log(`Express, GET /bench limited per client IP, ${ROUNDS} interleaved rounds of ${SECONDS} s, ${CONNECTIONS} connections; medians over the rounds (ratios: of each round's ratio)\n`);
+  console.log("| variant | req/s | p99 ms | Redis command µs/decision | Redis CPU µs/decision | throughput vs peer | command µs vs peer | CPU µs vs peer |");
+  console.log("|---|---|---|---|---|---|---|---|");
+  for (const v of VARIANTS) {
+    const r = results[v];
+    console.log(`| ${v} | ${median(r.rps).toFixed(0)} | ${median(r.p99).toFixed(2)} | ${median(r.cmdUs).toFixed(2)} | ${median(r.cpuUs).toFixed(2)} | ${ratio(v, "rps").toFixed(2)} | ${ratio(v, "cmdUs").toFixed(2)} | ${ratio(v, "cpuUs").toFixed(2)} |`);
+  }
+  console.log("");
+  for (const v of ["rl-store", "rl-middleware"]) {
+    const cpu = ratio(v, "cpuUs");
+    const cmd = ratio(v, "cmdUs");
+    const thr = ratio(v, "rps");
+    console.log(`${v}: Redis CPU per decision ${cpu.toFixed(2)}x (command time ${cmd.toFixed(2)}x) the peer's (target <= 0.5: ${cpu <= 0.5 ? "met" : "missed"}); throughput ${thr.toFixed(2)}x (target >= 1.0: ${thr >= 1 ? "met" : "missed"})`);
+  }
+} finally {
+  for (const s of Object.values(servers)) s.proc.kill();
+  redisProc.kill();
+}

@@ -1,0 +1,64 @@
+/**
+ * The Express middleware: `rlExpress(options).route({...})` per route,
+ * checked when it is made (a bad option throws, naming it).
+ *
+ * ```ts
+ * const limits = rlExpress({ rl: forRedis(client) });
+ * app.post("/v1/ledgers/:id/entries", limits.route({ rules: [...], locks: [...] }), handler);
+ * ```
+ */
+import type { NextFunction, Request, RequestHandler, Response } from "express";
+
+import { Engine, type HttpRequest, type LimiterOptions, type RouteConfig, type Verdict } from "./engine.js";
+
+/** Writes a verdict to a Node response: the refusal, or the fields and the release at the response's end. */
+export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse): boolean {
+  const a = v.answer;
+  if (a.status !== null) {
+    res.statusCode = a.status;
+    for (const [k, x] of Object.entries(a.headers)) res.setHeader(k, x);
+    if (a.body) {
+      res.setHeader("Content-Type", a.contentType!);
+      res.end(JSON.stringify(a.body));
+    } else {
+      res.end();
+    }
+    return true;
+  }
+  for (const [k, x] of Object.entries(a.headers)) res.setHeader(k, x);
+  if (!v.holds) return false;
+  let released = false;
+  // "close" comes once the response is sent, or when the client went away first
+  res.once("close", () => {
+    if (!released) {
+      released = true;
+      void v.release();
+    }
+  });
+  return false;
+}
+
+/** The request as the engine sees it. */
+function httpOf(req: Request): HttpRequest<Request> {
+  return { req, path: req.originalUrl.split("?")[0]!, ip: req.ip, header: (n) => req.get(n) };
+}
+
+/** A limiter for an Express app: `route(config)` makes each route's middleware. */
+export function rlExpress(options: LimiterOptions<Request>): {
+  engine: Engine<Request>;
+  route(config: RouteConfig<Request>): RequestHandler;
+} {
+  const engine = new Engine<Request>(options);
+  let n = 0;
+  return {
+    engine,
+    route(config) {
+      const route = engine.route(config, `route #${++n}`);
+      return (req: Request, res: Response, next: NextFunction) => {
+        engine.decide(route, httpOf(req)).then((v) => {
+          if (!applyVerdict(v, res)) next();
+        }, next);
+      };
+    },
+  };
+}

@@ -1,0 +1,217 @@
+/**
+ * Stores for the rate limiters applications already use, each backed by
+ * one RL.WINDOW call per request (atomic in Redis: exact however many
+ * clients call at once, unlike a get-then-set):
+ *
+ * - {@link RlExpressStore} for express-rate-limit (`store: new RlExpressStore({ client })`);
+ * - {@link rlFastifyStore} for @fastify/rate-limit (`store: rlFastifyStore({ client })`).
+ *
+ * A refused request is not counted by rl (its window stays at the limit):
+ * the stores report it as one hit above the limit, which both libraries
+ * read as "refused", with the time until a request fits again.
+ */
+import { RlConfigError } from "./args.js";
+import { buildWindow, decisionOf, type Decision, type RlCommands, type WindowMode } from "./commands.js";
+import { withTimeout } from "./engine.js";
+
+/** Options of both stores. */
+export interface RlStoreOptions {
+  /** rl's typed commands over your Redis client (`forRedis(client)` or `forIoredis(client)`). */
+  rl: RlCommands;
+  /** Prefix of every key (default `rl:erl:` / `rl:frl:`). */
+  prefix?: string;
+  /** `fixed` windows (the libraries' own behaviour, the default), a `sliding` window counter, or an `exact` sliding log. */
+  mode?: WindowMode;
+  /**
+   * Ms Redis has to answer (default 1000); then the call fails, and the
+   * host library's own setting decides (express-rate-limit's
+   * `passOnStoreError`, @fastify/rate-limit's `skipOnError`).
+   */
+  timeoutMs?: number;
+}
+
+function checkTimeout(ms: unknown): number {
+  if (ms === undefined) return 1000;
+  if (typeof ms !== "number" || !(ms > 0)) throw new RlConfigError(`timeoutMs must be a number of ms > 0, got ${String(ms)}`);
+  return ms;
+}
+
+function checkMode(mode: unknown): WindowMode {
+  if (mode === undefined) return "fixed";
+  if (mode !== "fixed" && mode !== "sliding" && mode !== "exact") {
+    throw new RlConfigError(`mode must be "fixed", "sliding" or "exact", got ${String(mode)}`);
+  }
+  return mode;
+}
+
+function checkRl(rl: unknown): RlCommands {
+  if (!rl || typeof (rl as RlCommands).window !== "function") {
+    throw new RlConfigError("rl must be rl's typed commands: forRedis(client) or forIoredis(client)");
+  }
+  return rl as RlCommands;
+}
+
+/** Window length in seconds from milliseconds (rl takes at most 3 decimals: whole ms). */
+function windowSeconds(name: string, ms: unknown): number {
+  if (typeof ms !== "number" || !Number.isSafeInteger(ms) || ms < 1) {
+    throw new RlConfigError(`${name} must be a whole number of milliseconds >= 1, got ${String(ms)}`);
+  }
+  return ms / 1000;
+}
+
+/** Hits counted (one above the limit when refused) from a window decision. */
+function hitsOf(d: Decision): number {
+  return d.allowed ? d.limit - d.remaining : d.limit + 1;
+}
+
+/** Ms until the count is lower (refused: until a request fits; else until it counts nothing). */
+function waitOf(d: Decision): number {
+  return d.allowed ? d.resetMs ?? 0 : d.retryAfterMs ?? 0;
+}
+
+/** Sends a store's command within its budget. */
+function send(rl: RlCommands, keys: string[], args: string[], timeoutMs: number): Promise<unknown> {
+  return withTimeout(rl.transport.send(keys, args, false), timeoutMs);
+}
+
+/**
+ * An express-rate-limit store (its `Store` interface: `init`, `get`,
+ * `increment`, `decrement`, `resetKey`): one RL.WINDOW per request, with
+ * the middleware's `limit` and `windowMs`. The limit must be a number
+ * (the store is not given the request).
+ */
+export class RlExpressStore {
+  /** Keys live in Redis: shared by every instance. */
+  readonly localKeys = false;
+  readonly prefix: string;
+  private readonly rl: RlCommands;
+  private readonly mode: WindowMode;
+  private readonly timeoutMs: number;
+  private limit = 0;
+  private window = 0;
+  private error: Error | undefined = new RlConfigError("RlExpressStore: init was not called (pass it as `store`)");
+
+  constructor(options: RlStoreOptions) {
+    this.rl = checkRl(options?.rl);
+    this.mode = checkMode(options.mode);
+    this.timeoutMs = checkTimeout(options.timeoutMs);
+    this.prefix = options.prefix ?? "rl:erl:";
+  }
+
+  /** Reads the middleware's `limit` and `windowMs` (a bad one is thrown here and by every later call). */
+  init(options: { limit?: unknown; max?: unknown; windowMs?: unknown }): void {
+    try {
+      const limit = options.limit ?? options.max;
+      if (typeof limit !== "number" || !Number.isSafeInteger(limit) || limit < 1) {
+        throw new RlConfigError(`limit must be a whole number >= 1 with RlExpressStore (a function of the request is not supported), got ${typeof limit === "function" ? "a function" : String(limit)}`);
+      }
+      this.window = windowSeconds("windowMs", options.windowMs);
+      this.limit = limit;
+      this.error = undefined;
+    } catch (e) {
+      this.error = e as Error;
+      throw e;
+    }
+  }
+
+  private async call(key: string, cost: number): Promise<Decision> {
+    if (this.error) throw this.error;
+    const b = buildWindow(this.prefix + key, { limit: this.limit, window: this.window, mode: this.mode, cost });
+    return decisionOf(await send(this.rl, b.keys, b.args, this.timeoutMs), cost, "RL.WINDOW");
+  }
+
+  private info(d: Decision): { totalHits: number; resetTime: Date } {
+    return { totalHits: hitsOf(d), resetTime: new Date(Date.now() + waitOf(d)) };
+  }
+
+  /** Counts a hit: one RL.WINDOW ... COST 1 (not counted when it does not fit). */
+  async increment(key: string): Promise<{ totalHits: number; resetTime: Date }> {
+    return this.info(await this.call(key, 1));
+  }
+
+  /** The count without counting (COST 0: writes nothing). */
+  async get(key: string): Promise<{ totalHits: number; resetTime: Date } | undefined> {
+    const d = await this.call(key, 0);
+    return d.remaining === d.limit ? undefined : this.info(d);
+  }
+
+  /** Gives one hit back (RL.WINDOW ... REFUND 1), for skipSuccessfulRequests / skipFailedRequests. */
+  async decrement(key: string): Promise<void> {
+    if (this.error) throw this.error;
+    const b = buildWindow(this.prefix + key, { limit: this.limit, window: this.window, mode: this.mode, refund: 1 });
+    await send(this.rl, b.keys, b.args, this.timeoutMs);
+  }
+
+  /** Forgets a client's count. */
+  async resetKey(key: string): Promise<void> {
+    const k = this.prefix + key;
+    await send(this.rl, [k], ["DEL", k], this.timeoutMs);
+  }
+}
+
+type Callback = (err: Error | null, res?: { current: number; ttl: number }) => void;
+
+/** The custom-store interface of @fastify/rate-limit. */
+export interface FastifyStore {
+  incr(key: string, cb: Callback, timeWindow: number, max: number): void;
+  read(key: string, cb: Callback, timeWindow: number, max: number): void;
+  child(routeOptions: object): FastifyStore;
+}
+
+/**
+ * A @fastify/rate-limit custom store class (`store: rlFastifyStore({ rl })`):
+ * `incr` and `read` per its documentation, `child` per route (its own
+ * counters, keyed by method and URL, as the plugin's Redis store does),
+ * one RL.WINDOW per request with the route's `max` and `timeWindow`.
+ * `ban`, `continueExceeding` and `exponentialBackoff` count refused
+ * requests, which rl does not: they are refused at registration.
+ */
+export function rlFastifyStore(options: RlStoreOptions): new (params: object) => FastifyStore {
+  const rl = checkRl(options?.rl);
+  const mode = checkMode(options.mode);
+  const timeoutMs = checkTimeout(options.timeoutMs);
+  const base = options.prefix ?? "rl:frl:";
+
+  class RlFastifyStore {
+    constructor(options: object, readonly prefix = base) {
+      const params = options as Record<string, unknown>;
+      for (const opt of ["continueExceeding", "exponentialBackoff"]) {
+        if (params?.[opt] === true) throw new RlConfigError(`${opt} is not supported by the rl store (rl does not count refused requests)`);
+      }
+      if (typeof params?.["ban"] === "number" && params["ban"] >= 0) {
+        throw new RlConfigError("ban is not supported by the rl store (rl does not count refused requests)");
+      }
+    }
+
+    private call(key: string, cb: Callback, timeWindow: number, max: number, cost: number): void {
+      let b;
+      try {
+        b = buildWindow(this.prefix + key, { limit: max, window: windowSeconds("timeWindow", timeWindow), mode, cost });
+      } catch (e) {
+        cb(e as Error);
+        return;
+      }
+      send(rl, b.keys, b.args, timeoutMs).then((reply) => {
+        const d = decisionOf(reply, cost, "RL.WINDOW");
+        cb(null, { current: hitsOf(d), ttl: waitOf(d) });
+      }, (e: Error) => cb(e));
+    }
+
+    /** Counts a hit (not counted when it does not fit): `{current, ttl}`. */
+    incr(key: string, cb: Callback, timeWindow: number, max: number): void {
+      this.call(key, cb, timeWindow, max, 1);
+    }
+
+    /** The count without counting (COST 0), for `{ increment: false }`. */
+    read(key: string, cb: Callback, timeWindow: number, max: number): void {
+      this.call(key, cb, timeWindow, max, 0);
+    }
+
+    /** A route's own store. */
+    child(routeOptions: object): RlFastifyStore {
+      const info = ((routeOptions as Record<string, unknown>)["routeInfo"] ?? {}) as { method?: string; url?: string };
+      return new RlFastifyStore(routeOptions, `${this.prefix}${info.method ?? ""}${info.url ?? ""}-`);
+    }
+  }
+  return RlFastifyStore;
+}

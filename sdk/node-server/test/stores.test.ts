@@ -1,0 +1,201 @@
+/**
+ * The stores inside their host libraries, on real servers: Express with
+ * express-rate-limit and Fastify with @fastify/rate-limit, each on
+ * redis-server and Valkey with the module, through node-redis and ioredis.
+ * The host's contract as its documentation states it (hits and reset,
+ * refusal with Retry-After, decrement for skipped requests, reset, read
+ * without counting, per-route counters) and exactness under 50 concurrent
+ * clients.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import express from "express";
+import { rateLimit } from "express-rate-limit";
+import Fastify from "fastify";
+import fastifyRateLimit from "@fastify/rate-limit";
+import { Redis } from "ioredis";
+import { createClient } from "redis";
+
+import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
+import { count, hammer, listening, untilStatus } from "./http.js";
+import { Server, SERVERS } from "./servers.js";
+
+const CLIENTS = 50;
+
+test("the stores refuse bad options at construction, naming them", () => {
+  const rl = forIoredis(new Redis({ lazyConnect: true }));
+  assert.throws(() => new RlExpressStore({ rl, mode: "rolling" as "fixed" }), /mode must be/);
+  assert.throws(() => new RlExpressStore({ rl: {} as RlCommands }), /rl must be/);
+  const store = new RlExpressStore({ rl });
+  assert.throws(() => store.init({ limit: () => 5, windowMs: 1000 }), /limit must be a whole number/);
+  assert.throws(() => store.init({ limit: 5, windowMs: 0.5 }), /windowMs must be/);
+  const Store = rlFastifyStore({ rl });
+  assert.throws(() => new Store({ ban: 2 }), /ban is not supported/);
+  assert.throws(() => new Store({ continueExceeding: true }), RlConfigError);
+});
+
+for (const { name, bin } of SERVERS) {
+  describe(`stores on ${name}`, () => {
+    let server: Server;
+    let ioredis: Redis;
+    let nodeRedis: ReturnType<typeof createClient>;
+    before(async () => {
+      server = await Server.start(bin);
+      ioredis = new Redis(server.port, "127.0.0.1");
+      nodeRedis = createClient({ url: `redis://127.0.0.1:${server.port}` });
+      await nodeRedis.connect();
+    });
+    after(async () => {
+      ioredis.disconnect();
+      await nodeRedis.close();
+      await server.stop();
+    });
+
+    const clients = () => [["node-redis", forRedis(nodeRedis)], ["ioredis", forIoredis(ioredis)]] as const;
+
+    test("express-rate-limit: contract and 50 concurrent clients", async () => {
+      for (const [client, rl] of clients()) {
+        for (const mode of ["fixed", "sliding"] as const) {
+          const store = new RlExpressStore({ rl, mode, prefix: `erl:${client}:${mode}:` });
+          const app = express();
+          app.use("/limited", rateLimit({ windowMs: 60_000, limit: 40, store, standardHeaders: "draft-7", legacyHeaders: false }));
+          app.get("/limited", (_req, res) => { res.send("ok"); });
+          const failing = new RlExpressStore({ rl, mode, prefix: `erl-skip:${client}:${mode}:` });
+          app.use("/skip", rateLimit({ windowMs: 60_000, limit: 2, store: failing, skipFailedRequests: true }));
+          app.get("/skip", (req, res) => { res.status(req.query["fail"] ? 500 : 200).send("x"); });
+          const http = app.listen(0, "127.0.0.1");
+          try {
+            const url = await listening(http);
+            const statuses = await hammer(`${url}/limited`, CLIENTS, 3);
+            assert.equal(count(statuses, 200), 40, `${client} ${mode}: admitted`);
+            assert.equal(count(statuses, 429), 110, `${client} ${mode}: refused`);
+            const refused = await fetch(`${url}/limited`);
+            assert.equal(refused.status, 429);
+            const wait = Number(refused.headers.get("retry-after"));
+            assert.ok(wait >= 1 && wait <= 120, `Retry-After ${wait}`);
+            // the store's own view: 40 hits; a refused hit reads as one above the limit
+            const info = await store.get("::ffff:127.0.0.1") ?? await store.get("127.0.0.1");
+            assert.equal(info?.totalHits, 40);
+            assert.ok(info!.resetTime!.getTime() > Date.now());
+            const over = await store.increment("127.0.0.1-probe");
+            assert.equal(over.totalHits, 1);
+            await store.decrement("127.0.0.1-probe");
+            assert.equal(await store.get("127.0.0.1-probe"), undefined);
+            await store.resetKey("::ffff:127.0.0.1");
+            await store.resetKey("127.0.0.1");
+            assert.equal((await fetch(`${url}/limited`)).status, 200, "admitted again after resetKey");
+            // skipFailedRequests: a failed response's hit is given back (decrement)
+            for (let i = 0; i < 3; i++) assert.equal((await fetch(`${url}/skip?fail=1`)).status, 500);
+            assert.equal((await fetch(`${url}/skip`)).status, 200);
+            assert.equal((await fetch(`${url}/skip`)).status, 200);
+            assert.equal((await fetch(`${url}/skip`)).status, 429);
+          } finally {
+            http.close();
+          }
+        }
+      }
+    });
+
+    test("@fastify/rate-limit: contract and 50 concurrent clients", async () => {
+      for (const [client, rl] of clients()) {
+        const app = Fastify();
+        await app.register(fastifyRateLimit, { global: false, store: rlFastifyStore({ rl, mode: "sliding", prefix: `frl:${client}:` }) });
+        app.get("/limited", { config: { rateLimit: { max: 40, timeWindow: 60_000 } } }, async () => "ok");
+        app.get("/other", { config: { rateLimit: { max: 1, timeWindow: 60_000 } } }, async () => "ok");
+        await app.listen({ port: 0, host: "127.0.0.1" });
+        try {
+          const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+          const statuses = await hammer(`${url}/limited`, CLIENTS, 3);
+          assert.equal(count(statuses, 200), 40, `${client}: admitted`);
+          assert.equal(count(statuses, 429), 110, `${client}: refused`);
+          const refused = await fetch(`${url}/limited`);
+          assert.equal(refused.status, 429);
+          assert.equal(refused.headers.get("x-ratelimit-remaining"), "0");
+          const wait = Number(refused.headers.get("retry-after"));
+          assert.ok(wait >= 1 && wait <= 120, `Retry-After ${wait}`);
+          // the store itself: incr counts, read does not, a refusal reads as one above max
+          const store = new (rlFastifyStore({ rl, prefix: `frl-direct:${client}:` }))({});
+          const call = (m: "incr" | "read", max: number) => new Promise<{ current: number; ttl: number }>((res, rej) =>
+            store[m]("k", (e, r) => (e ? rej(e) : res(r!)), 10_000, max));
+          assert.equal((await call("incr", 2)).current, 1);
+          assert.equal((await call("read", 2)).current, 1);
+          assert.equal((await call("incr", 2)).current, 2);
+          const full = await call("incr", 2);
+          assert.equal(full.current, 3);
+          assert.ok(full.ttl > 0 && full.ttl <= 10_000);
+          assert.equal((await call("read", 2)).current, 2);
+          // per-route counters: /other has its own
+          assert.equal((await fetch(`${url}/other`)).status, 200);
+          assert.equal((await fetch(`${url}/other`)).status, 429);
+        } finally {
+          await app.close();
+        }
+      }
+    });
+  });
+}
+
+describe("stores with Redis killed and back (node-redis: commands wait while it reconnects)", () => {
+  let server: Server;
+  let client: ReturnType<typeof createClient>;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    client = createClient({ url: `redis://127.0.0.1:${server.port}`, socket: { reconnectStrategy: () => 100 } });
+    client.on("error", () => {});
+    await client.connect();
+  });
+  after(async () => {
+    client.destroy();
+    await server.stop();
+  });
+
+  test("express-rate-limit: passOnStoreError lets through, the default fails; both count again once back", async () => {
+    const rl = forRedis(client);
+    const app = express();
+    const passStore = new RlExpressStore({ rl, prefix: "fail-pass:", timeoutMs: 300 });
+    const limited = (pass: boolean, prefix: string) => rateLimit({ windowMs: 60_000, limit: 100, passOnStoreError: pass,
+      store: pass ? passStore : new RlExpressStore({ rl, prefix, timeoutMs: 300 }) });
+    app.get("/pass", limited(true, "fail-pass:"), (_req, res) => { res.send("ok"); });
+    app.get("/fail", limited(false, "fail-strict:"), (_req, res) => { res.send("ok"); });
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      assert.equal((await fetch(`${url}/fail`)).status, 200);
+      await server.kill();
+      assert.equal((await fetch(`${url}/pass`)).status, 200);
+      assert.equal((await fetch(`${url}/fail`)).status, 500);
+      assert.ok(await server.launch());
+      assert.equal(await untilStatus(`${url}/fail`, 200), 200);
+      assert.equal((await fetch(`${url}/pass`)).status, 200);
+      // counted again (a call that timed out while Redis was away may count too, once it is sent)
+      assert.ok(((await passStore.get("127.0.0.1"))?.totalHits ?? 0) >= 1);
+    } finally {
+      http.closeAllConnections();
+      http.close();
+    }
+  });
+
+  test("@fastify/rate-limit: skipOnError lets through, the default fails; both count again once back", async () => {
+    const rl = forRedis(client);
+    const app = Fastify();
+    await app.register(fastifyRateLimit, { global: false, store: rlFastifyStore({ rl, prefix: "ffail:", timeoutMs: 300 }) });
+    app.get("/skip", { config: { rateLimit: { max: 100, timeWindow: 60_000, skipOnError: true } } }, async () => "ok");
+    app.get("/strict", { config: { rateLimit: { max: 100, timeWindow: 60_000, skipOnError: false } } }, async () => "ok");
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    try {
+      const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+      assert.equal((await fetch(`${url}/strict`)).status, 200);
+      await server.kill();
+      assert.equal((await fetch(`${url}/skip`)).status, 200);
+      assert.equal((await fetch(`${url}/strict`)).status, 500);
+      assert.ok(await server.launch());
+      assert.equal(await untilStatus(`${url}/strict`, 200), 200);
+      // counted again (a call that timed out while Redis was away may count too, once it is sent)
+      const left = Number((await fetch(`${url}/skip`)).headers.get("x-ratelimit-remaining"));
+      assert.ok(left >= 97 && left <= 99, `remaining ${left}`);
+    } finally {
+      await app.close();
+    }
+  });
+});
