@@ -4,7 +4,9 @@ takes ``server`` runs on both), and the counts line of sdk/test.sh."""
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+import subprocess
+import time
+from typing import Any, Iterator, List
 
 import pytest
 import redis
@@ -25,6 +27,26 @@ def client(server: RedisServer) -> Iterator[redis.Redis]:
     c.flushall()
     yield c
     c.close()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[List[RedisServer]]:
+    nodes = [RedisServer("redis", ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+             for _ in range(3)]
+    try:
+        subprocess.run(["redis-cli", "--cluster", "create",
+                        *(f"127.0.0.1:{n.port}" for n in nodes), "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [redis.Redis(port=n.port).cluster("info") for n in nodes]
+            if all(i["cluster_state"] == "ok" for i in infos):
+                break
+            time.sleep(0.2)
+        yield nodes
+    finally:
+        for n in nodes:
+            n.close()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

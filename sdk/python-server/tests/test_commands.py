@@ -4,9 +4,7 @@ reply as a decision, sync and asyncio, and a three-node cluster."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import time
-from typing import Iterator, List
+from typing import List
 
 import pytest
 import redis
@@ -143,26 +141,6 @@ def test_asyncio_client(server: RedisServer) -> None:
 
     statuses = asyncio.run(main())
     assert statuses.count(Status.ALLOWED) == 20 and statuses.count(Status.THROTTLED) == 13
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[List[RedisServer]]:
-    nodes = [RedisServer("redis", ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
-             for _ in range(3)]
-    try:
-        subprocess.run(["redis-cli", "--cluster", "create",
-                        *(f"127.0.0.1:{n.port}" for n in nodes), "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            infos = [redis.Redis(port=n.port).cluster("info") for n in nodes]
-            if all(i["cluster_state"] == "ok" for i in infos):
-                break
-            time.sleep(0.2)
-        yield nodes
-    finally:
-        for n in nodes:
-            n.close()
 
 
 def test_cluster_routes_by_key(cluster: List[RedisServer]) -> None:
