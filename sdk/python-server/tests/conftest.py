@@ -22,6 +22,13 @@ def server(request: Any) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
+def flushed(server: RedisServer) -> Iterator[RedisServer]:
+    """``server``, emptied."""
+    redis.Redis(port=server.port).flushall()
+    yield server
+
+
+@pytest.fixture
 def client(server: RedisServer) -> Iterator[redis.Redis]:
     c = redis.Redis(port=server.port)
     c.flushall()

@@ -6,11 +6,10 @@ strategy, and the rate-limit headers those libraries send."""
 from __future__ import annotations
 
 import threading
-from typing import Iterator, List
+from typing import List
 
 import httpx
 import pytest
-import redis
 
 from servers import HERE, App, RedisServer
 
@@ -38,12 +37,6 @@ def hammer(url: str, clients: int = 50, each: int = 3) -> List[int]:
     for t in threads:
         t.join(120)
     return codes
-
-
-@pytest.fixture
-def flushed(server: RedisServer) -> Iterator[RedisServer]:
-    redis.Redis(port=server.port).flushall()
-    yield server
 
 
 # Every strategy on redis-server; on Valkey one per framework (the storage
