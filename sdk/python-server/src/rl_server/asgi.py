@@ -43,7 +43,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("rl_server")
 #: what a Redis call that failed raises (an error reply is a RedisError too)
 REDIS_FAILURES = (redis.RedisError, OSError, asyncio.TimeoutError)
-_KIND = {Rate: "rate", Window: "window", Quota: "quota"}
+_KIND = {Rate: "bucket", Window: "window", Quota: "quota"}
 
 
 @dataclass
@@ -94,13 +94,10 @@ class RateLimitMiddleware:
         self.app = app
         self.rl = AsyncRL(redis)
         self.routes = compile_routes(routes)
-        self.problem_base = problem_base.rstrip("/")
+        self.conf = responses.Conf(problem_base.rstrip("/"), legacy_headers, http_date_after,
+                                   manual_box_status, fail_closed_retry_after)
         self.timeout = float(timeout)
-        self.fail_closed_retry_after = fail_closed_retry_after
         self.fallback_ratio = fallback_ratio
-        self.legacy_headers = legacy_headers
-        self.http_date_after = http_date_after
-        self.manual_box_status = manual_box_status
         self.shadow = shadow
         self.request_id_header = request_id_header.lower().encode("latin-1")
         self.local = LocalLimiter()
@@ -118,11 +115,7 @@ class RateLimitMiddleware:
                    None) or uuid.uuid4().hex
         shadow = self.shadow or route.shadow
         if route.idempotency_key and not request.headers.get("idempotency-key"):
-            out = _Outcome(status=400, body=responses.problem(
-                self.problem_base, 400, "idempotency-key-required",
-                "This route requires an Idempotency-Key header: send one unique key per operation "
-                "and the same key on its retries.", instance=scope["path"], request_id=rid,
-                tier=route.tier))
+            out = _refused(responses.idempotency_required(self.conf, scope["path"], rid))
         else:
             try:
                 out = await self._decide(route, request, params, rid)
@@ -149,18 +142,20 @@ class RateLimitMiddleware:
     async def _decide(self, route: Route, request: Request, params: Mapping[str, str],
                       rid: str) -> _Outcome:
         out = _Outcome()
-        policies: List[Policy] = []
+        policies = route_policies(route)
+        path = request.url.path
         try:
             for lease, key in zip(route.leases, keyed(route.leases, request, params)):
-                policies.append(Policy(lease.name, lease.max, None, "concurrent-requests"))
                 lid = uuid.uuid4().hex
                 # recorded before the call: a timed-out ACQUIRE may have been granted
                 out.leases.append((key, lid, float(lease.ttl)))
                 got = await self._call(commands.lease_acquire(key, lease.max, lease.ttl, lid))
                 if not got.granted:
                     out.leases.pop()
-                    self._lease_refusal(out, route, request, rid, lease, got.retry_after_ms, policies)
-                    return out
+                    await self._release(out)
+                    return _refused(responses.lease_refusal(
+                        self.conf, policies, lease.name, lease.max, float(lease.ttl),
+                        float(lease.expected), lease.status, got.retry_after_ms, path, rid, route.tier))
             cost = await cost_of(route.cost, request)
             refunds: List[Command[Decision]] = []
             bindings: List[Binding] = []
@@ -169,36 +164,33 @@ class RateLimitMiddleware:
             for items in groups:
                 if not items:
                     continue
-                keys = keyed(items, request, params)
-                policies += [Policy(i.name, _quota_of(i), window_seconds(i), route.unit) for i in items]
                 smallest = min(range(len(items)), key=lambda j: _capacity_of(items[j]))
                 if cost > _capacity_of(items[smallest]):
-                    # above a capacity: it never fits (rl refuses such a COST as an error)
-                    await self._refund(refunds)
+                    # above a capacity it never fits (rl refuses such a COST as an error)
                     b = items[smallest]
-                    never = Decision(Status.THROTTLED, _capacity_of(b), 0, -1, -1, 0, None, smallest)
-                    self._limiter_refusal(out, route, request, rid, b, never,
-                                          Binding(b.name, never.limit, 0, None, window_seconds(b)),
-                                          cost, policies)
-                    return out
-                cmd, refund = _limiter_commands(items, keys, cost, penalty)
+                    d = Decision(Status.THROTTLED, _capacity_of(b), 0, -1, -1, 0, None, smallest)
+                else:
+                    cmd, refund = _limiter_commands(items, keyed(items, request, params), cost, penalty)
+                    d = await self._call(cmd)
+                    b = items[d.binding]
                 penalty = None
-                d: Decision = await self._call(cmd)
-                b = items[d.binding]
-                binding = Binding(b.name, d.limit, 0 if d.status is Status.BOXED else d.remaining,
-                                  d.reset_ms, window_seconds(b), clamp=not isinstance(b, Rate),
-                                  boxed=d.status is Status.BOXED)
+                boxed = d.status is Status.BOXED
+                binding = Binding(b.name, d.limit, 0 if boxed else d.remaining,
+                                  None if d.reset_ms < 0 else d.reset_ms, window_seconds(b),
+                                  clamp=not isinstance(b, Rate), boxed=boxed)
                 if not d.allowed:
                     await self._refund(refunds)
-                    self._limiter_refusal(out, route, request, rid, b, d, binding, cost, policies)
-                    return out
+                    await self._release(out)
+                    return _refused(responses.limiter_refusal(
+                        self.conf, policies, _limiter_view(route, b, cost), binding, d.box_level,
+                        d.retry_after_ms, d.strikes_remaining, path, rid, route.tier))
                 bindings.append(binding)
                 if cost > 0:
                     refunds.append(refund)
         except BaseException:
             await self._release(out)
             raise
-        _rate_headers(out.headers, policies, _tightest(bindings), self.legacy_headers)
+        out.headers = responses.admitted(self.conf, policies, _tightest(bindings)).headers
         return out
 
     async def _refund(self, refunds: Sequence[Command[Decision]]) -> None:
@@ -208,59 +200,11 @@ class RateLimitMiddleware:
             except REDIS_FAILURES as err:
                 log.warning("rl: refund failed: %s", err)
 
-    def _lease_refusal(self, out: _Outcome, route: Route, request: Request, rid: str,
-                       lease: Concurrency, earliest_left_ms: int, policies: List[Policy]) -> None:
-        retry_ms = lease_retry_ms(float(lease.ttl), float(lease.expected), earliest_left_ms)
-        secs = responses.seconds(retry_ms)
-        _rate_headers(out.headers, policies, Binding(lease.name, lease.max, 0, None), self.legacy_headers)
-        out.headers["Retry-After"] = str(secs)
-        out.status = lease.status
-        out.body = responses.problem(
-            self.problem_base, lease.status, "concurrency-limit-exceeded",
-            responses.lease_detail(lease.name, lease.max, secs), instance=request.url.path,
-            request_id=rid, retry_after_s=secs, tier=route.tier, policy=lease.name,
-            concurrency_limit=lease.max)
-
-    def _limiter_refusal(self, out: _Outcome, route: Route, request: Request, rid: str, item: Any,
-                         d: Decision, binding: Binding, cost: int, policies: List[Policy]) -> None:
-        _rate_headers(out.headers, policies, binding, self.legacy_headers)
-        boxed = d.status is Status.BOXED
-        retry_ms = None if d.retry_after_ms < 0 else d.retry_after_ms
-        secs = None if retry_ms is None else responses.seconds(retry_ms)
-        status = 403 if isinstance(item, Quota) else 429
-        kind = "quota-exceeded" if isinstance(item, Quota) else "rate-limit-exceeded"
-        if boxed:
-            kind = "penalty-box-active"
-            status = 429 if retry_ms is not None else self.manual_box_status
-            out.headers["X-Penalty-Box-Status"] = "Active-Lockout"
-            box = route.penalty.box if route.penalty and route.penalty.box else (300, 3600, 86400)
-            length = box[d.box_level - 1] if 1 <= d.box_level <= 3 else 0
-            value = responses.retry_after(retry_ms, as_date=length >= self.http_date_after)
-            detail = responses.boxed_detail(item.name, d.box_level, secs)
-        else:
-            threshold = route.penalty.threshold if route.penalty else None
-            if d.strikes_remaining is not None and threshold and d.strikes_remaining < threshold:
-                out.headers["X-Penalty-Box-Status"] = "Warning"
-            value = responses.retry_after(retry_ms)
-            detail = responses.rate_detail(item.name, d.limit, route.unit, window_seconds(item), cost, secs)
-        if value is not None:
-            out.headers["Retry-After"] = value
-        out.status = status
-        out.body = responses.problem(
-            self.problem_base, status, kind, detail, instance=request.url.path, request_id=rid,
-            retry_after_s=secs, tier=route.tier, policy=item.name, strikes=d.strikes_remaining,
-            boxed=boxed, level=d.box_level or None,
-            lockout_ends_at=responses.timestamp(responses.ends_at(retry_ms))
-            if boxed and retry_ms is not None else None)
-
     def _redis_failed(self, route: Route, request: Request, params: Mapping[str, str],
                       rid: str) -> _Outcome:
         """Redis failed: 503 for a route that fails closed; else the local limiter."""
         if route.on_redis_failure == "closed":
-            wait = self.fail_closed_retry_after
-            return _Outcome(headers={"Retry-After": str(wait)}, status=503, body=responses.problem(
-                self.problem_base, 503, "rate-limiter-unavailable", responses.fail_closed_detail(wait),
-                instance=request.url.path, request_id=rid, tier=route.tier))
+            return _refused(responses.fail_closed(self.conf, request.url.path, rid, route.tier))
         out = _Outcome(headers={responses.DEGRADED: responses.DEGRADED_VALUE})
         for lease, key in zip(route.leases, keyed(route.leases, request, params)):
             if not self.local.acquire(key, lease.max):
@@ -300,7 +244,7 @@ class RateLimitMiddleware:
         out.headers["Retry-After"] = str(secs)
         out.status = status
         out.body = responses.problem(
-            self.problem_base, status, kind, f"{name}: the rate limiter answers locally while it is "
+            self.conf.problem_base, status, kind, f"{name}: the rate limiter answers locally while it is "
             f"unavailable; retry in {secs} s.", instance=request.url.path, request_id=rid,
             retry_after_s=secs, tier=route.tier, policy=name, concurrency_limit=concurrency,
             degraded=responses.DEGRADED_VALUE)
@@ -399,6 +343,27 @@ def install(app: Any, **options: Any) -> None:
     app.add_middleware(RateLimitMiddleware, **options)
 
 
+def _refused(answer: responses.Answer) -> _Outcome:
+    return _Outcome(headers=answer.headers, status=answer.status, body=answer.body)
+
+
+def route_policies(route: Route) -> List[Policy]:
+    """The RateLimit-Policy items of a route: rates, windows, quotas, then leases."""
+    items: List[Any] = [*route.rates, *route.windows, *route.quotas]
+    return [*(Policy(i.name, _quota_of(i), window_seconds(i), route.unit) for i in items),
+            *(Policy(c.name, c.max, None, "concurrent-requests") for c in route.leases)]
+
+
+def _limiter_view(route: Route, item: Any, cost: int) -> responses.Limiter:
+    """What a refusal says of ``item``."""
+    pen = route.penalty
+    return responses.Limiter(
+        item.name, _KIND[type(item)], route.unit, window_seconds(item), cost,
+        box=pen.box if pen and pen.box else None,
+        strikes_threshold=pen.threshold if pen else None,
+        upgrade_url=item.upgrade_url if isinstance(item, Quota) else None)
+
+
 def _capacity_of(item: Any) -> int:
     return int(item.capacity) if isinstance(item, Rate) else int(item.limit)
 
@@ -432,20 +397,3 @@ def _tightest(bindings: Sequence[Binding]) -> Optional[Binding]:
         if best is None or b.remaining / max(b.limit, 1) < best.remaining / max(best.limit, 1):
             best = b
     return best
-
-
-def _rate_headers(fields: Dict[str, str], policies: Sequence[Policy], binding: Optional[Binding],
-                  legacy: bool) -> None:
-    if policies:
-        fields["RateLimit-Policy"] = responses.policy_field(policies)
-    if binding is not None:
-        fields.update(responses.ratelimit_fields(binding, legacy))
-
-
-def lease_retry_ms(ttl: float, expected: float, earliest_left_ms: int) -> int:
-    """The Retry-After (ms) of a full lease: the earliest holder's expected end
-    (``expected`` seconds after it started: it started ``ttl - earliest_left``
-    ago), at least 1 s, at most the earliest expiry; never the ttl itself."""
-    elapsed = ttl * 1000 - earliest_left_ms
-    retry = max(expected * 1000 - elapsed, 1000)
-    return int(math.ceil(min(retry, max(earliest_left_ms, 1000))))

@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 CONTENT_TYPE = "application/problem+json"
 #: the backoff refusals recommend (``none`` when there is no time to come back)
@@ -153,20 +153,31 @@ def fail_closed_detail(wait_s: int) -> str:
     return f"The rate limiter is unavailable and this route fails closed; retry in {wait_s} s."
 
 
+class _Absent:
+    """A body member left out (``None`` is written as JSON null)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
 def problem(problem_base: str, status: int, kind: str, detail: Optional[str],
             instance: Optional[str] = None, request_id: Optional[str] = None,
-            retry_after_s: Optional[int] = None, tier: Optional[str] = None,
-            policy: Optional[str] = None, strikes: Optional[int] = None,
+            retry_after_s: Optional[int] = ABSENT, tier: Optional[str] = None,
+            policy: Optional[str] = ABSENT, strikes: Optional[int] = None,
             boxed: bool = False, level: Optional[int] = None, lockout_ends_at: Optional[str] = None,
             **extra: Any) -> Dict[str, Any]:
-    """A refusal's problem body (members left out when they have no value),
-    as the gateway's rule engine renders it."""
+    """A refusal's problem body, as the gateway renders it: on 429, 403, 409
+    and 503 the wait (null when there is none), the backoff, the tier (null
+    when unknown) and the policy; ``ABSENT`` members are left out."""
     body: Dict[str, Any] = {"type": f"{problem_base}/{kind}", "title": TITLES.get(kind, kind),
                             "status": status, "detail": detail, "instance": instance,
                             "request_id": request_id}
     if status in (429, 403, 409, 503) or (status == 401 and kind == "challenge-required"):
         body["retry_after_seconds"] = retry_after_s
-        body["recommended_backoff"] = "none" if retry_after_s is None else RECOMMENDED_BACKOFF
+        body["recommended_backoff"] = "none" if retry_after_s in (None, ABSENT) else RECOMMENDED_BACKOFF
         body["quota_tier"] = tier
         body["policy"] = policy
     if strikes is not None:
@@ -177,7 +188,131 @@ def problem(problem_base: str, status: int, kind: str, detail: Optional[str],
     for k in _OPTIONAL:
         if extra.get(k) is not None:
             body[k] = extra[k]
-    return {k: v for k, v in body.items() if v is not None}
+    return {k: v for k, v in body.items() if v is not ABSENT}
+
+
+@dataclass(frozen=True)
+class Conf:
+    """The options the answers depend on (the gateway's defaults)."""
+
+    problem_base: str = "https://api.example.com/problems"
+    legacy_headers: bool = False
+    #: a box configured to last this long or more gets an HTTP-date Retry-After
+    http_date_after: float = 3600
+    manual_box_status: int = 403
+    fail_closed_retry_after: int = 15
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A refusal (or, status 200, the fields of an admitted request)."""
+
+    status: int
+    headers: Dict[str, str]
+    body: Optional[Dict[str, Any]] = None
+
+
+@dataclass(frozen=True)
+class Limiter:
+    """What a refusal says of the rule that refused (a bucket, window or quota)."""
+
+    name: str
+    #: "bucket", "window" or "quota"
+    kind: str
+    unit: str
+    #: the w of the binding policy (period, window, or period of the quota, seconds)
+    window: Optional[float]
+    cost: int
+    #: box durations of levels 1..3 (the server's 300 3600 86400 when None)
+    box: Optional[Tuple[float, float, float]] = None
+    strikes_threshold: Optional[int] = None
+    #: the refusal's status: 429 (403 for a quota)
+    status: Optional[int] = None
+    upgrade_url: Optional[str] = None
+
+
+def admitted(conf: Conf, policies: Sequence[Policy], binding: Optional[Binding]) -> Answer:
+    """The fields of an admitted request: every policy, and the binding one's RateLimit."""
+    fields: Dict[str, str] = {}
+    if policies:
+        fields["RateLimit-Policy"] = policy_field(policies)
+    if binding is not None:
+        fields.update(ratelimit_fields(binding, conf.legacy_headers))
+    return Answer(200, fields)
+
+
+def limiter_refusal(conf: Conf, policies: Sequence[Policy], rule: Limiter, binding: Binding,
+                    box_level: int, retry_after_ms: int, strikes_remaining: Optional[int],
+                    path: str, request_id: str, tier: Optional[str],
+                    now: Optional[float] = None) -> Answer:
+    """A refusal by a bucket, window or quota (or its penalty box: ``binding.boxed``);
+    ``retry_after_ms`` negative: no time to come back (a manual box, or a cost that never fits)."""
+    fields = admitted(conf, policies, binding).headers
+    retry_ms = None if retry_after_ms < 0 else retry_after_ms
+    secs = None if retry_ms is None else seconds(retry_ms)
+    status = rule.status or (403 if rule.kind == "quota" else 429)
+    kind = "quota-exceeded" if rule.kind == "quota" else "rate-limit-exceeded"
+    if binding.boxed:
+        kind = "penalty-box-active"
+        status = 429 if retry_ms is not None else conf.manual_box_status
+        fields["X-Penalty-Box-Status"] = "Active-Lockout"
+        box = rule.box or (300, 3600, 86400)
+        length = box[box_level - 1] if 1 <= box_level <= 3 else 0
+        value = retry_after(retry_ms, as_date=length >= conf.http_date_after, now=now)
+        detail = boxed_detail(rule.name, box_level, secs)
+    else:
+        if strikes_remaining is not None and rule.strikes_threshold \
+                and strikes_remaining < rule.strikes_threshold:
+            fields["X-Penalty-Box-Status"] = "Warning"
+        value = retry_after(retry_ms)
+        detail = rate_detail(rule.name, binding.limit, rule.unit, binding.window, rule.cost, secs)
+    if value is not None:
+        fields["Retry-After"] = value
+    body = problem(conf.problem_base, status, kind, detail, instance=path, request_id=request_id,
+                   retry_after_s=secs, tier=tier, policy=rule.name, strikes=strikes_remaining,
+                   boxed=binding.boxed, level=box_level or None,
+                   lockout_ends_at=timestamp(ends_at(retry_ms, now))
+                   if binding.boxed and retry_ms is not None else None,
+                   upgrade_url=rule.upgrade_url)
+    return Answer(status, fields, body)
+
+
+def lease_retry_ms(ttl: float, expected: float, earliest_left_ms: int) -> int:
+    """The Retry-After (ms) of a full lease: the earliest holder's expected end
+    (``expected`` seconds after it started: it started ``ttl - earliest_left``
+    ago), at least 1 s, at most the earliest expiry; never the ttl itself."""
+    elapsed = ttl * 1000 - earliest_left_ms
+    retry = max(expected * 1000 - elapsed, 1000)
+    return int(math.ceil(min(retry, max(earliest_left_ms, 1000))))
+
+
+def lease_refusal(conf: Conf, policies: Sequence[Policy], name: str, max_leases: int, ttl: float,
+                  expected: float, status: int, earliest_left_ms: int, path: str,
+                  request_id: str, tier: Optional[str]) -> Answer:
+    """A full concurrency lease (429) or a lock held by another request (409)."""
+    fields = admitted(conf, policies, Binding(name, max_leases, 0, None)).headers
+    secs = seconds(lease_retry_ms(ttl, expected, earliest_left_ms))
+    fields["Retry-After"] = str(secs)
+    return Answer(status, fields, problem(
+        conf.problem_base, status, "concurrency-limit-exceeded", lease_detail(name, max_leases, secs),
+        instance=path, request_id=request_id, retry_after_s=secs, tier=tier, policy=name,
+        concurrency_limit=max_leases))
+
+
+def fail_closed(conf: Conf, path: str, request_id: str, tier: Optional[str]) -> Answer:
+    """Redis failed on a route that fails closed: 503."""
+    wait = conf.fail_closed_retry_after
+    return Answer(503, {"Retry-After": str(wait)}, problem(
+        conf.problem_base, 503, "rate-limiter-unavailable", fail_closed_detail(wait),
+        instance=path, request_id=request_id, tier=tier))
+
+
+def idempotency_required(conf: Conf, path: str, request_id: str) -> Answer:
+    """A route that requires an Idempotency-Key, a request without one: 400."""
+    return Answer(400, {}, problem(
+        conf.problem_base, 400, "idempotency-key-required",
+        "This route requires an Idempotency-Key header (a unique value per operation).",
+        instance=path, request_id=request_id))
 
 
 def encode(body: Mapping[str, Any]) -> bytes:

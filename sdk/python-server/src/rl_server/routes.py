@@ -58,6 +58,8 @@ class Quota:
     key: Key
     limit: int
     period: str
+    #: the upgrade_url member of its refusals
+    upgrade_url: Optional[str] = None
 
 
 @dataclass(frozen=True)
