@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections import OrderedDict
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 import redis
 import redis.asyncio as aioredis
@@ -121,14 +121,18 @@ def _parse_uri(uri: str) -> Tuple[str, bool, List[Tuple[str, int]]]:
     return ("rediss://" if scheme == "rls" else "redis://") + rest, False, []
 
 
-def _cluster_kwargs(uri: str) -> dict[str, Any]:
+def _client(uri: str, single: Any, cluster: Any, node: Any, options: Mapping[str, Any]) -> Any:
+    """The redis-py client (``single`` or ``cluster``, sync or asyncio) of an rl URI."""
+    url, is_cluster, nodes = _parse_uri(uri)
+    if not is_cluster:
+        return single.from_url(url, **options)
     parsed = urllib.parse.urlparse(uri)
-    out: dict[str, Any] = {}
+    auth: dict[str, Any] = {}
     if parsed.username:
-        out["username"] = urllib.parse.unquote(parsed.username)
+        auth["username"] = urllib.parse.unquote(parsed.username)
     if parsed.password:
-        out["password"] = urllib.parse.unquote(parsed.password)
-    return out
+        auth["password"] = urllib.parse.unquote(parsed.password)
+    return cluster(startup_nodes=[node(h, p) for h, p in nodes], **auth, **options)
 
 
 class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
@@ -141,14 +145,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         """``options`` go to redis-py's client (``socket_timeout`` ...)."""
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
         self.windows = _Windows(key_prefix)
-        url, cluster, nodes = _parse_uri(uri)
-        if cluster:
-            self.client: Any = redis.RedisCluster(
-                startup_nodes=[redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
-                               for h, p in nodes],
-                **_cluster_kwargs(uri), **options)
-        else:
-            self.client = redis.Redis.from_url(url, **options)
+        self.client: Any = _client(uri, redis.Redis, redis.RedisCluster, redis.cluster.ClusterNode, options)
 
     @property
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
@@ -220,13 +217,8 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         """``options`` go to redis.asyncio's client."""
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
         self.windows = _Windows(key_prefix)
-        url, cluster, nodes = _parse_uri(uri)
-        if cluster:
-            self.client: Any = aioredis.RedisCluster(
-                startup_nodes=[aioredis.cluster.ClusterNode(h, p) for h, p in nodes],
-                **_cluster_kwargs(uri), **options)
-        else:
-            self.client = aioredis.Redis.from_url(url, **options)
+        self.client: Any = _client(uri, aioredis.Redis, aioredis.RedisCluster,
+                                   aioredis.cluster.ClusterNode, options)
 
     @property
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
