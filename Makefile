@@ -9,7 +9,7 @@
 #   make bench-gateway-instructions  the gateway's instructions per request, by target
 #                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
-#   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
+#   make test-sdk      only the SDKs' tests (sdk/python, sdk/python-server, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
