@@ -8,6 +8,7 @@
 #   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
 #   make bench-gateway-instructions  the gateway's instructions per request, by target
 #                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
+#   make bench-app  the application layer: slowapi with limits' Redis storage against rl's storage and ASGI middleware (bench/app_python.py)
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #   make test-sdk      only the SDKs' tests (sdk/python, sdk/python-server, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
@@ -44,7 +45,7 @@ SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app bench-app-python clean reliability reliability-report
 
 all: build
 
@@ -212,6 +213,16 @@ bench-gateway: deps build
 
 bench-gateway-instructions: deps build
 	RL_MODULE=$(MODULE) bash bench/gateway_instructions.sh
+
+# The application layer's speed (`make bench-app`; not part of `make
+# test`). Python: slowapi with limits' Redis storage against slowapi with
+# rl's storage and rl's ASGI middleware, the same Starlette route under
+# uvicorn, interleaved wrk rounds, one redis-server (bench/app_python.py:
+# requests/s, p99, Redis CPU per decision, RATIO and TARGET lines).
+bench-app: bench-app-python
+
+bench-app-python: deps build
+	RL_MODULE=$(MODULE) target/sdk-venv/bin/python bench/app_python.py
 
 clean:
 	$(CARGO) clean

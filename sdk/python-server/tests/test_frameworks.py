@@ -57,6 +57,7 @@ def test_example_admits_exactly_the_limit(flushed: RedisServer, example: str, st
         if "slowapi_fastapi" in example or "flask" in example:  # headers_enabled
             assert r.headers["X-RateLimit-Limit"] == "30"
             assert r.headers["X-RateLimit-Remaining"] == "0"
-            assert 0 < int(r.headers["Retry-After"]) <= 120
+            # the library's own whole seconds (truncated: 0 when the window ends within 1 s)
+            assert 0 <= int(r.headers["Retry-After"]) <= 120
     finally:
         app.close()
