@@ -130,3 +130,31 @@ class App:
                 self.proc.kill()
                 self.proc.wait(10)
         os.unlink(self.log.name)
+
+
+def key_offset_ms(key: bytes, window_ms: int) -> int:
+    """rl's boundary offset of a window key (FNV-1a 64, fmix64, scaled)."""
+    mask = (1 << 64) - 1
+    h = 0xCBF29CE484222325
+    for b in key:
+        h = ((h ^ b) * 0x100000001B3) & mask
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & mask
+    h ^= h >> 33
+    h = (h * 0xC4CEB9FE1A85EC53) & mask
+    h ^= h >> 33
+    return (h * window_ms) >> 64
+
+
+def avoid_boundary(key: str, window_s: int, margin_s: float = 10.0) -> bool:
+    """Waits past the next fixed/sliding boundary of ``key``'s windows when it
+    is less than ``margin_s`` away (so that a burst of calls falls in one
+    window); True when it waited."""
+    window_ms = window_s * 1000
+    off = key_offset_ms(key.encode(), window_ms)
+    now = int(time.time() * 1000)
+    left = window_ms - (now - off) % window_ms
+    if left >= margin_s * 1000:
+        return False
+    time.sleep(left / 1000 + 0.3)
+    return True

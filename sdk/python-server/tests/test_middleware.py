@@ -175,5 +175,9 @@ def test_lease_released_when_the_client_leaves(starlette_app: App, flushed: Redi
 
 
 def test_starlette_50_concurrent_clients(starlette_app: App) -> None:
+    began = time.monotonic()
     codes = hammer(starlette_app.url + "/hello")
-    assert len(codes) == 150 and codes.count(200) == 30 and codes.count(429) == 120
+    elapsed = time.monotonic() - began
+    # a bucket of 30 refilling 30 a minute: never more than 30 + what refilled meanwhile
+    assert len(codes) == 150 and 30 <= codes.count(200) <= 30 + int(elapsed * 30 / 60)
+    assert codes.count(429) == 150 - codes.count(200)

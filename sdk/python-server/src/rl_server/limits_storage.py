@@ -5,7 +5,7 @@ Importing this module registers the URI schemes ``rl://host:port[/db]``,
 ``rls://`` (TLS) and ``rl+cluster://host:port[,host:port...]``, and their
 asyncio twins ``async+rl://``, ``async+rls://``, ``async+rl+cluster://``.
 
-How each strategy maps onto rl (all on one key per limit, ``LIMITS:<key>``):
+How each strategy maps onto rl (all on one key per limit, ``LIMITS-rl:<key>``):
 
 - fixed window: ``incr`` is ``RL.WINDOW key 10^15 expiry FIXED COST amount``,
   whose reply says the count (every hit counts, as limits' own Redis
@@ -43,6 +43,10 @@ from .commands import Arg
 #: the limit of the fixed window's counter: every hit is admitted by rl and
 #: the count is read from the reply (``10^15 - remaining``)
 COUNTER = commands.MAX_POINTS
+#: the prefix of the storage's keys: not limits' own ``LIMITS``, so that an
+#: app moving from ``redis://`` to ``rl://`` on the same server never meets
+#: the string keys its old storage left (rl answers WRONGTYPE on those)
+KEY_PREFIX = "LIMITS-rl"
 #: the largest moving-window limit (rl's EXACT log)
 EXACT_MAX = 10000
 _KNOWN_MAX = 10000
@@ -140,7 +144,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
 
     STORAGE_SCHEME = ["rl", "rls", "rl+cluster"]
 
-    def __init__(self, uri: str, key_prefix: str = "LIMITS", wrap_exceptions: bool = False,
+    def __init__(self, uri: str, key_prefix: str = KEY_PREFIX, wrap_exceptions: bool = False,
                  **options: Any) -> None:
         """``options`` go to redis-py's client (``socket_timeout`` ...)."""
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
@@ -212,7 +216,7 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
 
     STORAGE_SCHEME = ["async+rl", "async+rls", "async+rl+cluster"]
 
-    def __init__(self, uri: str, key_prefix: str = "LIMITS", wrap_exceptions: bool = False,
+    def __init__(self, uri: str, key_prefix: str = KEY_PREFIX, wrap_exceptions: bool = False,
                  **options: Any) -> None:
         """``options`` go to redis.asyncio's client."""
         super().__init__(uri, wrap_exceptions=wrap_exceptions)
