@@ -2,24 +2,30 @@
 (one process each), limited three ways against the same redis-server with
 the rl module, measured with wrk in interleaved rounds:
 
-  slowapi-redis   slowapi with limits' own Redis storage (fixed window: a Lua
-                  script per request, EVALSHA)
+  slowapi-redis   slowapi with limits' own Redis storage (fixed window, its
+                  default: a Lua script per request, EVALSHA)
   slowapi-rl      slowapi with rl's storage (rl://: one RL.WINDOW ... FIXED)
   middleware      rl's ASGI middleware (one RL.WINDOW ... FIXED per request,
-                  with the RateLimit fields)
+                  with the RateLimit fields), compared with slowapi-redis
+  slowapi-redis-moving, slowapi-rl-moving
+                  the same two with the moving-window strategy (limits' list
+                  of timestamps in Lua against RL.WINDOW ... EXACT)
 
-The limit (10^9 a minute per client) is never reached: every request takes
+The limits (10^9 a minute per client; 10000 a minute for each of 1000
+random clients with the moving window) are never reached: every request takes
 the admitted path. Prints one line per run (requests/s, p99, Redis CPU per
 decision from INFO commandstats and from the server's own CPU time), the
 medians per target and
 
-  RATIO <target>_rps_vs_slowapi-redis <x>       end-to-end throughput
-  RATIO <target>_redis_cpu_vs_slowapi-redis <x> Redis CPU per decision
+  RATIO <target>_rps_vs_<peer> <x>        end-to-end throughput
+  RATIO <target>_redis_cpu_vs_<peer> <x>  Redis CPU per decision
+                                                (both: the median over the
+                                                rounds of the round's ratio)
   TARGET ...  throughput at least 1.0x the peer's, Redis CPU per decision
               at most 0.5x, in this run
 
 Environment: RL_MODULE (default target/release/librl.so), RL_BENCH_APP_ROUNDS
-(3), RL_BENCH_APP_SECS (5), RL_BENCH_APP_CONNECTIONS (20). Needs wrk and
+(5), RL_BENCH_APP_SECS (5), RL_BENCH_APP_CONNECTIONS (20). Needs wrk and
 the venv of .ci/deps-sdk (slowapi, limits, uvicorn, starlette, rl-server).
 
     target/sdk-venv/bin/python bench/app_python.py
@@ -28,6 +34,7 @@ the venv of .ci/deps-sdk (slowapi, limits, uvicorn, starlette, rl-server).
 from __future__ import annotations
 
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -39,8 +46,12 @@ from typing import Any, Dict, List
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "sdk/python-server/tests"))
 
-TARGETS = ["slowapi-redis", "slowapi-rl", "middleware"]
+TARGETS = ["slowapi-redis", "slowapi-rl", "middleware", "slowapi-redis-moving", "slowapi-rl-moving"]
+#: each rl target and the peer it is compared with
+PAIRS = [("slowapi-rl", "slowapi-redis"), ("middleware", "slowapi-redis"),
+         ("slowapi-rl-moving", "slowapi-redis-moving")]
 LIMIT = "1000000000/minute"
+LIMIT_MOVING = "10000/minute"
 
 
 def app(kind: str, redis_url: str) -> Any:
@@ -64,9 +75,15 @@ def app(kind: str, redis_url: str) -> Any:
     from slowapi import Limiter, _rate_limit_exceeded_handler
     from slowapi.errors import RateLimitExceeded
     from slowapi.util import get_remote_address
-    uri = redis_url if kind == "slowapi-redis" else redis_url.replace("redis://", "rl://")
-    limiter = Limiter(key_func=get_remote_address, storage_uri=uri, strategy="fixed-window")
-    limited = limiter.limit(LIMIT)(hello)
+    uri = redis_url if kind.startswith("slowapi-redis") else redis_url.replace("redis://", "rl://")
+    if kind.endswith("-moving"):
+        # a moving window keeps an entry per hit: 1000 clients at 10000 a minute
+        limiter = Limiter(key_func=lambda: str(random.randrange(1000)), storage_uri=uri,
+                          strategy="moving-window")
+        limited = limiter.limit(LIMIT_MOVING)(hello)
+    else:
+        limiter = Limiter(key_func=get_remote_address, storage_uri=uri, strategy="fixed-window")
+        limited = limiter.limit(LIMIT)(hello)
     a = Starlette(routes=[Path_("/hello", limited)])
     a.state.limiter = limiter
     a.add_exception_handler(RateLimitExceeded, _rate_limit_exceeded_handler)  # type: ignore[arg-type]
@@ -102,7 +119,7 @@ def wrk(url: str, secs: int, conns: int) -> Dict[str, float]:
 
 def main() -> int:
     from servers import App, RedisServer
-    rounds = int(os.environ.get("RL_BENCH_APP_ROUNDS", "3"))
+    rounds = int(os.environ.get("RL_BENCH_APP_ROUNDS", "5"))
     secs = int(os.environ.get("RL_BENCH_APP_SECS", "5"))
     conns = int(os.environ.get("RL_BENCH_APP_CONNECTIONS", "20"))
     server = RedisServer("redis")
@@ -131,13 +148,15 @@ def main() -> int:
             m = med[kind]
             print(f"MEDIAN {kind:14} {m['rps']:9.1f} req/s  p99 {m['p99_ms']:7.2f} ms  "
                   f"redis {m['redis_us_per_decision']:6.2f} us/decision, {m['redis_cpu_us_per_decision']:6.2f} us CPU")
-        peer = med["slowapi-redis"]
         ok = True
-        for kind in ("slowapi-rl", "middleware"):
-            rps = med[kind]["rps"] / peer["rps"]
-            cpu = med[kind]["redis_us_per_decision"] / peer["redis_us_per_decision"]
-            print(f"RATIO {kind}_rps_vs_slowapi-redis {rps:.2f}")
-            print(f"RATIO {kind}_redis_cpu_vs_slowapi-redis {cpu:.2f}")
+        for kind, peer in PAIRS:
+            # per round, against the peer's run of the same round: steadier
+            # than the ratio of medians on a shared machine
+            rps = statistics.median(a["rps"] / b["rps"] for a, b in zip(runs[kind], runs[peer]))
+            cpu = statistics.median(a["redis_us_per_decision"] / b["redis_us_per_decision"]
+                                    for a, b in zip(runs[kind], runs[peer]))
+            print(f"RATIO {kind}_rps_vs_{peer} {rps:.2f}")
+            print(f"RATIO {kind}_redis_cpu_vs_{peer} {cpu:.2f}")
             met = rps >= 1.0 and cpu <= 0.5
             ok = ok and met
             print(f"TARGET {kind}: throughput >= 1.0x and Redis CPU per decision <= 0.5x the peer's: "

@@ -52,6 +52,14 @@ EXACT_MAX = 10000
 _KNOWN_MAX = 10000
 
 
+def _window_in_key(key: str) -> Optional[int]:
+    """The window (seconds) a key made by limits says (``.../<multiples>/<granularity>``)."""
+    parts = key.rsplit("/", 2)
+    if len(parts) == 3 and parts[1].isdigit() and parts[2] in TIME_TYPES:
+        return int(parts[1]) * TIME_TYPES[parts[2]].seconds
+    return None
+
+
 class _Windows:
     """The parts shared by the sync and asyncio storages: keys, commands and
     the window lengths of keys, from limits' key format or earlier hits."""
@@ -72,9 +80,9 @@ class _Windows:
     def expiry_of(self, key: str) -> int:
         """The window length of ``key``: from limits' key (``.../multiples/granularity``)
         or from a hit this storage made on it."""
-        parts = key.rsplit("/", 2)
-        if len(parts) == 3 and parts[1].isdigit() and parts[2] in TIME_TYPES:
-            return int(parts[1]) * TIME_TYPES[parts[2]].seconds
+        in_key = _window_in_key(key)
+        if in_key is not None:
+            return in_key
         known = self._expiries.get(key)
         if known is None:
             raise ConfigurationError(
@@ -82,21 +90,29 @@ class _Windows:
                 "and not hit through this storage)")
         return known
 
+    def _args(self, key: str, limit: int, expiry: int, amount: int, mode: Optional[str]) -> Tuple[Arg, ...]:
+        # the hot path: limits passes whole seconds and points; anything else
+        # goes through the builder, which names what is wrong
+        if type(limit) is int and type(expiry) is int and type(amount) is int \
+                and 1 <= limit <= COUNTER and 0 < expiry <= commands.MAX_SECONDS and 0 <= amount <= COUNTER:
+            args: Tuple[Arg, ...] = ("RL.WINDOW", f"{self.key_prefix}:{key}", limit, expiry, "COST", amount)
+            return args + (mode,) if mode else args
+        return commands.window(commands.Window(self.key(key), limit, expiry), cost=amount, mode=mode).args
+
     def fixed(self, key: str, expiry: int, amount: int) -> Tuple[Arg, ...]:
-        self.remember(key, expiry)
-        return commands.window(commands.Window(self.key(key), COUNTER, expiry), cost=amount,
-                               mode="FIXED").args
+        if _window_in_key(key) is None:
+            self.remember(key, expiry)  # get() could not read its window from the key
+        return self._args(key, COUNTER, expiry, amount, "FIXED")
 
     def exact(self, key: str, limit: int, expiry: int, amount: int) -> Tuple[Arg, ...]:
         if limit > EXACT_MAX:
             raise ConfigurationError(
                 f"rl storage: the moving window holds at most {EXACT_MAX} entries (limit {limit}); "
                 "use the sliding-window-counter or fixed-window strategy")
-        return commands.window(commands.Window(self.key(key), limit, expiry), cost=amount,
-                               mode="EXACT").args
+        return self._args(key, limit, expiry, amount, "EXACT")
 
     def sliding(self, key: str, limit: int, expiry: int, amount: int) -> Tuple[Arg, ...]:
-        return commands.window(commands.Window(self.key(key), limit, expiry), cost=amount).args
+        return self._args(key, limit, expiry, amount, None)
 
     @staticmethod
     def oldest_probe(count: int) -> Optional[int]:
