@@ -1,17 +1,21 @@
 """Fixtures: a redis-server and a Valkey with the rl module (each test that
-takes ``server`` runs on both), and the counts line of sdk/test.sh."""
+takes ``server`` runs on both), a three-node cluster, and the counts line
+of sdk/test.sh (sdk/e2e/pytest_counts.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
+import sys
 import time
 from typing import Any, Iterator, List
 
 import pytest
 import redis
 
-from servers import RedisServer
+from servers import ROOT, RedisServer
+
+sys.path.insert(0, str(ROOT / "sdk/e2e"))
+from pytest_counts import write_counts  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=["redis", "valkey"])
@@ -57,14 +61,4 @@ def cluster() -> Iterator[List[RedisServer]]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    path = os.environ.get("RL_SDK_COUNTS")
-    if not path:
-        return
-    stats = terminalreporter.stats
-
-    def n(*keys: str) -> int:
-        return sum(len(stats.get(k, [])) for k in keys)
-
-    with open(path, "a") as f:
-        f.write(f"test result: sdk-python-server. {n('passed')} passed; "
-                f"{n('failed', 'error', 'xpassed')} failed; {n('skipped', 'xfailed')} ignored;\n")
+    write_counts(terminalreporter, "sdk-python-server")
