@@ -181,3 +181,24 @@ def test_starlette_50_concurrent_clients(starlette_app: App) -> None:
     # a bucket of 30 refilling 30 a minute: never more than 30 + what refilled meanwhile
     assert len(codes) == 150 and 30 <= codes.count(200) <= 30 + int(elapsed * 30 / 60)
     assert codes.count(429) == 150 - codes.count(200)
+
+
+def test_lease_renewed_while_the_request_runs(flushed: RedisServer) -> None:
+    app = App([str(HERE / "apps" / "short_lease.py")], {"REDIS_URL": flushed.url})
+    r0 = redis.Redis(port=flushed.port)
+    try:
+        done: List[httpx.Response] = []
+        t = threading.Thread(target=lambda: done.append(httpx.get(f"{app.url}/work?seconds=6", timeout=30)))
+        t.start()
+        until(lambda: len(r0.execute_command("RL.LEASE", "LIST", "rl:short")) == 1, "the lease held")
+        seen = time.monotonic()
+        # past the 2 s ttl, the lease is still the request's (renewed every 2/3 s)
+        while t.is_alive() and time.monotonic() - seen < 4:
+            assert len(r0.execute_command("RL.LEASE", "LIST", "rl:short")) == 1 or not t.is_alive()
+            time.sleep(0.2)
+        assert httpx.get(f"{app.url}/work").status_code in (409, 429) or not t.is_alive()
+        t.join(30)
+        assert done[0].status_code == 200
+        until(lambda: r0.execute_command("RL.LEASE", "LIST", "rl:short") == [], "released")
+    finally:
+        app.close()

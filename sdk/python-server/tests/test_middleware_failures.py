@@ -21,9 +21,9 @@ from test_middleware import EXAMPLES, pay, until
 BASE = "https://api.example.com/problems"
 
 
-@pytest.fixture
-def own_server() -> Iterator[RedisServer]:
-    s = RedisServer("redis")
+@pytest.fixture(params=["redis", "valkey"])
+def own_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    s = RedisServer(request.param)
     yield s
     s.close()
 
