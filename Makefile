@@ -6,14 +6,14 @@
 #   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
-#   make bench-app  rl in the application against the stores people use (sdk/node-server/bench)
+#   make bench-app  rl in the application against the stores people use (Node and Python halves)
 #   make bench-gateway-instructions  the gateway's instructions per request, by target
 #                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
 #   make test-gateway  the gateway's Lua unit tests, then its end-to-end tests
 #                       (nginx + Redis + HTTP)
 #   make test-gateway-unit  only the gateway's Lua unit tests (one nginx
 #                       process, no Redis, seconds; gateway/test/unit/run.sh)
-#   make test-sdk      only the SDKs' tests (sdk/python, sdk/typescript, sdk/node-server)
+#   make test-sdk      only the SDKs' tests (sdk/python, sdk/python-server, sdk/typescript, sdk/node-server)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
@@ -50,7 +50,7 @@ LUA_COUNTS   := $(CURDIR)/target/lua-unit-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-gateway-unit test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-gateway-unit test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app bench-app-node bench-app-python clean reliability reliability-report
 
 all: build
 
@@ -213,11 +213,14 @@ reliability: deps build
 bench: deps
 	bash bench/run.sh
 
-# The application benchmark (about 1 minute per half): the same Express
-# route with express-rate-limit + rate-limit-redis, with rl's store, and
-# with rl's middleware, in interleaved rounds on one Redis (requests per
-# second, p99, Redis CPU per decision; sdk/node-server/bench/app.mjs).
-bench-app: deps build
+# The application benchmark (`make bench-app`: both halves, about 1 minute
+# each; not part of `make test`). Node: the same Express route with
+# express-rate-limit + rate-limit-redis, with rl's store, and with rl's
+# middleware, in interleaved rounds on one Redis (requests per second, p99,
+# Redis CPU per decision; sdk/node-server/bench/app.mjs).
+bench-app: bench-app-node bench-app-python
+
+bench-app-node: deps build
 	cd sdk/node-server && npm run --silent build && RL_MODULE=$(MODULE) node bench/app.mjs
 
 bench-core:
@@ -238,6 +241,13 @@ bench-gateway: deps build
 
 bench-gateway-instructions: deps build
 	RL_MODULE=$(MODULE) bash bench/gateway_instructions.sh
+
+# The application benchmark's Python half: slowapi with limits' Redis storage against slowapi with
+# rl's storage and rl's ASGI middleware, the same Starlette route under
+# uvicorn, interleaved wrk rounds, one redis-server (bench/app_python.py:
+# requests/s, p99, Redis CPU per decision, RATIO and TARGET lines).
+bench-app-python: deps build
+	RL_MODULE=$(MODULE) target/sdk-venv/bin/python bench/app_python.py
 
 clean:
 	$(CARGO) clean

@@ -2,16 +2,19 @@
 # Runs the SDKs' tests (after .ci/deps-sdk and `cargo build --release`):
 #   - Python: pytest over sdk/python/tests (unit, then end-to-end against
 #     nginx + Redis started by sdk/e2e/launcher.py), then mypy --strict;
+#   - Python server side: pytest over sdk/python-server/tests (typed
+#     commands, the limits storage, slowapi, flask-limiter, the ASGI
+#     middleware, against real servers), then mypy --strict;
 #   - TypeScript: tsc build of the package, tsc of the tests, then node's
 #     test runner over the unit and end-to-end tests;
 #   - Node server side (sdk/node-server, @rl/server): the same, over its
 #     tests (redis-server and Valkey, Express and Fastify, the gateway).
-# The three run in parallel (each end-to-end suite has its own nginx and
+# The four run in parallel (each end-to-end suite has its own nginx and
 # Redis on free ports; their long scenarios overlap), logs shown one after
 # the other. Writes one cargo-style `test result: ... N passed; N failed;
 # N ignored;` line per SDK to $RL_SDK_COUNTS (default
 # target/sdk-test-counts.txt) for the Makefile's total. Exit status: 0 only
-# when both passed.
+# when all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -21,7 +24,7 @@ export RL_MODULE=${RL_MODULE:-$root/target/release/librl.so}
 export RL_SDK_PYTHON=$python
 mkdir -p target
 : > "$counts"
-rm -f target/sdk-python.log target/sdk-typescript.log target/sdk-typescript.tap
+rm -f target/sdk-python.log target/sdk-python-server.log target/sdk-typescript.log target/sdk-typescript.tap
 rm -f target/sdk-node-server.log target/sdk-node-server.tap
 
 (
@@ -30,6 +33,13 @@ rm -f target/sdk-node-server.log target/sdk-node-server.tap
     "$python" -m mypy
 ) > target/sdk-python.log 2>&1 &
 py_pid=$!
+
+(
+    cd sdk/python-server &&
+    RL_SDK_COUNTS=$counts "$python" -m pytest -q -rxX -p no:cacheprovider tests &&
+    "$python" -m mypy
+) > target/sdk-python-server.log 2>&1 &
+pys_pid=$!
 
 (
     cd sdk/typescript &&
@@ -54,9 +64,12 @@ ns_pid=$!
 wait "$py_pid"; py_rc=$?
 wait "$ts_pid"; ts_rc=$?
 wait "$ns_pid"; ns_rc=$?
+wait "$pys_pid"; pys_rc=$?
 
 echo "--- sdk/python (pytest, mypy): exit $py_rc ---"
 cat target/sdk-python.log
+echo "--- sdk/python-server (pytest, mypy): exit $pys_rc ---"
+cat target/sdk-python-server.log
 echo "--- sdk/typescript (tsc, node --test): exit $ts_rc ---"
 cat target/sdk-typescript.log
 echo "--- sdk/node-server (tsc, node --test): exit $ns_rc ---"
@@ -73,4 +86,4 @@ for suite in sdk-typescript sdk-node-server; do
 done
 echo "--- sdk counts ($counts) ---"
 cat "$counts"
-[ "$py_rc" -eq 0 ] && [ "$ts_rc" -eq 0 ] && [ "$ns_rc" -eq 0 ]
+[ "$py_rc" -eq 0 ] && [ "$ts_rc" -eq 0 ] && [ "$pys_rc" -eq 0 ] && [ "$ns_rc" -eq 0 ]

@@ -1,23 +1,16 @@
-"""Writes this run's counts, when ``RL_SDK_COUNTS`` names a file, as one line
-in the form of cargo's summary (``test result: sdk-python. P passed; F
-failed; S ignored;``) for the Makefile's total. Failed counts errors too;
-ignored counts skips and expected failures."""
+"""Writes this run's counts line for sdk/test.sh (``test result: sdk-python.
+...``; see sdk/e2e/pytest_counts.py)."""
 
 from __future__ import annotations
 
-import os
+import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
+
+from pytest_counts import write_counts  # noqa: E402
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    path = os.environ.get("RL_SDK_COUNTS")
-    if not path:
-        return
-    stats = terminalreporter.stats
-
-    def n(*keys: str) -> int:
-        return sum(len(stats.get(k, [])) for k in keys)
-
-    with open(path, "a") as f:
-        f.write(f"test result: sdk-python. {n('passed')} passed; {n('failed', 'error', 'xpassed')}"
-                f" failed; {n('skipped', 'xfailed')} ignored;\n")
+    write_counts(terminalreporter, "sdk-python")

@@ -1,0 +1,399 @@
+"""An ASGI middleware for Starlette and FastAPI that gives each declared
+route all of rl: buckets, windows and calendar quotas (several at once,
+all-or-nothing), a request cost, the penalty box, concurrency leases held
+for the request (released when it ends, fails or the client leaves), a
+per-resource lock answered 409 at once, a required Idempotency-Key, shadow
+mode, and per route what happens when Redis fails (503, or an in-process
+limiter marked degraded). Responses carry the gateway's RateLimit-Policy,
+RateLimit and Retry-After fields and its problem bodies.
+
+    app.add_middleware(RateLimitMiddleware, redis="redis://127.0.0.1:6379",
+                       routes={"POST /payments": Route(rates=[Rate(...)])})
+
+Runs on asyncio (uvicorn's default loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
+
+import redis
+import redis.asyncio as aioredis
+from starlette.requests import Request
+
+from . import commands, responses
+from .client import AsyncRL
+from .commands import Command
+from .decisions import Decision, Status
+from .fallback import LocalLimiter
+from .responses import Binding, Policy
+from .routes import (Concurrency, Quota, Rate, Route, Window, compile_routes, cost_of, keyed, match,
+                     window_seconds)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("rl_server")
+#: what a Redis call that failed raises (an error reply is a RedisError too)
+REDIS_FAILURES = (redis.RedisError, OSError, asyncio.TimeoutError)
+_KIND = {Rate: "bucket", Window: "window", Quota: "quota"}
+
+
+@dataclass
+class _Outcome:
+    """What the limiters decided for one request."""
+
+    headers: Dict[str, str] = field(default_factory=dict)
+    #: granted leases: (key, lease id, ttl), released when the request ends
+    leases: List[Tuple[str, str, float]] = field(default_factory=list)
+    #: local leases (a degraded answer): keys
+    local_leases: List[str] = field(default_factory=list)
+    #: a refusal: status and problem body
+    status: Optional[int] = None
+    body: Optional[Dict[str, Any]] = None
+
+
+class RateLimitMiddleware:
+    """The middleware; ``routes`` maps ``"METHOD /template/{param}"`` (or
+    ``"/template"``, any method) to a ``Route``. Undeclared routes pass."""
+
+    def __init__(self, app: ASGIApp, *, redis: Any, routes: Mapping[str, Route],
+                 problem_base: str = "https://api.example.com/problems", timeout: float = 0.25,
+                 fail_closed_retry_after: int = 15, fallback_ratio: float = 0.5,
+                 legacy_headers: bool = False, http_date_after: float = 3600,
+                 manual_box_status: int = 403, shadow: bool = False,
+                 request_id_header: str = "x-request-id") -> None:
+        """``redis``: a URL, or a ``redis.asyncio`` client (Redis or RedisCluster);
+        ``timeout``: seconds a Redis call may take before the route's failure mode
+        applies. Bad options raise ValueError naming them."""
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            raise ValueError(f"timeout must be seconds greater than 0, got {timeout!r}")
+        if not isinstance(fail_closed_retry_after, int) or fail_closed_retry_after < 1:
+            raise ValueError(f"fail_closed_retry_after must be an integer >= 1 (seconds), "
+                             f"got {fail_closed_retry_after!r}")
+        if isinstance(fallback_ratio, bool) or not isinstance(fallback_ratio, (int, float)) \
+                or not 0 < fallback_ratio <= 1:
+            raise ValueError(f"fallback_ratio must be in (0, 1], got {fallback_ratio!r}")
+        if manual_box_status not in (403, 429):
+            raise ValueError(f"manual_box_status must be 403 or 429, got {manual_box_status!r}")
+        if not isinstance(problem_base, str) or not problem_base:
+            raise ValueError("problem_base must be a non-empty URL")
+        if isinstance(redis, str):
+            if not redis.startswith(("redis://", "rediss://", "unix://")):
+                raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
+            redis = aioredis.Redis.from_url(redis, socket_timeout=timeout, socket_connect_timeout=timeout)
+        elif not hasattr(redis, "execute_command"):
+            raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
+        self.app = app
+        self.rl = AsyncRL(redis)
+        self.routes = compile_routes(routes)
+        self.conf = responses.Conf(problem_base.rstrip("/"), legacy_headers, http_date_after,
+                                   manual_box_status, fail_closed_retry_after)
+        self.timeout = float(timeout)
+        self.fallback_ratio = fallback_ratio
+        self.shadow = shadow
+        self.request_id_header = request_id_header.lower().encode("latin-1")
+        self.local = LocalLimiter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        found = match(self.routes, scope["method"], scope["path"])
+        if found is None:
+            return await self.app(scope, receive, send)
+        compiled, params = found
+        route = compiled.route
+        request = Request({**scope, "path_params": params})
+        rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.request_id_header),
+                   None) or uuid.uuid4().hex
+        shadow = self.shadow or route.shadow
+        if route.idempotency_key and not request.headers.get("idempotency-key"):
+            out = _refused(responses.idempotency_required(self.conf, scope["path"], rid))
+        else:
+            try:
+                out = await self._decide(route, request, params, rid)
+            except REDIS_FAILURES as err:
+                log.warning("rl: Redis failed on %s (%s): %s", compiled.name, route.on_redis_failure, err)
+                out = self._redis_failed(route, request, params, rid)
+        if out.status is not None:
+            if not shadow:
+                await self._release(out)
+                assert out.body is not None
+                return await self._answer(send, out.status, out.headers, out.body)
+            log.info("rl shadow: %s %s would be answered %s (%s)", scope["method"], scope["path"],
+                     out.status, out.body.get("policy") if out.body else None)
+            out.headers = {}
+        elif shadow:
+            out.headers = {}
+        await self._run(scope, receive, send, out)
+
+    # -- deciding ---------------------------------------------------------
+
+    async def _call(self, command: Command[Any]) -> Any:
+        return await asyncio.wait_for(self.rl.run(command), self.timeout)
+
+    async def _decide(self, route: Route, request: Request, params: Mapping[str, str],
+                      rid: str) -> _Outcome:
+        out = _Outcome()
+        policies = route_policies(route)
+        path = request.url.path
+        try:
+            for lease, key in zip(route.leases, keyed(route.leases, request, params)):
+                lid = uuid.uuid4().hex
+                # recorded before the call: a timed-out ACQUIRE may have been granted
+                out.leases.append((key, lid, float(lease.ttl)))
+                got = await self._call(commands.lease_acquire(key, lease.max, lease.ttl, lid))
+                if not got.granted:
+                    out.leases.pop()
+                    await self._release(out)
+                    return _refused(responses.lease_refusal(
+                        self.conf, policies, lease.name, lease.max, float(lease.ttl),
+                        float(lease.expected), lease.status, got.retry_after_ms, path, rid, route.tier))
+            cost = await cost_of(route.cost, request)
+            refunds: List[Command[Decision]] = []
+            bindings: List[Binding] = []
+            penalty = route.penalty
+            groups: Tuple[Sequence[Any], ...] = (route.rates, route.windows, route.quotas)
+            for items in groups:
+                if not items:
+                    continue
+                smallest = min(range(len(items)), key=lambda j: _capacity_of(items[j]))
+                if cost > _capacity_of(items[smallest]):
+                    # above a capacity it never fits (rl refuses such a COST as an error)
+                    b = items[smallest]
+                    d = Decision(Status.THROTTLED, _capacity_of(b), 0, -1, -1, 0, None, smallest)
+                else:
+                    cmd, refund = _limiter_commands(items, keyed(items, request, params), cost, penalty)
+                    d = await self._call(cmd)
+                    b = items[d.binding]
+                penalty = None
+                boxed = d.status is Status.BOXED
+                binding = Binding(b.name, d.limit, 0 if boxed else d.remaining,
+                                  None if d.reset_ms < 0 else d.reset_ms, window_seconds(b),
+                                  clamp=not isinstance(b, Rate), boxed=boxed)
+                if not d.allowed:
+                    await self._refund(refunds)
+                    await self._release(out)
+                    return _refused(responses.limiter_refusal(
+                        self.conf, policies, _limiter_view(route, b, cost), binding, d.box_level,
+                        d.retry_after_ms, d.strikes_remaining, path, rid, route.tier))
+                bindings.append(binding)
+                if cost > 0:
+                    refunds.append(refund)
+        except BaseException:
+            await self._release(out)
+            raise
+        out.headers = responses.admitted(self.conf, policies, _tightest(bindings)).headers
+        return out
+
+    async def _refund(self, refunds: Sequence[Command[Decision]]) -> None:
+        for cmd in refunds:  # a later limiter refused: give back what earlier ones took
+            try:
+                await self._call(cmd)
+            except REDIS_FAILURES as err:
+                log.warning("rl: refund failed: %s", err)
+
+    def _redis_failed(self, route: Route, request: Request, params: Mapping[str, str],
+                      rid: str) -> _Outcome:
+        """Redis failed: 503 for a route that fails closed; else the local limiter."""
+        if route.on_redis_failure == "closed":
+            return _refused(responses.fail_closed(self.conf, request.url.path, rid, route.tier))
+        out = _Outcome(headers={responses.DEGRADED: responses.DEGRADED_VALUE})
+        for lease, key in zip(route.leases, keyed(route.leases, request, params)):
+            if not self.local.acquire(key, lease.max):
+                for k in out.local_leases:
+                    self.local.release(k)
+                out.local_leases = []
+                self._local_refusal(out, route, request, rid, lease.name + "-degraded", lease.status,
+                                    "concurrency-limit-exceeded", 1000, concurrency=lease.max)
+                return out
+            out.local_leases.append(key)
+        buckets, names = [], []
+        local: List[Any] = [*route.rates, *route.windows]
+        for item, key in zip(local, keyed(local, request, params)):
+            cap = item.capacity if isinstance(item, Rate) else item.limit
+            rate = item.tokens if isinstance(item, Rate) else item.limit
+            buckets.append((key, max(math.floor(cap * self.fallback_ratio), 1),
+                            max(math.floor(rate * self.fallback_ratio), 1), window_seconds(item)))
+            names.append(item.name + "-degraded")
+        if buckets:
+            cost = route.cost if isinstance(route.cost, int) else 1
+            ds = self.local.take(buckets, min(cost, min(b[1] for b in buckets)))
+            if not ds[0].allowed:
+                i = max(range(len(ds)), key=lambda j: ds[j].retry_after_ms)
+                for k in out.local_leases:
+                    self.local.release(k)
+                out.local_leases = []
+                out.headers["RateLimit"] = responses.ratelimit_fields(
+                    Binding(names[i], ds[i].limit, ds[i].remaining, ds[i].reset_ms))["RateLimit"]
+                self._local_refusal(out, route, request, rid, names[i], 429, "rate-limit-exceeded",
+                                    ds[i].retry_after_ms)
+                return out
+        return out
+
+    def _local_refusal(self, out: _Outcome, route: Route, request: Request, rid: str, name: str,
+                       status: int, kind: str, retry_ms: int, concurrency: Optional[int] = None) -> None:
+        secs = responses.seconds(retry_ms)
+        out.headers["Retry-After"] = str(secs)
+        out.status = status
+        out.body = responses.problem(
+            self.conf.problem_base, status, kind, f"{name}: the rate limiter answers locally while it is "
+            f"unavailable; retry in {secs} s.", instance=request.url.path, request_id=rid,
+            retry_after_s=secs, tier=route.tier, policy=name, concurrency_limit=concurrency,
+            degraded=responses.DEGRADED_VALUE)
+
+    # -- answering and running the app ----------------------------------
+
+    async def _answer(self, send: Send, status: int, fields: Mapping[str, str],
+                      body: Mapping[str, Any]) -> None:
+        data = responses.encode(body)
+        headers = responses.header_list({**fields, "Content-Type": responses.CONTENT_TYPE})
+        headers.append((b"content-length", str(len(data)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, out: _Outcome) -> None:
+        """Runs the app with the decided fields added to its response; the
+        leases are renewed while it runs and released when it ends, fails, or
+        the client leaves (the app is then cancelled)."""
+        extra = responses.header_list(out.headers)
+
+        async def send_with_fields(message: Message) -> None:
+            if message["type"] == "http.response.start" and extra:
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                # given back before the response ends: a client that calls
+                # again as soon as it has the answer finds the slot free
+                await self._release(out)
+            await send(message)
+
+        if not out.leases and not out.local_leases:
+            return await self.app(scope, receive, send_with_fields)
+        queue: asyncio.Queue[Message] = asyncio.Queue()
+        gone = asyncio.Event()
+
+        async def pump() -> None:
+            while True:
+                message = await receive()
+                await queue.put(message)
+                if message["type"] == "http.disconnect":
+                    gone.set()
+                    return
+
+        app = asyncio.ensure_future(self.app(scope, queue.get, send_with_fields))
+        helpers = [asyncio.ensure_future(pump()), asyncio.ensure_future(self._renew(out.leases))]
+        left = asyncio.ensure_future(gone.wait())
+        try:
+            done, _ = await asyncio.wait({app, left}, return_when=asyncio.FIRST_COMPLETED)
+            if app in done:
+                app.result()  # the app's own exception, if any
+            else:
+                log.info("rl: the client left %s %s: request cancelled, leases released",
+                         scope["method"], scope["path"])
+                app.cancel()
+                await asyncio.wait({app}, timeout=self.timeout + 5)
+        finally:
+            for t in (*helpers, left):
+                t.cancel()
+            if not app.done():
+                app.cancel()
+            await self._release(out)
+
+    async def _renew(self, leases: Sequence[Tuple[str, str, float]]) -> None:
+        if not leases:
+            return
+        every = min(ttl for _, _, ttl in leases) / 3
+        while True:
+            await asyncio.sleep(every)
+            for key, lid, ttl in leases:
+                try:
+                    await self._call(commands.lease_renew(key, lid, ttl))
+                except REDIS_FAILURES as err:
+                    log.warning("rl: lease renewal failed: %s", err)
+
+    async def _release(self, out: _Outcome) -> None:
+        for key in out.local_leases:
+            self.local.release(key)
+        out.local_leases = []
+        leases, out.leases = out.leases, []
+        for key, lid, _ in reversed(leases):
+            try:  # shielded: a cancelled request still gives its slot back
+                await asyncio.shield(self._call(commands.lease_release(key, lid)))
+            except REDIS_FAILURES as err:
+                log.warning("rl: lease release failed (it expires with its ttl): %s", err)
+
+
+async def _unused_app(scope: Scope, receive: Receive, send: Send) -> None:
+    raise RuntimeError("the options check's app is never called")
+
+
+def install(app: Any, **options: Any) -> None:
+    """``app.add_middleware(RateLimitMiddleware, **options)``, the options
+    checked now: a bad one raises ValueError naming it when the app is made,
+    so the server refuses to start (Starlette builds its middleware only at
+    the first event, and uvicorn's lifespan "auto" mode goes on past it)."""
+    RateLimitMiddleware(_unused_app, **options)
+    app.add_middleware(RateLimitMiddleware, **options)
+
+
+def _refused(answer: responses.Answer) -> _Outcome:
+    return _Outcome(headers=answer.headers, status=answer.status, body=answer.body)
+
+
+def route_policies(route: Route) -> List[Policy]:
+    """The RateLimit-Policy items of a route: rates, windows, quotas, then leases."""
+    items: List[Any] = [*route.rates, *route.windows, *route.quotas]
+    return [*(Policy(i.name, _quota_of(i), window_seconds(i), route.unit) for i in items),
+            *(Policy(c.name, c.max, None, "concurrent-requests") for c in route.leases)]
+
+
+def _limiter_view(route: Route, item: Any, cost: int) -> responses.Limiter:
+    """What a refusal says of ``item``."""
+    pen = route.penalty
+    return responses.Limiter(
+        item.name, _KIND[type(item)], route.unit, window_seconds(item), cost,
+        box=pen.box if pen and pen.box else None,
+        strikes_threshold=pen.threshold if pen else None,
+        upgrade_url=item.upgrade_url if isinstance(item, Quota) else None)
+
+
+def _capacity_of(item: Any) -> int:
+    return int(item.capacity) if isinstance(item, Rate) else int(item.limit)
+
+
+def _quota_of(item: Any) -> int:
+    return int(item.tokens) if isinstance(item, Rate) else int(item.limit)
+
+
+def _limiter_commands(items: Sequence[Any], keys: Sequence[str], cost: int,
+                      penalty: Optional[commands.Penalty]) -> Tuple[Command[Decision], Command[Decision]]:
+    """The command of one group (rates, windows or quotas: the first and its
+    ALSO), and the refund that gives ``cost`` back."""
+    first = items[0]
+    if isinstance(first, Rate):
+        bs = [commands.Bucket(k, i.capacity, i.tokens, i.period) for i, k in zip(items, keys)]
+        return (commands.take(bs[0], *bs[1:], cost=cost, penalty=penalty),
+                commands.take(bs[0], *bs[1:], refund=max(cost, 1)))
+    if isinstance(first, Window):
+        ws = [commands.Window(k, i.limit, i.window) for i, k in zip(items, keys)]
+        return (commands.window(ws[0], *ws[1:], cost=cost, mode=first.mode, penalty=penalty),
+                commands.window(ws[0], *ws[1:], mode=first.mode, refund=max(cost, 1)))
+    qs = [commands.Quota(k, i.limit, i.period) for i, k in zip(items, keys)]
+    return (commands.quota(qs[0], *qs[1:], cost=cost, penalty=penalty),
+            commands.quota(qs[0], *qs[1:], refund=max(cost, 1)))
+
+
+def _tightest(bindings: Sequence[Binding]) -> Optional[Binding]:
+    """The binding with the smallest share left (the first on a tie)."""
+    best: Optional[Binding] = None
+    for b in bindings:
+        if best is None or b.remaining / max(b.limit, 1) < best.remaining / max(best.limit, 1):
+            best = b
+    return best
