@@ -15,7 +15,8 @@ pub struct CellAnswer {
     pub limited: bool,
     /// `max_burst + 1`.
     pub limit: u64,
-    /// Whole points left.
+    /// Whole points left, never negative (redis-cell's reply has no
+    /// debt: a bucket in debt answers 0, its wait in `retry_after_s`).
     pub remaining: i64,
     /// Whole seconds until a retry may succeed, rounded up; `None` when
     /// allowed, when the quantity can never fit, and for a manual box.
@@ -74,7 +75,7 @@ pub fn answer(decision: &Decision, rate: &Rate, quantity: u64) -> CellAnswer {
     CellAnswer {
         limited,
         limit: rate.capacity,
-        remaining: decision.remaining,
+        remaining: decision.remaining.max(0),
         retry_after_s,
         reset_after_s: seconds(decision.reset),
     }

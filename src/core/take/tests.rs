@@ -226,7 +226,9 @@ fn a_backward_step_grants_nothing_until_the_clock_passes_again() {
     req.cost = 1;
     let back = now - 3_600_000;
     let (reply, fx) = take(&mut buckets, &mut penalty, &req, back, 0);
-    assert_eq!(reply.wire(), [0, 5, 0, 3_610_000, 3_602_000, 0, -1, 0]);
+    // Read an hour early, the bucket holds 1805 points more than it
+    // admits: the reply shows them, as its wait does.
+    assert_eq!(reply.wire(), [0, 5, -1800, 3_610_000, 3_602_000, 0, -1, 0]);
     assert_eq!(fx, Effects::default(), "a throttled call writes nothing");
     req.cost = 5;
     let (reply, _) = take(&mut buckets, &mut penalty, &req, back + 10_000, 0);
@@ -253,7 +255,7 @@ fn delay_reserves_within_max_wait_and_throttles_beyond() {
         let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
         assert_eq!(
             reply.wire(),
-            [2, 1, 0, 100 * (k + 1), 100 * k, 0, -1, 0],
+            [2, 1, -(k as i64), 100 * (k + 1), 100 * k, 0, -1, 0],
             "call {k}"
         );
         assert_eq!(fx.states, KeySet::first(1));
@@ -262,7 +264,7 @@ fn delay_reserves_within_max_wait_and_throttles_beyond() {
     let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
     assert_eq!(
         reply.wire(),
-        [0, 1, 0, 1100, 1100, 0, -1, 0],
+        [0, 1, -10, 1100, 1100, 0, -1, 0],
         "beyond max_wait"
     );
     assert_eq!(
