@@ -74,14 +74,32 @@ fn a_debt_is_shown_wherever_its_bucket_is_shown() {
             "{line}: {d:?}"
         );
     };
-    shown(&mut con, "RL.TAKE k 10 10 3600 COST 30 DEBT", ALLOWED, -20, 0);
+    shown(
+        &mut con,
+        "RL.TAKE k 10 10 3600 COST 30 DEBT",
+        ALLOWED,
+        -20,
+        0,
+    );
     shown(&mut con, "RL.TAKE k 10 10 3600 COST 0", THROTTLED, -20, 0);
     shown(&mut con, "RL.TAKE k 10 10 3600 COST 1", THROTTLED, -20, 0);
     // The bucket in debt binds next to a full one, in a probe as well.
-    shown(&mut con, "RL.TAKE t 100 100 60 ALSO k 10 10 3600 COST 0", THROTTLED, -20, 1);
+    shown(
+        &mut con,
+        "RL.TAKE t 100 100 60 ALSO k 10 10 3600 COST 0",
+        THROTTLED,
+        -20,
+        1,
+    );
     // DELAY reserves beyond empty; later calls see it.
     shown(&mut con, "RL.TAKE d 10 10 3600 COST 10", ALLOWED, 0, 0);
-    shown(&mut con, "RL.TAKE d 10 10 3600 COST 5 DELAY 3600", DELAYED, -5, 0);
+    shown(
+        &mut con,
+        "RL.TAKE d 10 10 3600 COST 5 DELAY 3600",
+        DELAYED,
+        -5,
+        0,
+    );
     shown(&mut con, "RL.TAKE d 10 10 3600 COST 0", THROTTLED, -5, 0);
     // A capacity lowered below what was spent: 8 spent, room for 5.
     shown(&mut con, "RL.TAKE c 10 10 3600 COST 8", ALLOWED, 2, 0);
@@ -99,12 +117,23 @@ fn a_debt_is_shown_wherever_its_bucket_is_shown() {
         shown(&mut con, &format!("{call} COST 1"), THROTTLED, -20, 0);
         shown(&mut con, &format!("{lowered} COST 0"), THROTTLED, -25, 0);
     }
-    shown(&mut con, "RL.QUOTA q 10 MONTH COST 1 PEEK", THROTTLED, -20, 0);
+    shown(
+        &mut con,
+        "RL.QUOTA q 10 MONTH COST 1 PEEK",
+        THROTTLED,
+        -20,
+        0,
+    );
     // CL.THROTTLE keeps redis-cell's reply: `remaining` is never negative;
     // the debt shows in its wait (20 points, then one, at 6 minutes each).
     let r = ints(&mut con, "CL.THROTTLE k 9 10 3600");
     assert_eq!(r[..3], [1, 10, 0], "{r:?}");
-    near(r[3], 21 * 360 - 1, 21 * 360, "retry_after_s waits out the debt");
+    near(
+        r[3],
+        21 * 360 - 1,
+        21 * 360,
+        "retry_after_s waits out the debt",
+    );
 }
 
 #[test]

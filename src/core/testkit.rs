@@ -253,13 +253,15 @@ pub fn small_policy() -> impl Strategy<Value = PenaltyPolicy> {
         1u64..=100_000,
         [box_ms.clone(), box_ms.clone(), box_ms],
         0u64..=1_000_000,
+        any::<bool>(),
     )
         .prop_map(
-            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy {
+            |(threshold, window_ms, box_ms, offenses_ttl_ms, every)| PenaltyPolicy {
                 threshold,
                 window_ms,
                 box_ms,
                 offenses_ttl_ms,
+                every,
             },
         )
 }
@@ -364,13 +366,15 @@ pub fn request_within_limits() -> impl Strategy<Value = TakeRequest> {
         up_to(MAX_DURATION_MS),
         [box_ms.clone(), box_ms.clone(), box_ms],
         0..=MAX_DURATION_MS,
+        any::<bool>(),
     )
         .prop_map(
-            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy {
+            |(threshold, window_ms, box_ms, offenses_ttl_ms, every)| PenaltyPolicy {
                 threshold,
                 window_ms,
                 box_ms,
                 offenses_ttl_ms,
+                every,
             },
         );
     let cost = prop_oneof![Just(0u64), up_to(MAX_POINTS)];
