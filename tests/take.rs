@@ -365,7 +365,7 @@ fn a_backward_clock_step_grants_nothing() {
     near(
         d.remaining,
         -1801,
-        -1799,
+        -1795,
         "an hour early, the bucket holds 1800 points (one per 2 s) too many",
     );
     near(
