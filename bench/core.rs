@@ -34,6 +34,7 @@ fn policy(threshold: u64) -> PenaltyPolicy {
         window_ms: 60_000,
         box_ms: [300_000, 3_600_000, 86_400_000],
         offenses_ttl_ms: 86_400_000,
+        every: false,
     }
 }
 

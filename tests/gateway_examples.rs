@@ -75,8 +75,17 @@ fn velocity_example_runs_every_rule_of_its_design() {
         let r = post_json(&a, &deposits, &h1, json!({"amount": 100}));
         assert_eq!(r.status, 200, "deposit {i}: {r:#?}");
     }
+    redis.reset_stats();
     let r = post_json(&a, &deposits, &h1, json!({"amount": 100}));
     check_body(&r, 429, "RATE_LIMIT_EXCEEDED", Some("velocity"), Some(300));
+    // exceeding is the offence (EVERY): the refusal blocks in the rule's
+    // one command, never sent twice; then the 3 rules that admitted with a
+    // cost (ip, deposit-1h, deposit-amount-24h) give it back
+    assert_eq!(
+        redis.command_calls("rl.window"),
+        5 + 3,
+        "one command per rule of the route, then 3 refunds"
+    );
     assert!(r
         .must("RateLimit-Policy")
         .contains(r#""deposit-1m";q=5;w=60"#));

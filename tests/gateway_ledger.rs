@@ -168,6 +168,7 @@ fn ledger_example_runs_every_rule_of_its_design() {
             )[2] == 4 - i
         });
     }
+    redis.reset_stats();
     let r = post_form(
         &a,
         &token,
@@ -175,6 +176,12 @@ fn ledger_example_runs_every_rule_of_its_design() {
         &[("client_id", "bob"), ("client_secret", "right")],
     );
     let b = problem(&r, 429, "penalty-box-active");
+    assert_eq!(
+        redis.command_calls("rl.window"),
+        2 + 1,
+        "the probes of auth-subject and auth-ip, then this attempt recorded once, \
+         as the failure that trips (EVERY)"
+    );
     assert_eq!(r.must("Retry-After"), "900");
     assert_eq!(b["penalty_level"], 1);
     let r = post_form(

@@ -51,9 +51,17 @@ fn failed_logins_lock_out_the_subject_then_the_ip() {
                 left(&mut con, &key, 5) == 5 - i
             });
         }
-        // the sixth attempt is refused even with the right secret
+        // the sixth attempt is refused even with the right secret, in one
+        // command per window after the probes: the failure that does not
+        // fit is a strike at once (EVERY), never sent twice
+        redis.reset_stats();
         let r = attempt(who, "right", "192.0.2.1");
         let b = problem(&r, 429, "penalty-box-active");
+        assert_eq!(
+            redis.command_calls("rl.window"),
+            3,
+            "2 probes (subject, IP), 1 failure recorded on the subject"
+        );
         assert_eq!(r.must("X-Penalty-Box-Status"), "Active-Lockout");
         assert_eq!(r.must("Retry-After"), "900");
         assert_eq!(b["penalty_level"], 1);

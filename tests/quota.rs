@@ -117,6 +117,14 @@ fn peek_is_a_dry_run_of_the_cost() {
         [0, 100, 40]
     );
     assert_eq!(
+        ints(
+            &mut con,
+            "RL.QUOTA p 100 MONTH COST 60 PEEK STRIKES 1 60 EVERY"
+        )[..3],
+        [0, 100, 40],
+        "a dry run is no refusal, EVERY or not"
+    );
+    assert_eq!(
         ints(&mut con, "RL.BOX STATUS p"),
         [0, 0, 0, 0],
         "a dry run counts no strike"

@@ -171,13 +171,13 @@ fn scenarios() -> Vec<Scenario> {
             run: |c| {
                 call_ok(c, "CL.THROTTLE s:cell 5 1 60");
                 let ns = (now_ms() as u128 + 10_000) * 1_000_000;
-                call_ok(c, &format!("SET s:legacy {ns} PX 60000"));
+                call_ok(c, &format!("SET s:legacy {ns} PX 10000"));
                 let r = ints(c, "CL.THROTTLE s:legacy 15 1 1");
                 assert_eq!(r.len(), 5, "converted and answered: {r:?}");
                 call_ok(c, "TYPE s:legacy");
                 // A quantity above the burst takes nothing: the value is
                 // answered from as it is, and nothing is written.
-                call_ok(c, &format!("SET s:legacy2 {ns} PX 60000"));
+                call_ok(c, &format!("SET s:legacy2 {ns} PX 10000"));
                 let r = ints(c, "CL.THROTTLE s:legacy2 15 1 1 20");
                 assert_eq!(r[0], 1, "limited: {r:?}");
             },

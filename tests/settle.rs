@@ -57,6 +57,85 @@ fn debt_goes_below_empty_and_refund_gives_back_up_to_full() {
     }
 }
 
+/// Every reply about a bucket, window or quota that holds more than it may
+/// admit gives the excess as a negative `remaining`: a probe, a refused
+/// call, an `ALSO` bucket, a `DELAY` reservation, a lowered capacity. The
+/// buckets refill one point per 6 minutes, the windows last a day: no
+/// point comes back meanwhile.
+#[test]
+fn a_debt_is_shown_wherever_its_bucket_is_shown() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let shown = |con: &mut redis::Connection, line: &str, status, remaining, binding| {
+        let d = decide(con, line);
+        assert_eq!(
+            (d.status, d.remaining, d.binding),
+            (status, remaining, binding),
+            "{line}: {d:?}"
+        );
+    };
+    shown(
+        &mut con,
+        "RL.TAKE k 10 10 3600 COST 30 DEBT",
+        ALLOWED,
+        -20,
+        0,
+    );
+    shown(&mut con, "RL.TAKE k 10 10 3600 COST 0", THROTTLED, -20, 0);
+    shown(&mut con, "RL.TAKE k 10 10 3600 COST 1", THROTTLED, -20, 0);
+    // The bucket in debt binds next to a full one, in a probe as well.
+    shown(
+        &mut con,
+        "RL.TAKE t 100 100 60 ALSO k 10 10 3600 COST 0",
+        THROTTLED,
+        -20,
+        1,
+    );
+    // DELAY reserves beyond empty; later calls see it.
+    shown(&mut con, "RL.TAKE d 10 10 3600 COST 10", ALLOWED, 0, 0);
+    shown(
+        &mut con,
+        "RL.TAKE d 10 10 3600 COST 5 DELAY 3600",
+        DELAYED,
+        -5,
+        0,
+    );
+    shown(&mut con, "RL.TAKE d 10 10 3600 COST 0", THROTTLED, -5, 0);
+    // A capacity lowered below what was spent: 8 spent, room for 5.
+    shown(&mut con, "RL.TAKE c 10 10 3600 COST 8", ALLOWED, 2, 0);
+    shown(&mut con, "RL.TAKE c 5 5 3600 COST 0", THROTTLED, -3, 0);
+    shown(&mut con, "RL.TAKE c 5 5 3600 COST 1", THROTTLED, -3, 0);
+    // Windows and quotas: the limit minus the count.
+    for (call, lowered) in [
+        ("RL.WINDOW w 10 86400", "RL.WINDOW w 5 86400"),
+        ("RL.WINDOW x 10 86400 FIXED", "RL.WINDOW x 5 86400 FIXED"),
+        ("RL.WINDOW e 10 86400 EXACT", "RL.WINDOW e 5 86400 EXACT"),
+        ("RL.QUOTA q 10 MONTH", "RL.QUOTA q 5 MONTH"),
+    ] {
+        shown(&mut con, &format!("{call} COST 30 DEBT"), ALLOWED, -20, 0);
+        shown(&mut con, &format!("{call} COST 0"), THROTTLED, -20, 0);
+        shown(&mut con, &format!("{call} COST 1"), THROTTLED, -20, 0);
+        shown(&mut con, &format!("{lowered} COST 0"), THROTTLED, -25, 0);
+    }
+    shown(
+        &mut con,
+        "RL.QUOTA q 10 MONTH COST 1 PEEK",
+        THROTTLED,
+        -20,
+        0,
+    );
+    // CL.THROTTLE keeps redis-cell's reply: `remaining` is never negative;
+    // the debt shows in its wait (20 points, then one, at 6 minutes each).
+    let r = ints(&mut con, "CL.THROTTLE k 9 10 3600");
+    assert_eq!(r[..3], [1, 10, 0], "{r:?}");
+    near(
+        r[3],
+        21 * 360 - 60,
+        21 * 360,
+        "retry_after_s waits out the debt",
+    );
+}
+
 #[test]
 fn partial_grants_an_allowance_and_never_more_than_the_bucket_holds() {
     let server = Server::start(&[]);

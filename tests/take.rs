@@ -247,9 +247,15 @@ fn a_tier_upgrade_keeps_what_was_spent() {
     assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 6000, 5900));
     let d = decide(&mut con, "RL.TAKE k 50 50 60 COST 0");
     assert_eq!(
-        (d.status, d.limit, d.remaining),
-        (THROTTLED, 50, 0),
+        (d.status, d.limit),
+        (THROTTLED, 50),
         "a downgrade below what was spent keeps the debt"
+    );
+    near(
+        d.remaining,
+        -50,
+        -1,
+        "and shows it: 100 spent, room for 50 (less what refilled)",
     );
     near(
         d.retry_after_ms,
@@ -290,6 +296,62 @@ fn jitter_stretches_retry_after_within_its_bound() {
     assert!(seen.len() > 5, "jitter spreads retries: {seen:?}");
 }
 
+/// `STRIKES ... EVERY` on each limiter command: the refusal after allowed
+/// calls is a strike (without `EVERY` it is not), so one call locks a
+/// subject out; the state it writes replicates like any strike.
+#[test]
+fn with_every_each_refusal_is_a_strike() {
+    let master = Server::start(&[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    for (i, limiter) in [
+        "RL.TAKE {k}:{i} 5 5 3600",
+        "RL.WINDOW {k}:{i} 5 3600",
+        "RL.QUOTA {k}:{i} 5 MONTH",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let call = |key: &str, options: &str| {
+            format!(
+                "{} {options}",
+                limiter.replace("{k}", key).replace("{i}", &i.to_string())
+            )
+        };
+        for (key, options, sixth) in [
+            (
+                "every",
+                "STRIKES 1 900 EVERY BOX 900 3600 86400",
+                (BOXED, 0, 1),
+            ),
+            ("two", "STRIKES 2 900 EVERY", (THROTTLED, 1, 0)),
+            ("early", "STRIKES 1 900", (THROTTLED, 1, 0)),
+        ] {
+            for n in 1..=5 {
+                let d = decide(&mut con, &call(key, options));
+                assert_eq!(d.status, ALLOWED, "{} call {n}", call(key, options));
+            }
+            let d = decide(&mut con, &call(key, options));
+            assert_eq!(
+                (d.status, d.strikes_remaining, d.box_level),
+                sixth,
+                "{}: the sixth call",
+                call(key, options)
+            );
+        }
+        // A probe is never a strike, EVERY or not.
+        let probe = call("two", "COST 0 STRIKES 2 900 EVERY");
+        assert_eq!(decide(&mut con, &probe).strikes_remaining, 1, "{probe}");
+        let d = decide(&mut con, &call("two", "STRIKES 2 900 EVERY"));
+        assert_eq!((d.status, d.box_level), (BOXED, 1), "the second refusal");
+        let d = decide(&mut con, &call("every", "COST 0"));
+        assert_eq!((d.status, d.box_level), (BOXED, 1));
+        near(d.retry_after_ms, 1, 900_000, "the box of the sixth call");
+    }
+    wait_replica(&mut con, 1, 5000);
+    assert_eq!(snapshot(&mut con), snapshot(&mut replica.client()));
+}
+
 #[test]
 fn a_backward_clock_step_grants_nothing() {
     let clock = TimeShift::new();
@@ -299,7 +361,13 @@ fn a_backward_clock_step_grants_nothing() {
     assert_eq!((d.status, d.limit, d.remaining), (ALLOWED, 5, 0));
     clock.advance_ms(-3_600_000);
     let d = decide(&mut con, "RL.TAKE c 5 5 10 COST 1");
-    assert_eq!((d.status, d.limit, d.remaining), (THROTTLED, 5, 0));
+    assert_eq!((d.status, d.limit), (THROTTLED, 5));
+    near(
+        d.remaining,
+        -1801,
+        -1795,
+        "an hour early, the bucket holds 1800 points (one per 2 s) too many",
+    );
     near(
         d.retry_after_ms,
         3_600_000,
@@ -344,6 +412,9 @@ fn bad_input_is_an_error_that_names_the_argument_and_changes_nothing() {
         ("RL.TAKE k 10 10 60 STRIKES 5 0", "STRIKES window"),
         ("RL.TAKE k 10 10 60 BOX 1 2 3", "BOX requires STRIKES"),
         ("RL.TAKE k 10 10 60 OFFENSES 5", "OFFENSES requires STRIKES"),
+        ("RL.TAKE k 10 10 60 EVERY", "EVERY requires STRIKES"),
+        ("RL.TAKE k 10 10 60 COST 0 EVERY", "EVERY requires STRIKES"),
+        ("RL.TAKE k 10 10 60 STRIKES 1 1 EVERY EVERY", "EVERY"),
         ("RL.TAKE k 10 10 60 STRIKES 1 1 BOX 1 2", "missing BOX d3"),
         ("RL.TAKE k 10 10 60 STRIKES 1 1 BOX 1 2 x", "BOX d3"),
         ("RL.TAKE k 10 10 60 STRIKES 1 1 OFFENSES 0", "OFFENSES ttl"),

@@ -89,6 +89,37 @@ fn a_redis_cell_value_is_converted_not_reset() {
     );
 }
 
+#[test]
+fn a_users_counter_with_a_ttl_is_not_converted() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let _: () = redis::cmd("SET")
+        .arg("counter")
+        .arg("5")
+        .arg("EX")
+        .arg(3600)
+        .query(&mut con)
+        .expect("SET");
+    for line in [
+        "CL.THROTTLE counter 10 10 60",
+        "CL.THROTTLE counter 10 10 60 0",
+        "CL.THROTTLE counter 10 10 60 11",
+    ] {
+        expect_err(call(&mut con, line), "WRONGTYPE");
+    }
+    let v: String = redis::cmd("GET")
+        .arg("counter")
+        .query(&mut con)
+        .expect("GET");
+    assert_eq!(v, "5", "the user's counter is left as it was");
+    near(
+        int(&mut con, "PTTL counter"),
+        3_500_000,
+        3_600_000,
+        "and keeps its TTL",
+    );
+}
+
 /// A string value, a TTL or none, and a `CL.THROTTLE` quantity: whether the
 /// call converts the value (answering with the points it spent kept).
 struct StringCase {
@@ -127,6 +158,28 @@ fn only_redis_cell_values_are_converted_and_only_by_a_charge() {
         case("a balance without a TTL", "1000", None, 1, false),
         case("a balance without a TTL, probed", "1000", None, 0, false),
         case("a counter without a TTL", "5", None, 1, false),
+        case("a counter with a TTL", "5", Some(3_600_000), 1, false),
+        case(
+            "a counter with a TTL, probed",
+            "5",
+            Some(3_600_000),
+            0,
+            false,
+        ),
+        case(
+            "a counter with a TTL, above the burst",
+            "5",
+            Some(3_600_000),
+            99,
+            false,
+        ),
+        case(
+            "a TAT whose key expires a minute later",
+            &plausible,
+            Some(64_000),
+            1,
+            false,
+        ),
         case(
             "i64::MAX ns (2262)",
             "9223372036854775807",
@@ -162,7 +215,7 @@ fn only_redis_cell_values_are_converted_and_only_by_a_charge() {
         let line = format!("CL.THROTTLE {key} 15 30 60 {}", c.quantity);
         let reply = call(&mut con, &line);
         let kind = value_str(&call(&mut con, &format!("TYPE {key}")).expect("TYPE"));
-        let is_cell = c.ttl_ms.is_some() && c.value == plausible;
+        let is_cell = c.ttl_ms == Some(4000) && c.value == plausible;
         if c.converts {
             let r = int_array(reply.expect(c.what));
             assert_eq!(r[..3], [0, 16, 13], "{}: the points spent are kept", c.what);

@@ -302,11 +302,18 @@ impl RlKey {
         }
     }
 
-    /// Whether the key has a TTL.
-    pub fn has_ttl(&self) -> bool {
-        !self.raw.is_null()
-            && unsafe { api!(RedisModule_GetExpire)(self.raw) }
-                != raw::REDISMODULE_NO_EXPIRE as raw::mstime_t
+    /// The key's remaining time to live in ms, `None` without a TTL.
+    pub fn pttl_ms(&self) -> Option<u64> {
+        if self.raw.is_null() {
+            return None;
+        }
+        // SAFETY: `raw` is a non-null key handle this call opened and has
+        // not closed.
+        let ttl = unsafe { api!(RedisModule_GetExpire)(self.raw) };
+        if ttl == raw::REDISMODULE_NO_EXPIRE as raw::mstime_t {
+            return None;
+        }
+        u64::try_from(ttl).ok()
     }
 
     pub(super) fn persist(&self) {

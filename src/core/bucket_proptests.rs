@@ -122,8 +122,8 @@ proptest! {
     /// `s = max(0, (tat_ms - t) * tokens + tat_frac) / period_A` (a
     /// fraction); B keeps them, rounded up so no fraction is granted: B's
     /// debt is `d = ceil(s * period_B)` ticks (which may exceed an empty
-    /// bucket after a downgrade), so `remaining_B == max(0, capacity_B -
-    /// ceil(s))`, `reset_ms_B` of a probe is when A's stored state is full,
+    /// bucket after a downgrade), so `remaining_B == capacity_B - ceil(s)`
+    /// (negative after such a downgrade), `reset_ms_B` of a probe is when A's stored state is full,
     /// and a cost `c` under B is admitted at `t` exactly when
     /// `d + c * period_B <= capacity_B * period_B`. Under A itself,
     /// `remaining_A == capacity_A - ceil(s)`. A throttled call under B
@@ -157,7 +157,7 @@ proptest! {
         prop_assert_eq!(i128::from(under_a.remaining), i(a.capacity) - spent);
 
         let under_b = state.probe_one(0, b, t);
-        let expected = (i(b.capacity) - spent).max(0);
+        let expected = i(b.capacity) - spent;
         prop_assert_eq!(i128::from(under_b.remaining), expected, "spent {} of {:?}, then {:?}", spent, a, b);
         let raw_debt_b = ceil_div(stored * i(b.period_ms), i(a.period_ms));
         // A probe writes nothing: the bucket is full when A's state says so.

@@ -15,7 +15,8 @@ pub struct CellAnswer {
     pub limited: bool,
     /// `max_burst + 1`.
     pub limit: u64,
-    /// Whole points left.
+    /// Whole points left, never negative (redis-cell's reply has no
+    /// debt: a bucket in debt answers 0, its wait in `retry_after_s`).
     pub remaining: i64,
     /// Whole seconds until a retry may succeed, rounded up; `None` when
     /// allowed, when the quantity can never fit, and for a manual box.
@@ -24,17 +25,30 @@ pub struct CellAnswer {
     pub reset_after_s: u64,
 }
 
+/// How far (ms) a redis-cell value's TAT may lie from its key's expiry:
+/// redis-cell sets the TTL to the TAT minus the time of its write.
+pub const TAT_EXPIRY_TOLERANCE_MS: u64 = 1000;
+
 /// The bucket a stored string stands for, when it is a redis-cell value:
-/// an integer of nanoseconds (its theoretical arrival time) within
-/// [`MAX_DURATION_MS`] of `now`, on a key with a TTL (redis-cell always
-/// sets one). Anything else is not redis-cell's, and `None`.
-pub fn redis_cell_bucket(bytes: &[u8], has_ttl: bool, now: Millis, rate: &Rate) -> Option<Bucket> {
-    if !has_ttl {
-        return None;
-    }
+/// an integer `tat` of nanoseconds (its theoretical arrival time) on a key
+/// whose TTL is `pttl_ms`, with `tat / 10^6` within
+/// [`TAT_EXPIRY_TOLERANCE_MS`] of `now + pttl_ms` (redis-cell's key expires
+/// at its TAT) and within [`MAX_DURATION_MS`] of `now`. Anything else (a
+/// key without a TTL, a user's counter) is not redis-cell's, and `None`.
+pub fn redis_cell_bucket(
+    bytes: &[u8],
+    pttl_ms: Option<u64>,
+    now: Millis,
+    rate: &Rate,
+) -> Option<Bucket> {
+    let pttl_ms = pttl_ms?;
     let tat_ns: i64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
-    let distance = (i128::from(tat_ns) / 1_000_000 - i128::from(now)).unsigned_abs();
-    (distance <= u128::from(MAX_DURATION_MS)).then(|| from_tat_ns(tat_ns, rate))
+    let tat_ms = i128::from(tat_ns).div_euclid(1_000_000);
+    let expiry_ms = i128::from(now) + i128::from(pttl_ms);
+    let off_expiry = (tat_ms - expiry_ms).unsigned_abs();
+    let off_now = (tat_ms - i128::from(now)).unsigned_abs();
+    (off_expiry <= u128::from(TAT_EXPIRY_TOLERANCE_MS) && off_now <= u128::from(MAX_DURATION_MS))
+        .then(|| from_tat_ns(tat_ns, rate))
 }
 
 /// Whether `quantity` can ever fit a bucket of `rate`: redis-cell answers
@@ -61,7 +75,7 @@ pub fn answer(decision: &Decision, rate: &Rate, quantity: u64) -> CellAnswer {
     CellAnswer {
         limited,
         limit: rate.capacity,
-        remaining: decision.remaining,
+        remaining: decision.remaining.max(0),
         retry_after_s,
         reset_after_s: seconds(decision.reset),
     }
@@ -80,25 +94,46 @@ mod tests {
 
     #[test]
     fn which_strings_are_redis_cell_values() {
+        // redis-cell's own write: a TAT 6 s ahead, the key expiring then.
         let tat = (NOW + 6_000) * 1_000_000;
         let plausible = tat.to_string();
-        let rows: &[(&str, bool, bool)] = &[
-            (&plausible, true, true),
-            (&plausible, false, false),
-            // 1970 is within 100 years of 2023: taken as a redis-cell value.
-            ("1000", true, true),
-            ("5", false, false),
-            ("9223372036854775807", true, false),
-            ("-1", true, true),
-            ("-9000000000000000000", true, false),
-            ("12abc", true, false),
-            ("", true, false),
-            (" 1700000006000000000", true, false),
+        let late = (NOW + 6_000 + 1_000) * 1_000_000;
+        let too_late = (NOW + 6_000 + 1_001) * 1_000_000;
+        let early = (NOW + 6_000 - 1_000) * 1_000_000;
+        let too_early = (NOW + 6_000 - 1_001) * 1_000_000;
+        let (late, too_late) = (late.to_string(), too_late.to_string());
+        let (early, too_early) = (early.to_string(), too_early.to_string());
+        let rows: &[(&str, Option<u64>, bool)] = &[
+            (&plausible, Some(6_000), true),
+            (&plausible, None, false),
+            (&late, Some(6_000), true),
+            (&too_late, Some(6_000), false),
+            (&early, Some(6_000), true),
+            (&too_early, Some(6_000), false),
+            // A user's counter (`SET counter 5 EX 3600`), a balance.
+            ("5", Some(3_600_000), false),
+            ("5", None, false),
+            ("1000", Some(0), false),
+            ("0", Some(0), false),
+            ("9223372036854775807", Some(6_000), false),
+            ("-1", Some(6_000), false),
+            ("-9000000000000000000", Some(6_000), false),
+            ("12abc", Some(6_000), false),
+            ("", Some(6_000), false),
+            (" 1700000006000000000", Some(6_000), false),
         ];
-        for &(value, has_ttl, is_cell) in rows {
-            let got = redis_cell_bucket(value.as_bytes(), has_ttl, NOW, &RATE);
-            assert_eq!(got.is_some(), is_cell, "{value:?} ttl {has_ttl}");
+        for &(value, pttl_ms, is_cell) in rows {
+            let got = redis_cell_bucket(value.as_bytes(), pttl_ms, NOW, &RATE);
+            assert_eq!(got.is_some(), is_cell, "{value:?} pttl {pttl_ms:?}");
         }
+    }
+
+    #[test]
+    fn a_tat_matching_a_huge_ttl_is_still_bounded_by_the_clock() {
+        let pttl = MAX_DURATION_MS + 10_000;
+        let tat = (NOW + pttl as Millis) * 1_000_000;
+        let got = redis_cell_bucket(tat.to_string().as_bytes(), Some(pttl), NOW, &RATE);
+        assert!(got.is_none(), "beyond 100 years");
     }
 
     #[test]

@@ -50,8 +50,9 @@ pub struct Decision {
     pub status: Status,
     /// The binding key's limit (a bucket's capacity, a window's limit).
     pub limit: u64,
-    /// Whole points left in the binding key after the call (0 when
-    /// boxed).
+    /// Whole points left in the binding key after the call, negative by
+    /// the excess when it holds more than it may admit (a debt, a lowered
+    /// limit); 0 when boxed.
     pub remaining: i64,
     /// Until the binding key holds nothing that limits (when boxed: until
     /// the box ends).

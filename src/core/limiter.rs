@@ -33,13 +33,14 @@ pub trait Limiter {
         now: Millis,
     ) -> i64;
 
-    /// Whole points still admissible now.
+    /// Whole points still admissible now (never negative).
     fn remaining(&self, seen: &Self::Seen) -> i64 {
         self.balance(seen).max(0)
     }
 
-    /// Whole points left now, negative in debt (after a `DEBT` charge
-    /// beyond the limit).
+    /// Whole points left now, negative by the excess when the state holds
+    /// more than the limit admits (a `DEBT` or `DELAY` charge beyond it, a
+    /// limit lowered below what was spent): the `remaining` of a reply.
     fn balance(&self, seen: &Self::Seen) -> i64;
 
     /// Milliseconds until `state` (as stored after the call, read as

@@ -97,6 +97,9 @@ pub struct PenaltyPolicy {
     pub box_ms: [u64; 3],
     /// How long offenses are remembered after the latest trip, in ms.
     pub offenses_ttl_ms: u64,
+    /// `EVERY`: every refusal is a strike, early or not (lockouts where
+    /// exceeding is the offence). Read from each call, never stored.
+    pub every: bool,
 }
 
 /// An active box.
@@ -170,17 +173,18 @@ impl Penalty {
 
     /// A refusal at `now` that announces `retry_after_ms`: a strike when it
     /// comes before the instant the previous refusal announced (an early
-    /// retry), otherwise none; either way the new instant is recorded.
-    /// `None` when no strike was counted.
+    /// retry) or when the policy strikes `every` refusal, otherwise none;
+    /// either way the new instant is recorded. `None` when no strike was
+    /// counted.
     pub fn refuse(
         &mut self,
         policy: &PenaltyPolicy,
         retry_after_ms: u64,
         now: Millis,
     ) -> Option<Strike> {
-        let early = now < self.retry_at;
+        let struck = policy.every || now < self.retry_at;
         self.retry_at = after(now, retry_after_ms).min(MANUAL - 1);
-        early.then(|| self.strike(policy, now))
+        struck.then(|| self.strike(policy, now))
     }
 
     /// An admitted call at `now`: a retry announced earlier no longer
@@ -348,6 +352,7 @@ mod tests {
             window_ms: 60_000,
             box_ms: [300_000, 3_600_000, 0],
             offenses_ttl_ms: 86_400_000,
+            every: false,
         }
     }
 

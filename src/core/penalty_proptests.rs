@@ -1,4 +1,5 @@
-//! Property tests of the penalty ladder: strikes, trips and box levels.
+//! Property tests of the penalty ladder: strikes, trips and box levels,
+//! and `EVERY` (each refusal a strike).
 //!
 //! Driven through the shared kit (`testkit`) with random rates, costs,
 //! clocks and stored states, and checked against invariants derived from
@@ -45,7 +46,7 @@ proptest! {
         gaps in prop::collection::vec(0i64..=1000, 4 * 50),
         boxed_offsets in prop::collection::vec(any::<prop::sample::Index>(), 4 * 3),
     ) {
-        let policy = PenaltyPolicy { threshold, window_ms, box_ms, offenses_ttl_ms: 100_000_000 };
+        let policy = PenaltyPolicy { threshold, window_ms, box_ms, offenses_ttl_ms: 100_000_000, every: false };
         let rates = [SCARCE];
         let call = with_strikes(&rates, 1, policy);
         let mut state = State::new(1);
@@ -135,7 +136,7 @@ proptest! {
             (Just(threshold), Just(window as u64), prop::collection::vec(gap, 1..=100))
         }),
     ) {
-        let policy = PenaltyPolicy { threshold, window_ms, box_ms: [1_000_000_000; 3], offenses_ttl_ms: 0 };
+        let policy = PenaltyPolicy { threshold, window_ms, box_ms: [1_000_000_000; 3], offenses_ttl_ms: 0, every: false };
         let rates = [SCARCE];
         let call = with_strikes(&rates, 1, policy);
         let mut state = State::new(1);
@@ -159,6 +160,50 @@ proptest! {
             }
             prop_assert_eq!(reply.status, Status::Throttled);
             prop_assert_eq!(reply.strikes_remaining, (threshold - count) as i64);
+        }
+    }
+
+    /// A client that honours every `retry_after_ms` (it calls again exactly
+    /// when told, spending its points as it gets them back): without
+    /// `EVERY` it is never struck; with `EVERY` each of its refusals is a
+    /// strike (one window spans the run), and the box trips at the
+    /// `threshold`-th refusal.
+    #[test]
+    fn every_strikes_each_refusal_of_an_honest_client(
+        r in rate(),
+        threshold in 1u64..=20,
+        costs in prop::collection::vec(1u64..=1000, 1..=80),
+        every in any::<bool>(),
+    ) {
+        let policy = PenaltyPolicy {
+            threshold,
+            window_ms: 1_000_000_000_000,
+            box_ms: [1_000_000_000; 3],
+            offenses_ttl_ms: 0,
+            every,
+        };
+        let rates = [r];
+        let mut state = State::new(1);
+        let mut now = T0;
+        let mut refusals = 0u64;
+        for cost in costs {
+            let cost = cost.min(r.capacity);
+            let (reply, _) = state.call(&with_strikes(&rates, cost, policy), now);
+            match reply.status {
+                Status::Allowed => {}
+                Status::Throttled => {
+                    refusals += 1;
+                    let left = if every { threshold - refusals } else { threshold };
+                    prop_assert_eq!(reply.strikes_remaining, left as i64, "refusal {}", refusals);
+                    now += reply.retry_after_ms;
+                }
+                _ => {
+                    refusals += 1;
+                    prop_assert!(every, "an honest client boxed without EVERY");
+                    prop_assert_eq!(refusals, threshold, "tripped at refusal {}", refusals);
+                    return Ok(());
+                }
+            }
         }
     }
 }

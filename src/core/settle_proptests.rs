@@ -1,6 +1,7 @@
 //! Property tests of how a call settles its cost: with `DEBT`, the points
 //! admitted never exceed capacity + refill + the post-paid points (the
-//! pre-paid ones alone stay within capacity + refill); `REFUND` never lifts a bucket above full; `PARTIAL` grants
+//! pre-paid ones alone stay within capacity + refill); a debt shows in
+//! every later reply; `REFUND` never lifts a bucket above full; `PARTIAL` grants
 //! what every bucket can give, at least `MIN`, the same from each; a call
 //! with `RESERVE` never leaves its bucket below the reserve when it admits.
 
@@ -47,6 +48,45 @@ proptest! {
                     + travel * i128::from(r.tokens);
                 prop_assert!(admitted * i128::from(r.period_ms) <= bound,
                     "{} pre-paid after {} post-paid over {:?}", admitted, post_paid, r);
+            }
+        }
+    }
+
+    /// A debt is shown wherever its bucket is: after any run of pre-paid,
+    /// post-paid (`DEBT`) and delayed (`DELAY`) calls, the `remaining` of
+    /// every reply (a `COST 0` probe included) is its binding bucket's
+    /// balance, negative by the debt; a probe is negative whenever any
+    /// bucket is in debt, and otherwise shows the lowest balance.
+    #[test]
+    fn a_debt_is_shown_in_every_later_reply(
+        (rates, calls) in run(1..=3, 60),
+        modes in prop::collection::vec(0u8..3, 60),
+    ) {
+        let mut state = State::new(rates.len());
+        let mut now = T0;
+        let balance = |state: &State, i: usize, now| {
+            let r = &rates[i];
+            bucket::balance(bucket::debt(state.buckets[i].as_ref(), r, now), r)
+        };
+        for ((step, cost), mode) in calls.iter().zip(modes) {
+            now += *step as i64;
+            let mut r = req(&rates, *cost);
+            match mode {
+                0 => r.settle = Settle::Debt,
+                1 => r.delay_ms = Some(3_600_000),
+                _ => {}
+            }
+            let (reply, _) = state.call(&r, now);
+            let b = reply.binding as usize;
+            prop_assert_eq!(reply.remaining, balance(&state, b, now), "{:?}", reply);
+            let (probe, _) = state.call(&req(&rates, 0), now);
+            let b = probe.binding as usize;
+            prop_assert_eq!(probe.remaining, balance(&state, b, now), "{:?}", probe);
+            let lowest = (0..rates.len()).map(|i| balance(&state, i, now)).min().unwrap_or(0);
+            if lowest < 0 {
+                prop_assert!(probe.remaining < 0, "a debt of {} hidden: {:?}", lowest, probe);
+            } else {
+                prop_assert_eq!(probe.remaining, lowest, "{:?}", probe);
             }
         }
     }

@@ -462,14 +462,22 @@ fn any_rates(n: usize) -> impl Strategy<Value = Vec<Rate>> {
 /// Any policy, or none.
 fn any_policy() -> impl Strategy<Value = Option<PenaltyPolicy>> {
     prop::option::of(
-        (any::<u64>(), any::<u64>(), any::<[u64; 3]>(), any::<u64>()).prop_map(
-            |(threshold, window_ms, box_ms, offenses_ttl_ms)| PenaltyPolicy {
-                threshold,
-                window_ms,
-                box_ms,
-                offenses_ttl_ms,
-            },
-        ),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<[u64; 3]>(),
+            any::<u64>(),
+            any::<bool>(),
+        )
+            .prop_map(|(threshold, window_ms, box_ms, offenses_ttl_ms, every)| {
+                PenaltyPolicy {
+                    threshold,
+                    window_ms,
+                    box_ms,
+                    offenses_ttl_ms,
+                    every,
+                }
+            }),
     )
 }
 

@@ -306,6 +306,25 @@ impl Server {
         info_field(&self.info(section), field)
     }
 
+    /// How many times `command` (as Redis names it, e.g. `rl.window`) ran
+    /// since the start or the last `CONFIG RESETSTAT` (`INFO commandstats`).
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.info_get("commandstats", &format!("cmdstat_{command}"))
+            .and_then(|stats| {
+                let calls = stats.split(',').find_map(|f| f.strip_prefix("calls="))?;
+                calls.parse().ok()
+            })
+            .unwrap_or(0)
+    }
+
+    /// `CONFIG RESETSTAT`: the command counters start again from 0.
+    pub fn reset_stats(&self) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut self.client())
+            .unwrap_or_else(|e| panic!("CONFIG RESETSTAT on {}: {e}", self.addr()));
+    }
+
     /// SIGKILLs the server (no chance to write anything) and waits until it
     /// is gone. Idempotent.
     pub fn kill9(&self) {

@@ -118,6 +118,12 @@ T.cases("the command of a rule for a key and cost", {
                                        strikes = STRIKES } },
       cost = 1, want = { "RL.WINDOW", "u:{key_id:k1}:w", 5, 30, "COST", 1, "EXACT",
                          "STRIKES", 3, 60 } },
+    { name = "a window whose every refusal is a strike",
+      rule = { name = "w", limiter = { kind = "window", limit = 5, window = 60,
+               strikes = { threshold = 1, window = 300, every_refusal = true },
+               box = { 300, 3600, 86400 } } },
+      cost = 1, want = { "RL.WINDOW", "u:{key_id:k1}:w", 5, 60, "COST", 1,
+                         "STRIKES", 1, 300, "EVERY", "BOX", 300, 3600, 86400 } },
     { name = "a fixed window refund keeps its mode",
       rule = { name = "w", limiter = { kind = "window", mode = "fixed", limit = 5, window = 30,
                                        strikes = STRIKES } },
@@ -356,9 +362,10 @@ T.cases("the token endpoint's failure windows", {
     { name = "a probe writes nothing", cost = 0,
       want = { { "RL.WINDOW", "s", 5, 900, "COST", 0 }, { "RL.WINDOW", "i", 20, 900, "COST", 0 } } },
     { name = "a failure recorded trips the box at once", cost = 1,
-      want = { { "RL.WINDOW", "s", 5, 900, "COST", 1, "STRIKES", 1, 900, "BOX", 900, 3600, 86400 },
-               { "RL.WINDOW", "i", 20, 900, "COST", 1, "STRIKES", 1, 900, "BOX", 900, 3600,
-                 86400 } } },
+      want = { { "RL.WINDOW", "s", 5, 900, "COST", 1, "STRIKES", 1, 900, "EVERY",
+                 "BOX", 900, 3600, 86400 },
+               { "RL.WINDOW", "i", 20, 900, "COST", 1, "STRIKES", 1, 900, "EVERY",
+                 "BOX", 900, 3600, 86400 } } },
 }, function(c)
     local conf = config.build()
     local cmds, out = recorded(function()

@@ -1,7 +1,7 @@
 //! What the limiter commands (`RL.TAKE`, `RL.WINDOW`, `RL.QUOTA`) share:
 //! one parser for `key <limiter arguments> [ALSO key <limiter
-//! arguments>]... [COST cost [DEBT] | REFUND points] [STRIKES] [BOX]
-//! [OFFENSES] [JITTER]` plus each command's own words, and
+//! arguments>]... [COST cost [DEBT] | REFUND points] [STRIKES [EVERY]]
+//! [BOX] [OFFENSES] [JITTER]` plus each command's own words, and
 //! one runner that opens every key in a [`Call`], lets [`decide`] rule on
 //! the states where they are stored, and commits.
 
@@ -63,6 +63,7 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
     let mut boxes = None;
     let mut offenses = None;
     let mut jitter = None;
+    let mut every = None;
     let mut debt = None;
     let mut refund = None;
     while let Some(word) = c.word() {
@@ -89,6 +90,8 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
             let threshold = c.integer("STRIKES threshold", 1, MAX_THRESHOLD)?;
             let window = c.duration_ms("STRIKES window", false)?;
             set_once(&mut strikes, "STRIKES", (threshold, window))?;
+        } else if is(word, "EVERY") {
+            set_once(&mut every, "EVERY", ())?;
         } else if is(word, "BOX") {
             let d1 = c.duration_ms("BOX d1", true)?;
             let d2 = c.duration_ms("BOX d2", true)?;
@@ -133,9 +136,11 @@ pub fn parse_call<'a, A: AsRef<[u8]>, L: Limiter>(
             window_ms,
             box_ms: boxes.unwrap_or(DEFAULT_BOX_MS),
             offenses_ttl_ms: offenses.unwrap_or(DEFAULT_OFFENSES_TTL_MS),
+            every: every.is_some(),
         }),
         None if boxes.is_some() => return Err(ArgError::NeedsStrikes { option: "BOX" }),
         None if offenses.is_some() => return Err(ArgError::NeedsStrikes { option: "OFFENSES" }),
+        None if every.is_some() => return Err(ArgError::NeedsStrikes { option: "EVERY" }),
         None => None,
     };
     req.cost = cost;

@@ -159,6 +159,9 @@ mod tests {
             (20, 60_000, [300_000, 3_600_000, 0], 3_600_000)
         );
         assert_eq!(req.jitter_percent, 10);
+        assert!(!p.every, "a strike is an early retry unless EVERY");
+        let every = parse_str("RL.TAKE k 10 10 60 STRIKES 5 900 EVERY").expect("valid");
+        assert!(every.penalty.expect("strikes").every);
     }
 
     #[test]
@@ -197,6 +200,11 @@ mod tests {
             (
                 "RL.TAKE k 10 10 60 OFFENSES 10",
                 "OFFENSES requires STRIKES",
+            ),
+            ("RL.TAKE k 10 10 60 EVERY", "EVERY requires STRIKES"),
+            (
+                "RL.TAKE k 10 10 60 STRIKES 5 900 EVERY EVERY",
+                "EVERY is given more than once",
             ),
             ("RL.TAKE k 10 10 60 JITTER 101", "JITTER percent must be"),
             (

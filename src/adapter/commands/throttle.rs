@@ -4,8 +4,10 @@
 //! redis-cell value (a string: the theoretical arrival time in
 //! nanoseconds, with a TTL) is converted in place by a call that charges,
 //! and replicated with the call's own effect; a call that charges nothing
-//! answers from it as it is. Any other string is refused with
-//! `WRONGTYPE` and left untouched.
+//! answers from it as it is. redis-cell's key expires at its TAT, so a
+//! value whose TAT is not within a second of the key's expiry (a user's
+//! counter, a key without a TTL) is not one: any such string is refused
+//! with `WRONGTYPE` and left untouched.
 //!
 //! Reply: `[limited, limit, remaining, retry_after_s, reset_after_s]`,
 //! `limit = max_burst + 1`, `retry_after_s = -1` when allowed, whole
@@ -87,7 +89,7 @@ pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     } else {
         let converted = key
             .string_value()
-            .and_then(|bytes| redis_cell_bucket(bytes, key.has_ttl(), call.now(), &rate));
+            .and_then(|bytes| redis_cell_bucket(bytes, key.pttl_ms(), call.now(), &rate));
         let Some(bucket) = converted else {
             return reply_error(ctx, errors::WRONGTYPE);
         };

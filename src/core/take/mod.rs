@@ -294,7 +294,7 @@ pub fn decide<L: Limiter>(
     let mut binding = 0;
     let mut fewest = i64::MAX;
     for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
-        let left = limit.remaining(seen);
+        let left = limit.balance(seen);
         if left < fewest {
             fewest = left;
             binding = i;
@@ -309,8 +309,7 @@ pub fn decide<L: Limiter>(
 }
 
 /// `DEBT` and `REFUND`: applied to every key (a refund only where a state
-/// is stored), always allowed; the key with the fewest points left binds,
-/// its balance negative when in debt.
+/// is stored), always allowed; the key with the fewest points left binds.
 fn settle<L: Limiter>(
     states: &mut [impl BorrowMut<Option<L::State>>],
     seen: &mut [L::Seen],
@@ -347,15 +346,13 @@ fn settle<L: Limiter>(
     let binding = (0..n)
         .min_by_key(|&i| limits[i].balance(&seen[i]))
         .unwrap_or(0);
-    let decision = Decision {
-        remaining: limits.get(binding).map_or(0, |l| l.balance(&seen[binding])),
-        ..about(binding, states, seen, limits, now, strikes_remaining)
-    };
+    let decision = about(binding, states, seen, limits, now, strikes_remaining);
     (decision, effects)
 }
 
 /// A decision about key `i` (allowed, retry now); the caller sets what
-/// differs.
+/// differs. Its `remaining` is the key's balance: negative by the excess
+/// when the key holds more than it may admit (a debt, a lowered limit).
 fn about<L: Limiter>(
     i: usize,
     states: &[impl BorrowMut<Option<L::State>>],
@@ -380,7 +377,7 @@ fn about<L: Limiter>(
     Decision {
         status: Status::Allowed,
         limit: limit.limit(),
-        remaining: limit.remaining(seen),
+        remaining: limit.balance(seen),
         reset: Span::ms(limit.reset_ms(state.borrow().as_ref(), seen, now)),
         retry_after: Span::Ms(0),
         box_level: 0,

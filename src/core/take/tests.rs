@@ -11,6 +11,7 @@ fn strikes(threshold: u64) -> Option<PenaltyPolicy> {
         window_ms: 60_000,
         box_ms: [300_000, 3_600_000, 0],
         offenses_ttl_ms: 86_400_000,
+        every: false,
     })
 }
 
@@ -169,6 +170,80 @@ fn a_client_that_waits_as_told_is_never_struck() {
 }
 
 #[test]
+fn with_every_each_refusal_is_a_strike_even_after_waiting() {
+    // Five failed logins for one subject in 15 minutes lock it out: the
+    // sixth is refused and, with EVERY, struck at once.
+    let w = rate(5, 5, 900_000);
+    let mut buckets = [None];
+    let mut penalty = Penalty::default();
+    let mut r = req(&[w], 1);
+    // STRIKES 2 900 EVERY: the strike window lasts the 15 minutes.
+    r.penalty = strikes(2).map(|p| PenaltyPolicy {
+        window_ms: 900_000,
+        every: true,
+        ..p
+    });
+    for _ in 0..5 {
+        let (reply, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+        assert_eq!(
+            (reply.status, reply.strikes_remaining),
+            (Status::Allowed, Some(2))
+        );
+        assert!(fx.tripped.is_none());
+    }
+    let (first, fx) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+    assert_eq!(
+        (first.status, first.strikes_remaining),
+        (Status::Throttled, Some(1)),
+        "the first refusal after allowed calls is a strike"
+    );
+    assert!(fx.penalty);
+    // The client waits exactly as told, spends the point it gets back, and
+    // is refused again: a strike all the same, the second, which trips.
+    let later = NOW + i64::try_from(first.retry_after.as_ms().unwrap_or(0)).unwrap_or(0);
+    let (ok, _) = take(&mut buckets, &mut penalty, &r, later, 0);
+    assert_eq!(
+        (ok.status, ok.strikes_remaining),
+        (Status::Allowed, Some(1))
+    );
+    let (boxed, fx) = take(&mut buckets, &mut penalty, &r, later, 0);
+    assert_eq!((boxed.status, boxed.box_level), (Status::Boxed, 1));
+    assert_eq!(fx.tripped.map(|b| b.level), Some(1));
+
+    // Without EVERY the same client is never struck.
+    let mut buckets = [None];
+    let mut penalty = Penalty::default();
+    r.penalty = strikes(1);
+    for _ in 0..5 {
+        take(&mut buckets, &mut penalty, &r, NOW, 0);
+    }
+    let (first, _) = take(&mut buckets, &mut penalty, &r, NOW, 0);
+    assert_eq!(
+        (first.status, first.strikes_remaining),
+        (Status::Throttled, Some(1))
+    );
+    let (ok, _) = take(&mut buckets, &mut penalty, &r, later, 0);
+    assert_eq!(ok.status, Status::Allowed);
+    let (again, _) = take(&mut buckets, &mut penalty, &r, later, 0);
+    assert_eq!(
+        (again.status, again.strikes_remaining),
+        (Status::Throttled, Some(1))
+    );
+    // A probe and a debt are never strikes, EVERY or not.
+    r.penalty = strikes(1).map(|p| PenaltyPolicy { every: true, ..p });
+    r.cost = 0;
+    let (probe, fx) = take(&mut buckets, &mut penalty, &r, later, 0);
+    assert_eq!((probe.strikes_remaining, fx.penalty), (Some(1), false));
+    r.cost = 1;
+    r.settle = Settle::Debt;
+    let (debt, _) = take(&mut buckets, &mut penalty, &r, later, 0);
+    assert_eq!(
+        (debt.status, debt.strikes_remaining),
+        (Status::Allowed, Some(1))
+    );
+}
+
+#[test]
 fn a_manual_box_answers_minus_one() {
     let mut penalty = Penalty::default();
     penalty.trip(3, 0, NOW);
@@ -226,7 +301,9 @@ fn a_backward_step_grants_nothing_until_the_clock_passes_again() {
     req.cost = 1;
     let back = now - 3_600_000;
     let (reply, fx) = take(&mut buckets, &mut penalty, &req, back, 0);
-    assert_eq!(reply.wire(), [0, 5, 0, 3_610_000, 3_602_000, 0, -1, 0]);
+    // Read an hour early, the bucket holds 1805 points more than it
+    // admits: the reply shows them, as its wait does.
+    assert_eq!(reply.wire(), [0, 5, -1800, 3_610_000, 3_602_000, 0, -1, 0]);
     assert_eq!(fx, Effects::default(), "a throttled call writes nothing");
     req.cost = 5;
     let (reply, _) = take(&mut buckets, &mut penalty, &req, back + 10_000, 0);
@@ -253,7 +330,7 @@ fn delay_reserves_within_max_wait_and_throttles_beyond() {
         let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
         assert_eq!(
             reply.wire(),
-            [2, 1, 0, 100 * (k + 1), 100 * k, 0, -1, 0],
+            [2, 1, -k, 100 * (k + 1), 100 * k, 0, -1, 0],
             "call {k}"
         );
         assert_eq!(fx.states, KeySet::first(1));
@@ -262,7 +339,7 @@ fn delay_reserves_within_max_wait_and_throttles_beyond() {
     let (reply, fx) = take(&mut buckets, &mut penalty, &req, now, 0);
     assert_eq!(
         reply.wire(),
-        [0, 1, 0, 1100, 1100, 0, -1, 0],
+        [0, 1, -10, 1100, 1100, 0, -1, 0],
         "beyond max_wait"
     );
     assert_eq!(

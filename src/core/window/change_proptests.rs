@@ -133,7 +133,7 @@ proptest! {
 
         // Directly, on the stored state: what decide said.
         let seen = b.see(after.as_ref(), now);
-        prop_assert_eq!(b.remaining(&seen), reply.remaining);
+        prop_assert_eq!(b.balance(&seen), reply.remaining);
         prop_assert_eq!(b.reset_ms(after.as_ref(), &seen, now), z);
         if let Some(s) = &after {
             prop_assert_eq!(rewritten(&b, s, &seen, now), None, "stored states are native");

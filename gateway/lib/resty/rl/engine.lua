@@ -351,15 +351,6 @@ function Engine:tell_upstream(req, ident)
     end
 end
 
--- The strike threshold of each entry of `entries`, by index (a closure
--- made here, not in the access phase: a closure over one of its locals
--- keeps LuaJIT from compiling it).
-local function thresholds_of(entries)
-    return function(i)
-        return entries[i].params.strikes.threshold
-    end
-end
-
 -- A request's state reads the request id on first use (most requests
 -- need none): `state.request_id`.
 local lazy_request_id = {
@@ -543,7 +534,6 @@ function Engine:access(req)
         if not res then
             return self:redis_failed(req, state, err)
         end
-        res = limiters.strike_every_refusal(conf, sent, cmds, res)
         local bad = hotpath.each(sent, decide, res)
         if bad then
             -- an error reply (a slot moved, ...): the others give back their charge
@@ -588,7 +578,8 @@ end
 
 --- The probes of rules counting failures (`sent`, refused): with no
 --- failure left, this attempt counts as one, which trips the box (a
---- second round trip). True, or nil and the Redis error.
+--- second round trip, only for such attempts). True, or nil and the Redis
+--- error.
 function Engine:record_probes(state, sent)
     local record = {}
     for _, e in ipairs(sent) do
@@ -601,13 +592,12 @@ function Engine:record_probes(state, sent)
     end
     local rc = {}
     for i, e in ipairs(record) do
-        rc[i] = limiters.KINDS.window.command(e, e.cost, true)
+        rc[i] = limiters.failure_offence_command(e)
     end
     local res, err = store.pipeline(state.route.store_conf or self.conf, rc)
     if not res then
         return nil, err
     end
-    res = store.strike_first_refusals(self.conf, rc, res, thresholds_of(record))
     for i, e in ipairs(record) do
         local o = limiters.KINDS.window.outcome(e, res[i])
         if o and o.state == "boxed" then

@@ -49,11 +49,17 @@ function _M.period_seconds(period)
 end
 
 -- The penalty options of a rate command (strikes, box, offenses, jitter).
+-- A rule with `strikes.every_refusal` (block on exceeding: the velocity
+-- design's "5 a minute, then blocked 5 minutes") sends EVERY: each of its
+-- refusals is a strike, the first one included.
 local function penalty(args, p, probe)
     if p.strikes and not probe then
         args[#args + 1] = "STRIKES"
         args[#args + 1] = p.strikes.threshold
         args[#args + 1] = p.strikes.window
+        if p.strikes.every_refusal then
+            args[#args + 1] = "EVERY"
+        end
         if p.box then
             args[#args + 1] = "BOX"
             for i = 1, 3 do
@@ -306,36 +312,16 @@ function _M.boxes(p)
     return p.strikes or p.trip
 end
 
--- The strike threshold of entry sent[at[j]], by j (made outside the
--- caller: a closure over its locals keeps LuaJIT from compiling it).
-local function thresholds_at(sent, at)
-    return function(j)
-        return sent[at[j]].params.strikes.threshold
+--- The command recording the attempt of entry `e` (a rule counting
+--- failures, with strikes, whose probe found no failure left) as one more
+--- failure: that refusal is the offence, so it is sent with EVERY and
+--- trips the box in this one command.
+function _M.failure_offence_command(e)
+    local cmd = _M.KINDS.window.command(e, e.cost, true)
+    if not e.params.strikes.every_refusal then
+        cmd[#cmd + 1] = "EVERY"
     end
-end
-
---- Rules with `strikes.every_refusal` (block on exceeding: the velocity
---- design's "5 a minute, then blocked 5 minutes"): their first refusal is
---- a strike too (the module strikes only a retry before Retry-After), so
---- their refused commands are sent once more as their own early retry
---- (resty.rl.store.strike_first_refusals). `cmds[i]` is the command of
---- `sent[i]`, `res[i]` its reply; returns the replies.
-function _M.strike_every_refusal(conf, sent, cmds, res)
-    local sub_cmds, sub_res, at = {}, {}, {}
-    for i, e in ipairs(sent) do
-        local s = e.params.strikes
-        if s and s.every_refusal and not e.probe then
-            sub_cmds[#sub_cmds + 1], sub_res[#sub_res + 1], at[#at + 1] = cmds[i], res[i], i
-        end
-    end
-    if #at == 0 then
-        return res
-    end
-    sub_res = store.strike_first_refusals(conf, sub_cmds, sub_res, thresholds_at(sent, at))
-    for j, i in ipairs(at) do
-        res[i] = sub_res[j]
-    end
-    return res
+    return cmd
 end
 
 --- A request refused (or a reply unusable) after every rule's command

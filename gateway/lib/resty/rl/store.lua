@@ -181,13 +181,14 @@ local function window_args(key, w, box, cost)
         return { key, w.limit, w.window, "COST", 0 }
     end
     return { key, w.limit, w.window, "COST", cost,
-        "STRIKES", 1, w.window, "BOX", box[1], box[2], box[3] }
+        "STRIKES", 1, w.window, "EVERY", "BOX", box[1], box[2], box[3] }
 end
 
 --- Failed-login counters, pipelined: for each {key, limits} of `pairs_`
 --- one RL.WINDOW with `cost` (0: a probe that writes nothing; 1: a failure
---- recorded, the failure that does not fit trips the box). Returns the
---- list of decoded replies (see decode), or nil and an error.
+--- recorded, the failure that does not fit trips the box: STRIKES 1 with
+--- EVERY, every refusal a strike). Returns the list of decoded replies
+--- (see decode), or nil and an error.
 function _M.auth_windows(conf, pairs_, cost)
     local cmds = {}
     for i, p in ipairs(pairs_) do
@@ -196,10 +197,6 @@ function _M.auth_windows(conf, pairs_, cost)
     local res, err = run(conf, cmds)
     if not res then
         return nil, err
-    end
-    if cost > 0 then
-        -- a failure beyond the limit trips the box at once (STRIKES 1)
-        res = _M.strike_first_refusals(conf, cmds, res, function() return 1 end)
     end
     local out = {}
     for i = 1, #pairs_ do
@@ -211,36 +208,6 @@ function _M.auth_windows(conf, pairs_, cost)
         end
     end
     return out
-end
-
---- An attempt beyond the failures allowed (a failed login, ...) is a
---- strike. The module counts a strike only for a retry before the
---- Retry-After of the previous refusal, so the first
---- refusal of a key is none: each command of `cmds` whose reply `res[i]`
---- is such a refusal (status 0, `threshold(i)` strikes still left) is
---- sent once more, as its own early retry, and its reply replaces the
---- first. Later attempts are early retries by themselves (one strike
---- each). Returns `res` (the first replies kept when the second round
---- trip fails).
-function _M.strike_first_refusals(conf, cmds, res, threshold)
-    local again, at = {}, {}
-    for i, cmd in ipairs(cmds) do
-        local d = _M.decode(res[i])
-        if d and d.status == 0 and d.strikes_remaining == threshold(i) then
-            again[#again + 1] = cmd
-            at[#at + 1] = i
-        end
-    end
-    if #again == 0 then
-        return res
-    end
-    local res2 = run(conf, again)
-    for j, i in ipairs(at) do
-        if res2 and _M.decode(res2[j]) then
-            res[i] = res2[j]
-        end
-    end
-    return res
 end
 
 --- RL.LEASE ACQUIRE with `id` (the request id: new on every request) as
