@@ -351,7 +351,10 @@ fn an_unknown_api_key_is_not_admitted_while_redis_is_down() {
         let wait = r.header("Retry-After").expect("Retry-After");
         // the body says the same wait as its header
         assert_eq!(
-            b["retry_after_seconds"].as_u64().map(|s| s.to_string()).as_deref(),
+            b["retry_after_seconds"]
+                .as_u64()
+                .map(|s| s.to_string())
+                .as_deref(),
             Some(wait),
             "{b}"
         );
