@@ -11,6 +11,7 @@
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
+#   make test-envoy    only envoy-ratelimit's tests (Envoy's rate-limit service on rl)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -44,7 +45,7 @@ SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl test-envoy bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
 
 all: build
 
@@ -64,7 +65,8 @@ run: deps build
 # The integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
 # they load is the one just built, with Redis' allocator; then rlctl's tests
-# (a workspace member), the integration tests again on Valkey
+# and envoy-ratelimit's (workspace members; cargo test at the root runs the
+# root crate's only), the integration tests again on Valkey
 # (valkey-integration), then the SDKs' tests (sdk/test.sh). The last line
 # sums up every test binary of these runs (cargo's own last line is the
 # doc-tests' count) and both SDKs' counts, after the wall time of each run;
@@ -73,6 +75,7 @@ test: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p rlctl --all-targets -- -D warnings
+	$(CARGO) clippy -p envoy-ratelimit --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
 	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS)
@@ -85,6 +88,10 @@ test: deps
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(TEST_LOG); \
 	rc_rlctl=$$?; \
 	[ $$rc -ne 0 ] || rc=$$rc_rlctl; \
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p envoy-ratelimit --no-fail-fast \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(TEST_LOG); \
+	rc_envoy=$$?; \
+	[ $$rc -ne 0 ] || rc=$$rc_envoy; \
 	redis_s=$$((SECONDS - started)); \
 	$(MAKE) --no-print-directory valkey-integration; \
 	valkey_rc=$$?; \
@@ -150,6 +157,13 @@ test-sdk: deps build
 # SMTP receivers, the rlctl binary. `make test` runs them too.
 test-rlctl: deps build
 	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl -- --test-threads=$(TEST_THREADS)
+
+# envoy-ratelimit's tests alone (envoy-ratelimit/README.md, "Tests"): the
+# rl-envoy service against redis-server with the release module, over gRPC
+# and through the real Envoy (.ci/get-envoy) with a loopback upstream.
+# `make test` runs them too, once (on redis-server).
+test-envoy: deps build
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p envoy-ratelimit -- --test-threads=$(TEST_THREADS)
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:

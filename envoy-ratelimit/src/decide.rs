@@ -65,8 +65,8 @@ pub struct Outcome {
 /// Where the counts live.
 #[derive(Clone)]
 pub enum Store {
-    /// One Redis (or a Sentinel-resolved primary): one pipeline per request.
-    Single(ConnectionManager),
+    /// One Redis: one pipeline per request.
+    Single(Box<ConnectionManager>),
     /// A Redis Cluster (`MOVED`/`ASK` followed by the client): one pipeline per group.
     Cluster(ClusterConnection),
 }
@@ -75,7 +75,7 @@ impl Store {
     async fn run(&self, pipe: &Pipeline, timeout: Duration) -> RedisResult<Vec<Value>> {
         let fut = async {
             match self {
-                Store::Single(c) => pipe.query_async(&mut c.clone()).await,
+                Store::Single(c) => pipe.query_async(&mut ConnectionManager::clone(c)).await,
                 Store::Cluster(c) => pipe.query_async(&mut c.clone()).await,
             }
         };

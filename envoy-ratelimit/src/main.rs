@@ -76,7 +76,7 @@ async fn connect(args: &Args, timeout: Duration) -> redis::RedisResult<Store> {
             .set_number_of_retries(1)
             .set_max_delay(100);
         let conn = redis::aio::ConnectionManager::new_with_config(client, cfg).await?;
-        Ok(Store::Single(conn))
+        Ok(Store::Single(Box::new(conn)))
     } else {
         let client = redis::cluster::ClusterClientBuilder::new(args.redis_cluster.clone())
             .connection_timeout(timeout)

@@ -96,7 +96,7 @@ impl RateLimiter {
         &self,
         config: &Config,
         req: &RateLimitRequest,
-    ) -> Result<Vec<Option<Applied>>, Status> {
+    ) -> Result<Vec<Option<Applied>>, String> {
         let request_hits = u64::from(req.hits_addend.max(1));
         let mut out = Vec::with_capacity(req.descriptors.len());
         for d in &req.descriptors {
@@ -110,10 +110,7 @@ impl RateLimiter {
                 (_, false) => None,
                 (Some(o), true) => {
                     let unit = Unit::from_proto(o.unit).ok_or_else(|| {
-                        Status::invalid_argument(format!(
-                            "descriptor limit override has an unknown unit {}",
-                            o.unit
-                        ))
+                        format!("descriptor limit override has an unknown unit {}", o.unit)
                     })?;
                     let mut stat_key = req.domain.clone();
                     for (k, v) in &entries {
@@ -256,7 +253,9 @@ impl RateLimiter {
             .read()
             .map(|c| c.clone())
             .map_err(|_| Status::internal("configuration lock poisoned"))?;
-        let applied = self.applied(&config, req)?;
+        let applied = self
+            .applied(&config, req)
+            .map_err(Status::invalid_argument)?;
         let now = now_ms();
         let checks = self.checks(req, &applied, now);
         let outcomes = decide(&self.store, &checks, self.options.redis_timeout)

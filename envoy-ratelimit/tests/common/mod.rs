@@ -238,12 +238,11 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     http_get_with(port, path, &[])
 }
 
-/// `GET path` with `headers`: (status, response headers lower-cased, body).
-pub fn http_get_full(
-    port: u16,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> Option<(u16, Vec<(String, String)>, String)> {
+/// An HTTP answer: status, headers (names lower-cased), body.
+pub type Answer = (u16, Vec<(String, String)>, String);
+
+/// `GET path` with `headers`.
+pub fn http_get_full(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<Answer> {
     let agent = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(10))
         .build();
