@@ -309,14 +309,7 @@ impl RateLimiter {
             // a descriptor's status describes its rule that refuses with
             // the longest wait, else the one with the fewest points left
             let key = if counts { o.retry_ms } else { o.remaining };
-            let better = |best: &Option<(bool, u64, usize)>| match best {
-                None => true,
-                Some((bo, bk, _)) => {
-                    (counts && !bo)
-                        || (counts == *bo && (if counts { key > *bk } else { key < *bk }))
-                }
-            };
-            if better(&desc_best[c.desc]) {
+            if desc_best[c.desc].is_none_or(|(bo, bk, _)| binds(counts, key, bo, bk)) {
                 desc_best[c.desc] = Some((counts, key, ci));
             }
             let reset = if o.boxed {
@@ -327,14 +320,10 @@ impl RateLimiter {
                 Some(headers::seconds(o.reset_ms).min(window))
             };
             let b = (counts, key, name, o.remaining, reset);
-            let take = match &binding {
-                None => true,
-                Some((bo, bk, ..)) => {
-                    (counts && !bo)
-                        || (counts == *bo && (if counts { key > *bk } else { key < *bk }))
-                }
-            };
-            if take {
+            if binding
+                .as_ref()
+                .is_none_or(|(bo, bk, ..)| binds(counts, key, *bo, *bk))
+            {
                 binding = Some(b);
             }
         }
@@ -394,6 +383,19 @@ impl RateLimiter {
             response_headers_to_add: headers_out,
             ..Default::default()
         }
+    }
+}
+
+/// Whether a check that refuses (`over`) with `key` (its wait when over,
+/// else its points left) describes the request better than the one so far:
+/// a refusal beats an admission, a longer wait a shorter one, fewer points
+/// left more.
+fn binds(over: bool, key: u64, best_over: bool, best_key: u64) -> bool {
+    match (over, best_over) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => key > best_key,
+        (false, false) => key < best_key,
     }
 }
 

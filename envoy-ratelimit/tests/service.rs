@@ -261,7 +261,6 @@ async fn redis_down_is_a_grpc_error_then_back() {
             .await
             .unwrap(),
     );
-    let serving = |h: &tonic_health::pb::HealthCheckResponse| h.status;
     let check = tonic_health::pb::HealthCheckRequest {
         service: "envoy.service.ratelimit.v3.RateLimitService".into(),
     };
@@ -294,8 +293,16 @@ async fn redis_down_is_a_grpc_error_then_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(back, "no answer after Redis came back");
-    let h = health.check(check.clone()).await.unwrap().into_inner();
-    let _ = serving(&h);
+    wait_until_async_ok(&mut health, &check, 1).await;
+    // --version
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rl-envoy"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        concat!("rl-envoy ", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 /// Waits (bounded) until the health status of `check` is `status` (1
