@@ -166,7 +166,21 @@ async fn bad_input_gets_a_clear_status() {
     );
     let e = err(c.should_rate_limit(request("rl", vec![d])).await);
     assert_eq!(e.code(), Code::InvalidArgument);
+    // malformed frames: garbage, a valid HTTP/2 preface then garbage
+    for garbage in [
+        &b"\x00\x00\x05\x00\x01hello, this is not a gRPC frame"[..],
+        &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x04\x01\x05\x00\x00\x00\x01\xff\xff\xff\xff"[..],
+    ] {
+        use std::io::{Read, Write};
+        let mut sock = std::net::TcpStream::connect(("127.0.0.1", s.service.grpc)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let _ = sock.write_all(garbage);
+        let mut buf = [0u8; 256];
+        let _ = sock.read(&mut buf);
+    }
     // still serving
+    let r = ask(&mut c, request("rl", vec![desc(&[("tenant", "y")])])).await;
+    assert_eq!(r.overall_code, OK);
     assert_eq!(
         http_get(s.service.http, "/healthcheck").map(|r| r.0),
         Some(200)

@@ -104,6 +104,11 @@ impl Redis {
 
     /// Starts one on `port` (a restart after a kill).
     pub fn start_on(dir: &Path, port: u16) -> Redis {
+        Redis::start_with(dir, port, &[])
+    }
+
+    /// Starts one on `port` with `extra` arguments.
+    pub fn start_with(dir: &Path, port: u16, extra: &[&str]) -> Redis {
         let module = std::env::var_os("RL_MODULE")
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace().join("target/release/librl.so"));
@@ -115,7 +120,8 @@ impl Redis {
             .arg("--dir")
             .arg(dir)
             .arg("--loadmodule")
-            .arg(&module);
+            .arg(&module)
+            .args(extra);
         let proc = Proc::spawn(cmd, dir.join(format!("redis-{port}.log")));
         let r = Redis { port, proc };
         wait_until("redis PING", Duration::from_secs(10), || r.client().is_ok());
@@ -143,6 +149,11 @@ impl Service {
         let (grpc, http) = (free_port(), free_port());
         let mut cmd = Service::command(config_dir, redis_port, grpc, http);
         cmd.args(extra);
+        Service::launch(dir, cmd, grpc, http)
+    }
+
+    /// Starts `cmd` (from [`Service::command`]) and waits for /healthcheck.
+    pub fn launch(dir: &Path, cmd: Command, grpc: u16, http: u16) -> Service {
         let proc = Proc::spawn(cmd, dir.join(format!("rl-envoy-{grpc}.log")));
         let mut s = Service { grpc, http, proc };
         wait_until("rl-envoy /healthcheck", Duration::from_secs(20), || {
@@ -374,4 +385,59 @@ pub fn write_config(dir: &Path, name: &str, text: &str) {
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text).expect("write config");
     std::fs::rename(&tmp, dir.join(name)).expect("rename config");
+}
+
+/// A Redis Cluster of three primaries with the rl module (slots spread by
+/// `redis-cli --cluster create`).
+pub struct Cluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    /// Starts the nodes, creates the cluster, waits for `cluster_state:ok`.
+    pub fn start(dir: &Path) -> Cluster {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let node_dir = dir.join(format!("node-{port}"));
+            std::fs::create_dir_all(&node_dir).expect("node dir");
+            nodes.push(Redis::start_with(
+                &node_dir,
+                port,
+                &["--cluster-enabled", "yes"],
+            ));
+        }
+        let cli = std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
+        let mut cmd = Command::new(cli);
+        cmd.arg("--cluster").arg("create");
+        for n in &nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = cmd
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        wait_until("cluster_state:ok", Duration::from_secs(30), || {
+            nodes.iter().all(|n| {
+                n.client()
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            })
+        });
+        Cluster { nodes }
+    }
+
+    /// `--redis-cluster` for the service.
+    pub fn seeds(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}/", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }
