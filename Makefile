@@ -8,6 +8,8 @@
 #   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
 #   make bench-gateway-instructions  the gateway's instructions per request, by target
 #                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
+#   make bench-envoy  rl-envoy through Envoy against no limiting, Envoy's local
+#                     limiter and a floor service (bench/envoy.sh)
 #   make test-gateway  only the gateway end-to-end tests (nginx + Redis + HTTP)
 #   make test-sdk      only the client SDKs' tests (sdk/python, sdk/typescript)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
@@ -45,7 +47,7 @@ SDK_COUNTS   := $(CURDIR)/target/sdk-test-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl test-envoy bench bench-core bench-profile bench-gateway bench-gateway-instructions clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-sdk test-rlctl test-envoy bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-envoy clean reliability reliability-report
 
 all: build
 
@@ -226,6 +228,16 @@ bench-gateway: deps build
 
 bench-gateway-instructions: deps build
 	RL_MODULE=$(MODULE) bash bench/gateway_instructions.sh
+
+# Envoy's rate limiting with rl (bench/envoy.sh, about 2 minutes; not part
+# of `make test`): wrk through one Envoy 1.40 with no rate limiting, with
+# its local rate limit filter, with the rate-limit filter asking a floor
+# service (the same gRPC stack answering OK without Redis) and asking
+# rl-envoy, in interleaved rounds; prints RATIO lines (to the plain proxy,
+# and rl to the floor), p99 and Redis CPU per decision. Results:
+# bench/RESULTS.md.
+bench-envoy: deps build
+	RL_MODULE=$(MODULE) bash bench/envoy.sh
 
 clean:
 	$(CARGO) clean
