@@ -165,6 +165,9 @@ fn err(name: &str, text: impl fmt::Display) -> ConfigError {
     ConfigError(format!("{name}: {text}"))
 }
 
+/// rl's longest refill from empty, in seconds (100 years).
+const MAX_REFILL_S: u128 = 3_153_600_000;
+
 /// The peer's keys, then rl's.
 const VALID_KEYS: &[&str] = &[
     "domain",
@@ -508,12 +511,27 @@ fn load_rule(name: &str, y: &YamlRule) -> Result<Rule, ConfigError> {
     let per_unit = u64::from(y.requests_per_unit);
     let burst = match (y.burst, algorithm) {
         (None, _) => per_unit,
-        (Some(b), Algorithm::TokenBucket) if b >= 1 => b,
+        (Some(b), Algorithm::TokenBucket) if (1..=1_000_000_000_000_000).contains(&b) => b,
         (Some(_), Algorithm::TokenBucket) => {
-            return Err(err(name, "burst must be at least 1"));
+            return Err(err(name, "burst must be 1 to 1000000000000000"));
         }
         (Some(_), _) => return Err(err(name, "burst requires algorithm token_bucket")),
     };
+    if algorithm == Algorithm::TokenBucket {
+        if per_unit == 0 {
+            return Err(err(
+                name,
+                "token_bucket needs requests_per_unit of at least 1",
+            ));
+        }
+        // rl's bound: a bucket refills from empty in at most 100 years
+        if u128::from(burst) * u128::from(unit.seconds()) > u128::from(per_unit) * MAX_REFILL_S {
+            return Err(err(
+                name,
+                "token_bucket refills from empty in at most 100 years (burst x unit / requests_per_unit)",
+            ));
+        }
+    }
     if algorithm == Algorithm::Exact && per_unit > 10_000 {
         return Err(err(
             name,

@@ -161,6 +161,15 @@ fn rl_field_errors() {
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}\n"
     )
     .starts_with("config.test: invalid algorithm 'leaky'"));
+    assert_eq!(
+        error_of("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 101}\n"),
+        "config.test: token_bucket refills from empty in at most 100 years (burst x unit / requests_per_unit)"
+    );
+    assert!(load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 100}\n").is_ok());
+    assert_eq!(
+        error_of("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0, algorithm: token_bucket}\n"),
+        "config.test: token_bucket needs requests_per_unit of at least 1"
+    );
 }
 
 #[test]
