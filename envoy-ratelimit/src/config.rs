@@ -101,6 +101,8 @@ pub enum Algorithm {
     /// rl's token bucket (`RL.TAKE`): `requests_per_unit` per unit, up to
     /// `burst` at once.
     TokenBucket,
+    /// rl's calendar quota (`RL.QUOTA`): per UTC day, ISO week or calendar month.
+    Calendar,
 }
 
 /// The penalty box in front of a limit (`RL.TAKE`/`RL.WINDOW` `STRIKES`).
@@ -499,15 +501,22 @@ fn load_rule(name: &str, y: &YamlRule) -> Result<Rule, ConfigError> {
         Some("sliding_window") => Algorithm::SlidingWindow,
         Some("exact") => Algorithm::Exact,
         Some("token_bucket") => Algorithm::TokenBucket,
+        Some("calendar") => Algorithm::Calendar,
         Some(other) => {
             return Err(err(
                 name,
                 format!(
-                    "invalid algorithm '{other}' (fixed, sliding_window, exact or token_bucket)"
+                    "invalid algorithm '{other}' (fixed, sliding_window, exact, token_bucket or calendar)"
                 ),
             ))
         }
     };
+    if algorithm == Algorithm::Calendar && !matches!(unit, Unit::Day | Unit::Week | Unit::Month) {
+        return Err(err(
+            name,
+            "algorithm calendar needs unit day, week or month",
+        ));
+    }
     let per_unit = u64::from(y.requests_per_unit);
     let burst = match (y.burst, algorithm) {
         (None, _) => per_unit,

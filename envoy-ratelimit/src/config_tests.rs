@@ -167,6 +167,10 @@ fn rl_field_errors() {
     );
     assert!(load("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, algorithm: token_bucket, burst: 100}\n").is_ok());
     assert_eq!(
+        error_of("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: calendar}\n"),
+        "config.test: algorithm calendar needs unit day, week or month"
+    );
+    assert_eq!(
         error_of("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0, algorithm: token_bucket}\n"),
         "config.test: token_bucket needs requests_per_unit of at least 1"
     );

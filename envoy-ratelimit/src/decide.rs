@@ -1,8 +1,8 @@
 //! Deciding a request's checks in Redis with rl's commands.
 //!
-//! Checks that can share one command (the same command and mode, the same
-//! cost, no penalty box, not in shadow mode, and in Redis Cluster the same
-//! hash tag) form a group, decided by ONE `RL.WINDOW`/`RL.TAKE` call with
+//! Checks that can share one command (`RL.WINDOW` in one mode, `RL.TAKE`
+//! or `RL.QUOTA`; the same cost, no penalty box, not in shadow mode, and in
+//! Redis Cluster the same hash tag) form a group, decided by ONE call with
 //! `ALSO` (at most 16 keys): all-or-nothing inside Redis. Every group of a
 //! request goes in one pipeline (one per group in a cluster); when a group
 //! refuses, the groups that were charged get their points back (`REFUND`),
@@ -16,7 +16,7 @@ use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
 
-use crate::config::{Algorithm, Rule};
+use crate::config::{Algorithm, Rule, Unit};
 
 /// One rule of one descriptor to decide.
 #[derive(Clone, Debug)]
@@ -152,6 +152,15 @@ fn bucket_args(cmd: &mut Cmd, c: &Check) {
                 .arg(limit)
                 .arg(seconds(unit_ms));
         }
+        Algorithm::Calendar => {
+            let period = match c.rule.unit {
+                Unit::Day => "DAY",
+                Unit::Week => "WEEK",
+                // the configuration admits only day, week and month
+                _ => "MONTH",
+            };
+            cmd.arg(&c.key).arg(limit).arg(period);
+        }
     }
 }
 
@@ -160,6 +169,7 @@ fn command(checks: &[Check], members: &[usize], mode: Mode) -> Cmd {
     let first = &checks[members[0]];
     let mut cmd = redis::cmd(match first.rule.algorithm {
         Algorithm::TokenBucket => "RL.TAKE",
+        Algorithm::Calendar => "RL.QUOTA",
         _ => "RL.WINDOW",
     });
     bucket_args(&mut cmd, first);

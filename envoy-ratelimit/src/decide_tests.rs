@@ -95,6 +95,16 @@ fn commands() {
         args(&command(&tb, &[0], Mode::Charge)).join(" "),
         "RL.TAKE t 20 10 60.000 COST 1 STRIKES 3 60 BOX 5 10 20"
     );
+    let mut q = vec![
+        check("q1", "a", Algorithm::Calendar, 2),
+        check("q2", "a", Algorithm::Calendar, 2),
+    ];
+    q[0].rule.unit = Unit::Month;
+    q[1].rule.unit = Unit::Week;
+    assert_eq!(
+        args(&command(&q, &[0, 1], Mode::Charge)).join(" "),
+        "RL.QUOTA q1 10 MONTH COST 2 ALSO q2 10 WEEK"
+    );
     let ex = vec![check("e", "a", Algorithm::Exact, 1)];
     assert_eq!(
         args(&command(&ex, &[0], Mode::Probe)).join(" "),

@@ -70,6 +70,7 @@ fn algorithm_letter(a: Algorithm) -> char {
         Algorithm::SlidingWindow => 's',
         Algorithm::Exact => 'e',
         Algorithm::TokenBucket => 't',
+        Algorithm::Calendar => 'c',
     }
 }
 
@@ -314,7 +315,10 @@ impl RateLimiter {
             }
             let reset = if o.boxed {
                 None
-            } else if c.rule.algorithm == Algorithm::TokenBucket {
+            } else if matches!(
+                c.rule.algorithm,
+                Algorithm::TokenBucket | Algorithm::Calendar
+            ) {
                 Some(headers::seconds(o.reset_ms))
             } else {
                 Some(headers::seconds(o.reset_ms).min(window))

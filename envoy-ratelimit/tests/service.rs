@@ -34,6 +34,8 @@ descriptors:
       strikes: {threshold: 2, window: 600, box: [120, 240, 480]}
   - key: tenant
     rate_limit: {unit: year, requests_per_unit: 1000, name: tenant}
+  - key: monthly
+    rate_limit: {unit: month, requests_per_unit: 2, algorithm: calendar}
 "#;
 
 struct Setup {
@@ -94,6 +96,26 @@ async fn several_limits_headers_and_the_penalty_box() {
     assert!(
         retry > 31_000_000 && retry <= 31_536_000,
         "Retry-After {retry}"
+    );
+
+    // a calendar quota: resets at 00:00 UTC on the 1st of next month
+    let monthly = || request("rl", vec![desc(&[("monthly", "acme")])]);
+    assert_eq!(ask(&mut c, monthly()).await.overall_code, OK);
+    let r = ask(&mut c, monthly()).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+    let r = ask(&mut c, monthly()).await;
+    assert_eq!(r.overall_code, OVER);
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let end = now + reset.seconds;
+    assert!(reset.seconds <= 31 * 86_400, "{reset:?}");
+    let off_midnight = end.rem_euclid(86_400);
+    assert!(
+        !(3..86_397).contains(&off_midnight),
+        "the quota ends {off_midnight} s after a midnight"
     );
 
     // the penalty box: the refusal is not a strike, two early retries are
