@@ -12,8 +12,12 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use std::sync::Arc;
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::AsyncConnectionConfig;
 use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
 
 use crate::config::{Algorithm, Rule, Unit};
@@ -69,6 +73,60 @@ pub enum Store {
     Single(Box<ConnectionManager>),
     /// A Redis Cluster (`MOVED`/`ASK` followed by the client): one pipeline per group.
     Cluster(ClusterConnection),
+    /// The primary that Redis Sentinel names, asked again after a failure.
+    Sentinel(Arc<SentinelStore>),
+}
+
+/// A connection to the primary of a Sentinel-monitored Redis: made through
+/// the sentinels, dropped after an error (a timeout, a closed connection,
+/// `READONLY` from a demoted primary) so that the next request asks the
+/// sentinels again.
+pub struct SentinelStore {
+    client: tokio::sync::Mutex<SentinelClient>,
+    conn: tokio::sync::RwLock<Option<MultiplexedConnection>>,
+    timeout: Duration,
+}
+
+impl SentinelStore {
+    /// A store for `service` (the master name) known to `sentinels`.
+    pub fn new(sentinels: Vec<String>, service: String, timeout: Duration) -> RedisResult<Self> {
+        let client = SentinelClient::build(sentinels, service, None, SentinelServerType::Master)?;
+        Ok(SentinelStore {
+            client: tokio::sync::Mutex::new(client),
+            conn: tokio::sync::RwLock::new(None),
+            timeout,
+        })
+    }
+
+    async fn connection(&self) -> RedisResult<MultiplexedConnection> {
+        if let Some(c) = self.conn.read().await.as_ref() {
+            return Ok(c.clone());
+        }
+        let mut slot = self.conn.write().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        let c = self
+            .client
+            .lock()
+            .await
+            .get_async_connection_with_config(&config)
+            .await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn query(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        let mut c = self.connection().await?;
+        let r = pipe.query_async(&mut c).await;
+        if r.is_err() {
+            *self.conn.write().await = None;
+        }
+        r
+    }
 }
 
 impl Store {
@@ -77,14 +135,20 @@ impl Store {
             match self {
                 Store::Single(c) => pipe.query_async(&mut ConnectionManager::clone(c)).await,
                 Store::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+                Store::Sentinel(s) => s.query(pipe).await,
             }
         };
         match tokio::time::timeout(timeout, fut).await {
             Ok(r) => r,
-            Err(_) => Err(RedisError::from((
-                redis::ErrorKind::IoError,
-                "redis timed out",
-            ))),
+            Err(_) => {
+                if let Store::Sentinel(s) = self {
+                    *s.conn.write().await = None;
+                }
+                Err(RedisError::from((
+                    redis::ErrorKind::IoError,
+                    "redis timed out",
+                )))
+            }
         }
     }
 
@@ -342,7 +406,7 @@ async fn run_all(
         return Ok(Vec::new());
     }
     match store {
-        Store::Single(_) => {
+        Store::Single(_) | Store::Sentinel(_) => {
             let mut all = redis::pipe();
             let mut sizes = Vec::with_capacity(pipes.len());
             for p in pipes {

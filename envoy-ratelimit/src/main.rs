@@ -7,7 +7,7 @@ use clap::Parser;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 
 use envoy_ratelimit::config::Config;
-use envoy_ratelimit::decide::Store;
+use envoy_ratelimit::decide::{SentinelStore, Store};
 use envoy_ratelimit::keys::HashTag;
 use envoy_ratelimit::metrics::Metrics;
 use envoy_ratelimit::service::{Options, RateLimiter};
@@ -37,6 +37,17 @@ struct Args {
     /// Redis Cluster seed nodes, comma-separated URLs (instead of --redis-url).
     #[arg(long, env = "RL_ENVOY_REDIS_CLUSTER", value_delimiter = ',')]
     redis_cluster: Vec<String>,
+    /// Redis Sentinel addresses, comma-separated URLs (instead of
+    /// --redis-url): the service follows the primary they name.
+    #[arg(long, env = "RL_ENVOY_REDIS_SENTINEL", value_delimiter = ',')]
+    redis_sentinel: Vec<String>,
+    /// The master name the sentinels monitor.
+    #[arg(
+        long,
+        env = "RL_ENVOY_REDIS_SENTINEL_MASTER",
+        default_value = "mymaster"
+    )]
+    redis_sentinel_master: String,
     /// The longest wait for Redis per request, in milliseconds; then the
     /// answer is the gRPC error UNAVAILABLE.
     #[arg(long, env = "RL_ENVOY_REDIS_TIMEOUT_MS", default_value_t = 250)]
@@ -68,7 +79,14 @@ struct Args {
 }
 
 async fn connect(args: &Args, timeout: Duration) -> redis::RedisResult<Store> {
-    if args.redis_cluster.is_empty() {
+    if !args.redis_sentinel.is_empty() {
+        let store = SentinelStore::new(
+            args.redis_sentinel.clone(),
+            args.redis_sentinel_master.clone(),
+            timeout,
+        )?;
+        Ok(Store::Sentinel(std::sync::Arc::new(store)))
+    } else if args.redis_cluster.is_empty() {
         let client = redis::Client::open(args.redis_url.as_str())?;
         let cfg = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(timeout)

@@ -60,6 +60,11 @@ impl Proc {
         Proc { child, log }
     }
 
+    /// Starts `cmd` with its output in `log`.
+    pub fn spawn_logged(cmd: Command, log: PathBuf) -> Proc {
+        Proc::spawn(cmd, log)
+    }
+
     /// The process's output so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
