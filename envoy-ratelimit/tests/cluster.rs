@@ -106,8 +106,11 @@ async fn domain_tag_one_slot() {
     assert_eq!(with_keys, 1, "a domain's keys in one slot");
 }
 
-/// `CLUSTER NODES` of `node`: (id, port, first slot, last slot) of each primary.
-fn primaries(node: &Redis) -> Vec<(String, u16, Vec<(u16, u16)>)> {
+/// A primary: its id, its port, its slot ranges.
+type Primary = (String, u16, Vec<(u16, u16)>);
+
+/// The primaries `CLUSTER NODES` of `node` lists.
+fn primaries(node: &Redis) -> Vec<Primary> {
     let mut c = node.client().unwrap();
     let text: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).unwrap();
     text.lines()
