@@ -77,3 +77,21 @@ pub async fn watch(
         last = files;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every example directory loads.
+    #[test]
+    fn examples_load() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        for dir in ["config", "designs"] {
+            let files = read_dir(&root.join(dir)).expect("readable");
+            assert!(!files.is_empty(), "{dir}");
+            if let Err(e) = Config::load(&files) {
+                panic!("examples/{dir}: {e}");
+            }
+        }
+    }
+}
