@@ -76,6 +76,10 @@ struct Args {
     /// Logs as JSON lines instead of text.
     #[arg(long, env = "RL_ENVOY_LOG_JSON")]
     log_json: bool,
+    /// The most detailed log level: error, warn, info, debug (one line per
+    /// decision) or trace.
+    #[arg(long, env = "RL_ENVOY_LOG_LEVEL", default_value = "info")]
+    log_level: tracing::Level,
 }
 
 async fn connect(args: &Args, timeout: Duration) -> redis::RedisResult<Store> {
@@ -108,10 +112,11 @@ async fn connect(args: &Args, timeout: Duration) -> redis::RedisResult<Store> {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    let logs = tracing_subscriber::fmt().with_max_level(args.log_level);
     if args.log_json {
-        tracing_subscriber::fmt().json().init();
+        logs.json().init();
     } else {
-        tracing_subscriber::fmt().init();
+        logs.init();
     }
     if let Err(e) = run(args).await {
         tracing::error!("{e}");
@@ -127,7 +132,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let config = Config::load(&files)?;
     metrics.config_load_success.inc();
     let config = Arc::new(RwLock::new(Arc::new(config)));
-    let store = connect(&args, timeout).await?;
+    let store = connect(&args, timeout)
+        .await
+        .map_err(|e| format!("cannot connect to Redis: {e}"))?;
     tokio::spawn(reload::watch(
         args.config_dir.clone(),
         files,

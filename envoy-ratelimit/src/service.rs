@@ -269,7 +269,15 @@ impl RateLimiter {
                 tracing::warn!(error = %e, domain = %req.domain, "redis failed");
                 Status::unavailable(format!("redis: {e}"))
             })?;
-        Ok(self.response(&applied, &checks, &outcomes))
+        let response = self.response(&applied, &checks, &outcomes);
+        tracing::debug!(
+            domain = %req.domain,
+            descriptors = req.descriptors.len(),
+            checks = checks.len(),
+            over_limit = response.overall_code == Code::OverLimit as i32,
+            "decided"
+        );
+        Ok(response)
     }
 
     fn response(
