@@ -14,7 +14,10 @@
 #   make test-gateway-unit  only the gateway's Lua unit tests (one nginx
 #                       process, no Redis, seconds; gateway/test/unit/run.sh)
 #   make test-sdk      only the SDKs' tests (sdk/python, sdk/python-server, sdk/typescript, sdk/node-server)
+#   make bench-envoy  rl-envoy through Envoy against no limiting, Envoy's local
+#                     limiter and a floor service (bench/envoy.sh)
 #   make test-rlctl    only rlctl's tests (the alert worker and operator CLI)
+#   make test-envoy    only envoy-ratelimit's tests (Envoy's rate-limit service on rl)
 #
 # Deps are installed by .ci/deps (apt, only what is missing; rustfmt/clippy).
 
@@ -50,7 +53,7 @@ LUA_COUNTS   := $(CURDIR)/target/lua-unit-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-gateway-unit test-sdk test-rlctl bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app bench-app-node bench-app-python clean reliability reliability-report
+.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-gateway-unit test-sdk test-rlctl test-envoy bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app bench-app-node bench-app-python bench-envoy clean reliability reliability-report
 
 all: build
 
@@ -71,7 +74,8 @@ run: deps build
 # integration tests load the release module (RL_MODULE). They start real
 # redis-servers and talk to them; they do not link the crate, so the module
 # they load is the one just built, with Redis' allocator; then rlctl's tests
-# (a workspace member), the integration tests again on Valkey
+# and envoy-ratelimit's (workspace members; cargo test at the root runs the
+# root crate's only), the integration tests again on Valkey
 # (valkey-integration), then the SDKs' tests (sdk/test.sh). The last line
 # sums up every test binary of these runs (cargo's own last line is the
 # doc-tests' count), both SDKs' counts and the Lua unit tests' count, after
@@ -81,6 +85,7 @@ test: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) clippy -p rlctl --all-targets -- -D warnings
+	$(CARGO) clippy -p envoy-ratelimit --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
 	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS)
@@ -96,6 +101,10 @@ test: deps
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(TEST_LOG); \
 	rc_rlctl=$$?; \
 	[ $$rc -ne 0 ] || rc=$$rc_rlctl; \
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p envoy-ratelimit --no-fail-fast \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(TEST_LOG); \
+	rc_envoy=$$?; \
+	[ $$rc -ne 0 ] || rc=$$rc_envoy; \
 	redis_s=$$((SECONDS - started)); \
 	$(MAKE) --no-print-directory valkey-integration; \
 	valkey_rc=$$?; \
@@ -169,6 +178,13 @@ test-sdk: deps build
 # SMTP receivers, the rlctl binary. `make test` runs them too.
 test-rlctl: deps build
 	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl -- --test-threads=$(TEST_THREADS)
+
+# envoy-ratelimit's tests alone (envoy-ratelimit/README.md, "Tests"): the
+# rl-envoy service against redis-server with the release module, over gRPC
+# and through the real Envoy (.ci/get-envoy) with a loopback upstream.
+# `make test` runs them too, once (on redis-server).
+test-envoy: deps build
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p envoy-ratelimit -- --test-threads=$(TEST_THREADS)
 
 # Prints the figures of the last run (make test or make reliability).
 reliability-report:
@@ -248,6 +264,16 @@ bench-gateway-instructions: deps build
 # requests/s, p99, Redis CPU per decision, RATIO and TARGET lines).
 bench-app-python: deps build
 	RL_MODULE=$(MODULE) target/sdk-venv/bin/python bench/app_python.py
+
+# Envoy's rate limiting with rl (bench/envoy.sh, about 2 minutes; not part
+# of `make test`): wrk through one Envoy 1.40 with no rate limiting, with
+# its local rate limit filter, with the rate-limit filter asking a floor
+# service (the same gRPC stack answering OK without Redis) and asking
+# rl-envoy, in interleaved rounds; prints RATIO lines (to the plain proxy,
+# and rl to the floor), p99 and Redis CPU per decision. Results:
+# bench/RESULTS.md.
+bench-envoy: deps build
+	RL_MODULE=$(MODULE) bash bench/envoy.sh
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,106 @@
+//! The response fields Envoy adds: `RateLimit-Policy` and `RateLimit`
+//! (draft-ietf-httpapi-ratelimit-headers, in the same form as rl's gateway
+//! sends them), `Retry-After` on `OVER_LIMIT`, and optionally the peer's
+//! legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset`.
+
+/// Whole seconds from milliseconds, rounded up (clients are never early).
+pub fn seconds(ms: u64) -> u64 {
+    ms.div_ceil(1000)
+}
+
+/// A structured-field String: `"..."` with `\` and `"` escaped; bytes
+/// outside printable ASCII (which a String cannot hold) become `?`.
+pub fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\\' | '"' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// One policy of `RateLimit-Policy`: `"name";q=quota;w=window`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// The policy's name.
+    pub name: String,
+    /// Requests per window.
+    pub quota: u64,
+    /// The window in seconds.
+    pub window: u64,
+}
+
+/// The `RateLimit-Policy` value: the policies, once each, in order.
+pub fn policy_field(policies: &[Policy]) -> String {
+    let mut seen = Vec::new();
+    let mut items = Vec::new();
+    for p in policies {
+        if seen.contains(&&p.name) {
+            continue;
+        }
+        seen.push(&p.name);
+        items.push(format!(
+            "{};q={};w={}",
+            sf_string(&p.name),
+            p.quota,
+            p.window
+        ));
+    }
+    items.join(", ")
+}
+
+/// The `RateLimit` value of the binding policy: `r` points left, `t`
+/// seconds until its quota is back (none for a penalty box).
+pub fn ratelimit_field(name: &str, remaining: u64, reset_s: Option<u64>) -> String {
+    match reset_s {
+        Some(t) => format!("{};r={remaining};t={t}", sf_string(name)),
+        None => format!("{};r={remaining}", sf_string(name)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields() {
+        let p = [
+            Policy {
+                name: "per-ip".into(),
+                quota: 10,
+                window: 60,
+            },
+            Policy {
+                name: "a\"b\\c\u{e9}".into(),
+                quota: 5,
+                window: 1,
+            },
+            Policy {
+                name: "per-ip".into(),
+                quota: 10,
+                window: 60,
+            },
+        ];
+        assert_eq!(
+            policy_field(&p),
+            r#""per-ip";q=10;w=60, "a\"b\\c?";q=5;w=1"#
+        );
+        assert_eq!(
+            ratelimit_field("per-ip", 3, Some(42)),
+            r#""per-ip";r=3;t=42"#
+        );
+        assert_eq!(ratelimit_field("box", 0, None), r#""box";r=0"#);
+        assert_eq!(seconds(0), 0);
+        assert_eq!(seconds(1), 1);
+        assert_eq!(seconds(1000), 1);
+        assert_eq!(seconds(1001), 2);
+    }
+}

@@ -1,0 +1,125 @@
+//! Prometheus metrics under envoyproxy/ratelimit's names, as its default
+//! statsd mapping exposes them: `ratelimit.service.rate_limit.<domain>.
+//! <key1>[.<key2>...].<stat>` becomes `ratelimit_service_rate_limit_<stat>`
+//! with the labels `domain`, `key1` and, for deeper keys, `key2`.
+
+use prometheus::{Encoder, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+
+/// The per-limit counters of the peer.
+#[derive(Clone, Copy, Debug)]
+pub enum Stat {
+    /// Every hit (points) asked for.
+    TotalHits,
+    /// Hits refused (or that would be, in shadow mode).
+    OverLimit,
+    /// Admitted hits past 80% of the limit.
+    NearLimit,
+    /// Admitted hits.
+    WithinLimit,
+    /// Over-limit hits let through by shadow mode.
+    ShadowMode,
+}
+
+const STATS: [(Stat, &str); 5] = [
+    (Stat::TotalHits, "total_hits"),
+    (Stat::OverLimit, "over_limit"),
+    (Stat::NearLimit, "near_limit"),
+    (Stat::WithinLimit, "within_limit"),
+    (Stat::ShadowMode, "shadow_mode"),
+];
+
+/// Every metric of the service.
+pub struct Metrics {
+    registry: Registry,
+    /// Per stat, in `Stat` order: labels domain, key1, key2.
+    per_limit: Vec<IntCounterVec>,
+    /// `ratelimit_service_should_rate_limit_error{err_type}`.
+    pub errors: IntCounterVec,
+    /// `ratelimit_service_config_load_success`.
+    pub config_load_success: IntCounter,
+    /// `ratelimit_service_config_load_error`.
+    pub config_load_error: IntCounter,
+    /// `ratelimit_service_total_requests{grpc_method}`.
+    pub total_requests: IntCounterVec,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            let v = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(v.clone()))
+                .expect("unique metric");
+            v
+        };
+        let mut per_limit = Vec::new();
+        for (_, stat) in STATS {
+            let name = format!("ratelimit_service_rate_limit_{stat}");
+            let help = format!("ratelimit.service.rate_limit.<domain>.<key>.{stat}");
+            // one label set per name: key2 is empty for two-segment keys
+            per_limit.push(counter_vec(&name, &help, &["domain", "key1", "key2"]));
+        }
+        let errors = counter_vec(
+            "ratelimit_service_should_rate_limit_error",
+            "ShouldRateLimit calls answered with an error, by cause",
+            &["err_type"],
+        );
+        let total_requests = counter_vec(
+            "ratelimit_service_total_requests",
+            "gRPC calls served",
+            &["grpc_method"],
+        );
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        Metrics {
+            config_load_success: counter(
+                "ratelimit_service_config_load_success",
+                "configuration loads that succeeded",
+            ),
+            config_load_error: counter(
+                "ratelimit_service_config_load_error",
+                "configuration loads that failed (the previous one stays)",
+            ),
+            registry,
+            per_limit,
+            errors,
+            total_requests,
+        }
+    }
+
+    /// Adds `n` to `stat` of the limit whose stat key is `stat_key`
+    /// (`domain.key1[.key2...]`).
+    pub fn add(&self, stat_key: &str, stat: Stat, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let mut parts = stat_key.splitn(4, '.');
+        let domain = parts.next().unwrap_or("");
+        let key1 = parts.next().unwrap_or("");
+        let key2 = parts.next().unwrap_or("");
+        self.per_limit[stat as usize]
+            .with_label_values(&[domain, key1, key2])
+            .inc_by(n);
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for these metric types.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
