@@ -81,6 +81,10 @@ enum Command {
     /// Lift a key's box now (RL.BOX RELEASE), with an audit entry.
     ///
     /// The key keeps its offenses (a repeat trip escalates) unless --forget.
+    /// The audit entry is written first (no entry, no release); then the
+    /// gateways' deny cache is told (INCR <prefix>:deny:version).
+    /// Exit status 3, nothing changed: the key has no active box (and, with
+    /// --forget, no offenses or strikes either).
     #[command(verbatim_doc_comment)]
     Release {
         /// The Redis key, as `rlctl boxes` shows it (quote the braces).
@@ -157,7 +161,8 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Done::Ok) => ExitCode::SUCCESS,
+        Ok(Done::NothingToDo) => ExitCode::from(NOTHING_TO_DO),
         Err(e) => {
             eprintln!("rlctl: {e}");
             ExitCode::FAILURE
@@ -165,21 +170,36 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+/// The exit status of a command that found nothing to act on (`release`
+/// of a key with no active box).
+const NOTHING_TO_DO: u8 = 3;
+
+/// How a command that did not fail ended.
+enum Done {
+    Ok,
+    NothingToDo,
+}
+
+async fn run(cli: Cli) -> Result<Done, String> {
     let conf = config::Config::load(&cli.config)?;
-    match cli.command {
+    let done = match cli.command {
+        Command::Release {
+            key,
+            reason,
+            by,
+            forget,
+        } => {
+            return match ops::release(&conf, &key, &reason, &by, forget).await? {
+                ops::Released::Nothing => Ok(Done::NothingToDo),
+                ops::Released::Lifted | ops::Released::Forgotten => Ok(Done::Ok),
+            }
+        }
         Command::Watch => {
             let secrets = secrets::Secrets::from_env(&conf)?;
             watch::run(conf, secrets).await
         }
         Command::Boxes { json } => ops::boxes(&conf, json).await,
         Command::Stats { json } => ops::stats(&conf, json).await,
-        Command::Release {
-            key,
-            reason,
-            by,
-            forget,
-        } => ops::release(&conf, &key, &reason, &by, forget).await,
         Command::Trip {
             key,
             level,
@@ -205,5 +225,6 @@ async fn run(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-    }
+    };
+    done.map(|()| Done::Ok)
 }
