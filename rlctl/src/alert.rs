@@ -80,6 +80,18 @@ pub struct Operator {
     pub at_ms: i64,
 }
 
+/// A new trip id: 128 random bits in hex. Opaque: a tenant who sees it
+/// (webhook bodies, `X-Rlctl-Delivery`) cannot map it to a Redis key name;
+/// the trip record keeps it, so it is the same after a restart.
+pub fn new_trip_id() -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(hex::encode(bytes))
+}
+
 /// The key of the note `rlctl trip` leaves for `key`'s next trip.
 pub fn note_key(conf: &Config, key: &str) -> String {
     format!("{}note:{key}", conf.keys.state_prefix)

@@ -466,7 +466,7 @@ async fn identify_trip(
     let operator = note
         .and_then(|n| serde_json::from_str::<Operator>(&n).ok())
         .filter(|o| (now - o.at_ms).abs() <= NOTE_MAX_AGE_MS);
-    let trip_id = format!("{key}#{}.{}@{now}", s.offenses, s.level);
+    let trip_id = crate::alert::new_trip_id()?;
     let rec = TripRecord {
         trip_id: trip_id.clone(),
         level: s.level,

@@ -99,6 +99,18 @@ fn levels_and_tiers_reach_their_destinations() {
         "{}",
         grow.delivery()
     );
+    // Ids are opaque: neither the body nor the delivery id names the key.
+    let trip_id = j["trip_id"].as_str().unwrap();
+    assert!(
+        trip_id.len() == 32 && trip_id.chars().all(|c| c.is_ascii_hexdigit()),
+        "{trip_id}"
+    );
+    assert_eq!(grow.delivery(), format!("{trip_id}/tenant_webhook"));
+    assert!(
+        !grow.body.contains("rl:{") && !grow.body.contains("k-2#"),
+        "{}",
+        grow.body
+    );
     let j = web.to("/tenant/t-sand")[0].json();
     assert_eq!(
         (j["level"].as_i64(), j["key_id"].as_str()),
@@ -131,10 +143,11 @@ fn levels_and_tiers_reach_their_destinations() {
         assert_eq!(p["payload"]["severity"], "critical");
         assert_eq!(p["payload"]["source"], "rlctl");
         assert_eq!(p["payload"]["custom_details"]["level"], 3);
+        let trip_id = p["payload"]["custom_details"]["trip_id"].as_str().unwrap();
         assert!(p["dedup_key"]
             .as_str()
             .unwrap()
-            .contains(p["payload"]["component"].as_str().unwrap()));
+            .starts_with(&format!("{trip_id}:page")));
     }
     let ent: Vec<&serde_json::Value> = pages
         .iter()
