@@ -4,6 +4,7 @@
 
 use crate::config::{Config, Dest};
 use crate::owner::Owner;
+use crate::retry::Source;
 use crate::secrets::Secrets;
 use crate::store::BoxStatus;
 use hmac::{Hmac, Mac};
@@ -50,6 +51,13 @@ pub struct Delivery {
     /// The audit field naming what the alert is about (`key`, or `tenant`
     /// for quota alerts) and its value.
     pub subject: (&'static str, String),
+    /// What the alert is about: its deliveries are made again from it
+    /// for each retry (kept in Redis while pending; never a secret).
+    pub source: Source,
+    /// When its first attempt was made (ms since the epoch; 0: not yet).
+    pub first_ms: i64,
+    /// Attempts made so far.
+    pub attempts: u32,
 }
 
 /// A box seen on a key.
@@ -288,6 +296,9 @@ pub fn plan_box(
                 marker: marker_key(conf, &a.trip_id, dest),
                 marker_ttl_ms: a.keep_ms,
                 subject: ("key", a.key.clone()),
+                source: Source::of_box(a),
+                first_ms: 0,
+                attempts: 0,
             }),
             Err(why) => skipped.push((dest, why)),
         }
@@ -352,6 +363,9 @@ pub fn plan_quota(
                 marker: marker_key(conf, &q.alert_id, dest),
                 marker_ttl_ms: keep_ms,
                 subject: ("tenant", o.tenant_id.clone().unwrap_or_default()),
+                source: Source::of_quota(q, keep_ms),
+                first_ms: 0,
+                attempts: 0,
             }),
             Err(why) => skipped.push((dest, why)),
         }
@@ -403,7 +417,8 @@ fn email(o: &Owner, subject: String, body: String) -> Result<Payload, String> {
     })
 }
 
-fn internal(conf: &Config, secrets: &Secrets, body: Value) -> Result<Payload, String> {
+/// The internal webhook's payload of `body`.
+pub fn internal(conf: &Config, secrets: &Secrets, body: Value) -> Result<Payload, String> {
     let w = conf.internal.as_ref().ok_or("no [internal] section")?;
     Ok(Payload::Http {
         url: w.webhook_url.clone(),

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// A destination an alert can go to (the names used in `tiers.*.level2` etc.).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Dest {
     /// The tenant's own webhook (`tenants.<id>.webhook_url`), HMAC-signed.
@@ -142,8 +144,9 @@ pub struct DeliveryConf {
     pub rate_per_second: u32,
     /// Sends in flight at once, per destination.
     pub concurrency: usize,
-    /// Attempts per delivery, the first included.
-    pub attempts: u32,
+    /// How long a delivery is retried (ms from its first attempt); past
+    /// it, the delivery is given up (`expired`) and that is alerted.
+    pub retry_for_ms: u64,
     /// Delay before the first retry (ms); doubled each retry.
     pub backoff_ms: u64,
     /// Longest delay between retries (ms).
@@ -158,9 +161,9 @@ impl Default for DeliveryConf {
             queue: 1000,
             rate_per_second: 20,
             concurrency: 4,
-            attempts: 5,
+            retry_for_ms: 86_400_000,
             backoff_ms: 500,
-            backoff_max_ms: 30_000,
+            backoff_max_ms: 300_000,
             timeout_ms: 5000,
         }
     }

@@ -8,6 +8,7 @@ mod deliver;
 mod ops;
 mod owner;
 mod quota;
+mod retry;
 mod secrets;
 mod store;
 mod validate;
@@ -135,6 +136,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The alerts not delivered: those still being retried, and those given
+    /// up (refused for good by their destination, or still failing after
+    /// delivery.retry_for_ms), oldest first.
+    #[command(verbatim_doc_comment)]
+    Undelivered {
+        /// Given-up deliveries from this time: RFC 3339 or a duration ago (2h, 1day).
+        #[arg(long)]
+        since: Option<String>,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate the configuration (and, with --secrets, the environment variables it names).
     CheckConfig {
         /// Also check that every secret's environment variable is set.
@@ -213,6 +226,9 @@ async fn run(cli: Cli) -> Result<Done, String> {
             limit,
             json,
         } => ops::show_audit(&conf, since.as_deref(), key.as_deref(), limit, json).await,
+        Command::Undelivered { since, json } => {
+            ops::undelivered(&conf, since.as_deref(), json).await
+        }
         Command::CheckConfig { secrets } => {
             if secrets {
                 secrets::Secrets::from_env(&conf)?;

@@ -353,6 +353,80 @@ pub async fn show_audit(
     Ok(())
 }
 
+/// One delivery still being retried, as `rlctl undelivered` shows it.
+#[derive(Debug, serde::Serialize)]
+struct PendingRow {
+    delivery: String,
+    due_ms: i64,
+    attempts: Option<u32>,
+    first_attempt_ms: Option<i64>,
+    last_error: Option<String>,
+}
+
+/// `rlctl undelivered [--since TIME] [--json]`: the deliveries still being
+/// retried (from Redis), then those given up (`failed` or `expired`
+/// delivery entries of the audit trail).
+pub async fn undelivered(conf: &Config, since: Option<&str>, json: bool) -> Result<(), String> {
+    let since_ms = since.map(audit::parse_since).transpose()?;
+    let store = target(conf)?.store().await?;
+    let keys = crate::retry::Keys::new(conf);
+    let pending: Vec<PendingRow> = crate::retry::list(&store, &keys)
+        .await?
+        .into_iter()
+        .map(|(delivery, due_ms, rec)| PendingRow {
+            delivery,
+            due_ms,
+            attempts: rec.as_ref().map(|r| r.attempts),
+            first_attempt_ms: rec.as_ref().map(|r| r.first_ms),
+            last_error: rec.map(|r| r.reason).filter(|r| !r.is_empty()),
+        })
+        .collect();
+    let given_up: Vec<audit::Entry> =
+        audit::read(&store, &conf.keys.audit_stream, since_ms, None, usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|e| {
+                e.fields.get("type").map(String::as_str) == Some("delivery")
+                    && matches!(
+                        e.fields.get("result").map(String::as_str),
+                        Some("failed" | "expired")
+                    )
+            })
+            .collect();
+    if json {
+        let all = serde_json::json!({"pending": pending, "given_up": given_up});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    println!("{} pending", pending.len());
+    for p in &pending {
+        println!(
+            "  {} attempts={} next_in={} last_error={:?}",
+            p.delivery,
+            p.attempts.unwrap_or(0),
+            crate::alert::time_left((p.due_ms - store::now_ms()).max(0)),
+            p.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    println!("{} given up", given_up.len());
+    for e in &given_up {
+        let field = |name: &str| e.fields.get(name).map_or("-", String::as_str);
+        println!(
+            "  {} {}/{} result={} attempts={} reason={:?}",
+            field("at"),
+            field("alert_id"),
+            field("dest"),
+            field("result"),
+            field("attempts"),
+            field("reason")
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -333,12 +333,12 @@ fn a_bad_configuration_is_refused_with_the_field_named() {
             "sms",
         ),
         (
-            good.replace("attempts = 3", "attempts = 0"),
-            "delivery.attempts",
+            good.replace("retry_for_ms = 1500", "retry_for_ms = 0"),
+            "delivery.retry_for_ms",
         ),
         (
-            good.replace("attempts = 3", "attempts = \"three\""),
-            "attempts",
+            good.replace("retry_for_ms = 1500", "retry_for_ms = \"long\""),
+            "retry_for_ms",
         ),
         (
             good.replace("rate_per_second = 50", "rate_per_secnd = 50"),
