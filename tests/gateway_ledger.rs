@@ -448,6 +448,34 @@ fn ledger_example_credential_stuffing_trips_level_3_on_the_source() {
             .iter()
             .all(|p| al.iter().any(|m| m["policy"] == *p && m["level"] == "3"))
     });
+    // each names its offender (the IP to ban, the subject) and its box, and
+    // asks for a ban for the box's day (a timed box: not a suspension)
+    let al = alerts(&mut con, "ledger:alerts");
+    let of = |policy: &str| al.iter().find(|m| m["policy"] == policy).expect("alert");
+    let by_ip = of("stuffing-ip");
+    assert_eq!(
+        (
+            by_ip["action"].as_str(),
+            by_ip["ip"].as_str(),
+            by_ip["subject"].as_str()
+        ),
+        ("ban", ip, "s51")
+    );
+    assert_eq!(by_ip["key"], ip_key);
+    let by_subject = of("stuffing-subject");
+    assert_eq!(
+        (
+            by_subject["action"].as_str(),
+            by_subject["subject"].as_str(),
+            by_subject["ip"].as_str()
+        ),
+        ("ban", "dave", "198.51.100.20")
+    );
+    assert_eq!(by_subject["key"], sub_key);
+    for m in [by_ip, by_subject] {
+        let secs: u64 = m["box_seconds"].parse().unwrap();
+        assert!((86_390..=86_400).contains(&secs), "{m:?}");
+    }
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",
