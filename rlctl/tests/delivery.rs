@@ -21,7 +21,8 @@ fn deliveries(audit: &[HashMap<String, String>], key: &str) -> Vec<HashMap<Strin
 
 #[test]
 fn a_failing_destination_is_retried_until_its_horizon_then_alerted() {
-    let s = Single::start("failing", ("", ""));
+    // Retried for 3 s (a few dozen attempts at 50 to 200 ms), then given up.
+    let s = Single::start("failing", ("retry_for_ms = 10000", "retry_for_ms = 3000"));
     s.web.fail(
         "/tenant/t-grow",
         Fail {
@@ -161,7 +162,7 @@ fn a_destination_down_for_long_is_reached_after_a_restart() {
     // Retried for 10 minutes; the old default gave up after 5 attempts.
     let s = Single::start(
         "down-long",
-        ("retry_for_ms = 1500", "retry_for_ms = 600000"),
+        ("retry_for_ms = 10000", "retry_for_ms = 600000"),
     );
     let down = Fail {
         status: 503,

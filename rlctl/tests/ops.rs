@@ -333,11 +333,11 @@ fn a_bad_configuration_is_refused_with_the_field_named() {
             "sms",
         ),
         (
-            good.replace("retry_for_ms = 1500", "retry_for_ms = 0"),
+            good.replace("retry_for_ms = 10000", "retry_for_ms = 0"),
             "delivery.retry_for_ms",
         ),
         (
-            good.replace("retry_for_ms = 1500", "retry_for_ms = \"long\""),
+            good.replace("retry_for_ms = 10000", "retry_for_ms = \"long\""),
             "retry_for_ms",
         ),
         (
