@@ -174,7 +174,7 @@ fn expired_alert(conf: &Config, secrets: &Secrets, source: &Source) -> Result<De
         dest: Dest::Internal,
         payload: alert::internal(conf, secrets, body)?,
         marker_ttl_ms: 86_400_000,
-        subject: ("alert_id", alert_id.clone()),
+        subject: ("expired_alert", alert_id.clone()),
         source: source.clone(),
         first_ms: 0,
         attempts: 0,
