@@ -228,10 +228,13 @@ pub fn delivery_id(d: &Delivery) -> String {
     format!("{}/{}", d.alert_id, d.dest.name())
 }
 
-/// Records a new pending delivery, due at `due_ms`. Returns false when it
-/// is pending already (recorded by an earlier run: the poller owns it).
+/// Records a new pending delivery, due at `due_ms`: its record first,
+/// then its due time, so a due time never lacks its record. Returns false
+/// when it is pending already (recorded by an earlier run: the poller owns
+/// it, and its due time is added if a crash left it out).
 pub async fn add(store: &Store, keys: &Keys, d: &Delivery, due_ms: i64) -> Result<bool, String> {
     let id = delivery_id(d);
+    let recorded = save_with(store, keys, d, "", true).await?;
     let added: i64 = store
         .query(
             redis::cmd("ZADD")
@@ -242,15 +245,23 @@ pub async fn add(store: &Store, keys: &Keys, d: &Delivery, due_ms: i64) -> Resul
         )
         .await
         .map_err(|e| format!("ZADD {}: {e}", keys.due))?;
-    if added == 0 {
-        return Ok(false);
-    }
-    save(store, keys, d, "").await?;
-    Ok(true)
+    Ok(recorded && added == 1)
 }
 
 /// Writes the record of `d` (its attempts so far, and `reason`).
 pub async fn save(store: &Store, keys: &Keys, d: &Delivery, reason: &str) -> Result<(), String> {
+    save_with(store, keys, d, reason, false).await.map(|_| ())
+}
+
+/// Writes the record of `d`; with `only_new`, only when there is none
+/// (`SET ... NX`). Returns whether it was written.
+async fn save_with(
+    store: &Store,
+    keys: &Keys,
+    d: &Delivery,
+    reason: &str,
+    only_new: bool,
+) -> Result<bool, String> {
     let rec = Pending {
         source: d.source.clone(),
         dest: d.dest,
@@ -260,16 +271,16 @@ pub async fn save(store: &Store, keys: &Keys, d: &Delivery, reason: &str) -> Res
     };
     let key = keys.record(&delivery_id(d));
     let text = serde_json::to_string(&rec).map_err(|e| e.to_string())?;
-    store
-        .query::<()>(
-            redis::cmd("SET")
-                .arg(&key)
-                .arg(text)
-                .arg("PX")
-                .arg(keys.keep_ms),
-        )
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(&key).arg(text).arg("PX").arg(keys.keep_ms);
+    if only_new {
+        cmd.arg("NX");
+    }
+    let written: Option<String> = store
+        .query(&cmd)
         .await
-        .map_err(|e| format!("SET {key}: {e}"))
+        .map_err(|e| format!("SET {key}: {e}"))?;
+    Ok(written.is_some())
 }
 
 /// Moves `d`'s due time to `due_ms`.
