@@ -35,6 +35,28 @@ fn until_boxed(a: &ureq::Agent, url: &str, key: (&str, &str), max: usize) -> Res
     panic!("not boxed after {max} requests");
 }
 
+/// The rlctl binary of the build the module under test comes from (built
+/// now if missing or stale: `cargo build [--release] -p rlctl`).
+fn rlctl_bin() -> std::path::PathBuf {
+    let module = common::module_path();
+    let dir = module.parent().expect("the module's directory");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut build = std::process::Command::new(cargo);
+    build
+        .args(["build", "-p", "rlctl", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if dir.ends_with("release") {
+        build.arg("--release");
+    }
+    assert!(
+        build.status().expect("cargo build -p rlctl").success(),
+        "cargo build -p rlctl failed"
+    );
+    let bin = dir.join("rlctl");
+    assert!(bin.is_file(), "{} not found", bin.display());
+    bin
+}
+
 #[test]
 fn ledger_example_runs_every_rule_of_its_design() {
     let redis = Server::start(&[]);
@@ -255,8 +277,24 @@ fn ledger_example_runs_every_rule_of_its_design() {
     // level 2 alerts (notify); level 3 suspends a sandbox key (manual box)
     let r = until_boxed(&a, &url, sb, 30);
     assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 2);
-    int(&mut con, &format!("RL.BOX RELEASE {boxed_key}"));
-    int(&mut con, "INCR ledger:deny:version");
+    // released by support with rlctl: it tells the edge itself
+    let dir = common::fresh_dir("ledger-rlctl");
+    let cfg = dir.join("rlctl.toml");
+    let conf = format!("[redis]\nurls = [\"redis://127.0.0.1:{}\"]\n", redis.port);
+    std::fs::write(&cfg, conf).expect("rlctl.toml");
+    let out = std::process::Command::new(rlctl_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "release", boxed_key, "--reason", "ticket 7", "--by", "support",
+        ])
+        .output()
+        .expect("run rlctl release");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     poll(ASYNC, "released again", || {
         get(&a, &url, &[sb]).header("X-Penalty-Box-Status") == Some("Warning")
     });
