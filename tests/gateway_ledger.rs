@@ -35,6 +35,28 @@ fn until_boxed(a: &ureq::Agent, url: &str, key: (&str, &str), max: usize) -> Res
     panic!("not boxed after {max} requests");
 }
 
+/// The rlctl binary of the build the module under test comes from (built
+/// now if missing or stale: `cargo build [--release] -p rlctl`).
+fn rlctl_bin() -> std::path::PathBuf {
+    let module = common::module_path();
+    let dir = module.parent().expect("the module's directory");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut build = std::process::Command::new(cargo);
+    build
+        .args(["build", "-p", "rlctl", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if dir.ends_with("release") {
+        build.arg("--release");
+    }
+    assert!(
+        build.status().expect("cargo build -p rlctl").success(),
+        "cargo build -p rlctl failed"
+    );
+    let bin = dir.join("rlctl");
+    assert!(bin.is_file(), "{} not found", bin.display());
+    bin
+}
+
 #[test]
 fn ledger_example_runs_every_rule_of_its_design() {
     let redis = Server::start(&[]);
@@ -261,8 +283,33 @@ fn ledger_example_runs_every_rule_of_its_design() {
     // level 2 alerts (notify); level 3 suspends a sandbox key (manual box)
     let r = until_boxed(&a, &url, sb, 30);
     assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 2);
-    int(&mut con, &format!("RL.BOX RELEASE {boxed_key}"));
-    int(&mut con, "INCR ledger:deny:version");
+    // released by support with rlctl: it tells the edge itself
+    let dir = common::fresh_dir("ledger-rlctl");
+    let cfg = dir.join("rlctl.toml");
+    let conf = format!("[redis]\nurls = [\"redis://127.0.0.1:{}\"]\n", redis.port);
+    std::fs::write(&cfg, conf).expect("rlctl.toml");
+    let version = |con: &mut redis::Connection| {
+        redis::cmd("GET")
+            .arg("ledger:deny:version")
+            .query::<Option<i64>>(con)
+            .expect("GET the release version")
+    };
+    let before = version(&mut con);
+    let out = std::process::Command::new(rlctl_bin())
+        .arg("--config")
+        .arg(&cfg)
+        .args([
+            "release", boxed_key, "--reason", "ticket 7", "--by", "support",
+        ])
+        .output()
+        .expect("run rlctl release");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // the version moved (the edge drops its cached boxes at its next poll)
+    assert_eq!(version(&mut con), Some(before.unwrap_or(0) + 1));
     poll(ASYNC, "released again", || {
         get(&a, &url, &[sb]).header("X-Penalty-Box-Status") == Some("Warning")
     });
@@ -454,6 +501,34 @@ fn ledger_example_credential_stuffing_trips_level_3_on_the_source() {
             .iter()
             .all(|p| al.iter().any(|m| m["policy"] == *p && m["level"] == "3"))
     });
+    // each names its offender (the IP to ban, the subject) and its box, and
+    // asks for a ban for the box's day (a timed box: not a suspension)
+    let al = alerts(&mut con, "ledger:alerts");
+    let of = |policy: &str| al.iter().find(|m| m["policy"] == policy).expect("alert");
+    let by_ip = of("stuffing-ip");
+    assert_eq!(
+        (
+            by_ip["action"].as_str(),
+            by_ip["ip"].as_str(),
+            by_ip["subject"].as_str()
+        ),
+        ("ban", ip, "s51")
+    );
+    assert_eq!(by_ip["key"], ip_key);
+    let by_subject = of("stuffing-subject");
+    assert_eq!(
+        (
+            by_subject["action"].as_str(),
+            by_subject["subject"].as_str(),
+            by_subject["ip"].as_str()
+        ),
+        ("ban", "dave", "198.51.100.20")
+    );
+    assert_eq!(by_subject["key"], sub_key);
+    for m in [by_ip, by_subject] {
+        let secs: u64 = m["box_seconds"].parse().unwrap();
+        assert!((86_390..=86_400).contains(&secs), "{m:?}");
+    }
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",

@@ -4,6 +4,7 @@
 
 use crate::config::{Config, Dest};
 use crate::owner::Owner;
+use crate::retry::Source;
 use crate::secrets::Secrets;
 use crate::store::BoxStatus;
 use hmac::{Hmac, Mac};
@@ -50,6 +51,13 @@ pub struct Delivery {
     /// The audit field naming what the alert is about (`key`, or `tenant`
     /// for quota alerts) and its value.
     pub subject: (&'static str, String),
+    /// What the alert is about: its deliveries are made again from it
+    /// for each retry (kept in Redis while pending; never a secret).
+    pub source: Source,
+    /// When its first attempt was made (ms since the epoch; 0: not yet).
+    pub first_ms: i64,
+    /// Attempts made so far.
+    pub attempts: u32,
 }
 
 /// A box seen on a key.
@@ -78,6 +86,18 @@ pub struct Operator {
     pub reason: String,
     /// When the note was written (ms since the epoch).
     pub at_ms: i64,
+}
+
+/// A new trip id: 128 random bits in hex. Opaque: a tenant who sees it
+/// (webhook bodies, `X-Rlctl-Delivery`) cannot map it to a Redis key name;
+/// the trip record keeps it, so it is the same after a restart.
+pub fn new_trip_id() -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    Ok(hex::encode(bytes))
 }
 
 /// The key of the note `rlctl trip` leaves for `key`'s next trip.
@@ -198,6 +218,26 @@ fn box_values(conf: &Config, a: &BoxAlert) -> BTreeMap<&'static str, String> {
     ])
 }
 
+/// The source a key is about, from its hash tag: the gateway's rule keys
+/// `<prefix>:{ip:<ip>}:...` and `<prefix>:{subject:<subject>}:...` (and
+/// `rl:{auth:ip:<ip>}`, `rl:{auth:sub:<subject>}`) give `("ip", ip)` or
+/// `("subject", subject)`.
+pub fn offender(key: &str) -> Option<(&'static str, &str)> {
+    let tag = key.split_once('{')?.1.split_once('}')?.0;
+    let tag = tag.strip_prefix("auth:").unwrap_or(tag);
+    let (attr, value) = tag.split_once(':')?;
+    let attr = match attr {
+        "ip" => "ip",
+        "subject" | "sub" => "subject",
+        _ => return None,
+    };
+    (!value.is_empty()).then_some((attr, value))
+}
+
+fn offender_json(key: &str) -> Value {
+    offender(key).map_or(Value::Null, |(attr, value)| json!({ attr: value }))
+}
+
 /// The destinations of a box at `level` for `tier` (the Enterprise rule
 /// adds the account owner's page to a level-3 page).
 pub fn box_dests(conf: &Config, tier: &str, level: i64) -> Vec<Dest> {
@@ -257,6 +297,7 @@ pub fn plan_box(
             ),
             Dest::Internal => {
                 let body = with(common.clone(), "key", json!(a.key));
+                let body = with(body, "offender", offender_json(&a.key));
                 internal(conf, secrets, with(body, "tripped_by", json!(a.operator)))
             }
             Dest::Page | Dest::PageAccountOwner => page(
@@ -276,6 +317,9 @@ pub fn plan_box(
                 marker: marker_key(conf, &a.trip_id, dest),
                 marker_ttl_ms: a.keep_ms,
                 subject: ("key", a.key.clone()),
+                source: Source::of_box(a),
+                first_ms: 0,
+                attempts: 0,
             }),
             Err(why) => skipped.push((dest, why)),
         }
@@ -340,6 +384,9 @@ pub fn plan_quota(
                 marker: marker_key(conf, &q.alert_id, dest),
                 marker_ttl_ms: keep_ms,
                 subject: ("tenant", o.tenant_id.clone().unwrap_or_default()),
+                source: Source::of_quota(q, keep_ms),
+                first_ms: 0,
+                attempts: 0,
             }),
             Err(why) => skipped.push((dest, why)),
         }
@@ -391,7 +438,8 @@ fn email(o: &Owner, subject: String, body: String) -> Result<Payload, String> {
     })
 }
 
-fn internal(conf: &Config, secrets: &Secrets, body: Value) -> Result<Payload, String> {
+/// The internal webhook's payload of `body`.
+pub fn internal(conf: &Config, secrets: &Secrets, body: Value) -> Result<Payload, String> {
     let w = conf.internal.as_ref().ok_or("no [internal] section")?;
     Ok(Payload::Http {
         url: w.webhook_url.clone(),
@@ -434,10 +482,18 @@ fn page(
         )
     };
     let o = &a.owner;
+    let offender = offender(&a.key);
     let action = if human_review {
-        "human decision required: nothing is suspended automatically (Enterprise rule)"
+        "human decision required: nothing is suspended automatically (Enterprise rule)".into()
+    } else if a.status.ttl_ms < 0 {
+        "suspended pending review: the box stays until released by hand (rlctl release)".into()
+    } else if let Some(("ip", ip)) = offender {
+        format!(
+            "ban source IP {ip} for {} (a WAF IP set); the box ends by itself",
+            time_left(a.status.ttl_ms)
+        )
     } else {
-        "review the key; the box ends by itself only when its time runs out"
+        "review the key; the box ends by itself when its time runs out".to_string()
     };
     let event = json!({
         "routing_key": routing_key,
@@ -460,7 +516,8 @@ fn page(
                 "offenses": a.status.offenses,
                 "notify": notify,
                 "account_owner": o.tenant.as_ref().and_then(|t| t.account_owner.clone()),
-                "automatic_suspension": !human_review,
+                "automatic_suspension": !human_review && a.status.ttl_ms < 0,
+                "offender": offender_json(&a.key),
                 "tripped_by": a.operator,
                 "action": action,
             }
@@ -476,6 +533,25 @@ fn page(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_offender_is_read_from_the_hash_tag() {
+        assert_eq!(
+            offender("ledger:{ip:203.0.113.50}:stuffing-ip"),
+            Some(("ip", "203.0.113.50"))
+        );
+        assert_eq!(
+            offender("ledger:{subject:dave}:stuffing-subject"),
+            Some(("subject", "dave"))
+        );
+        assert_eq!(
+            offender("rl:{auth:ip:198.51.100.7}"),
+            Some(("ip", "198.51.100.7"))
+        );
+        assert_eq!(offender("rl:{auth:sub:eve}"), Some(("subject", "eve")));
+        assert_eq!(offender("rl:{t:t-200}:key:k-2"), None);
+        assert_eq!(offender("plain"), None);
+    }
 
     #[test]
     fn templates_know_their_placeholders() {

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// A destination an alert can go to (the names used in `tiers.*.level2` etc.).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, Deserialize, PartialOrd, Ord,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Dest {
     /// The tenant's own webhook (`tenants.<id>.webhook_url`), HMAC-signed.
@@ -142,14 +144,19 @@ pub struct DeliveryConf {
     pub rate_per_second: u32,
     /// Sends in flight at once, per destination.
     pub concurrency: usize,
-    /// Attempts per delivery, the first included.
-    pub attempts: u32,
+    /// How long a delivery is retried (ms from its first attempt); past
+    /// it, the delivery is given up (`expired`) and that is alerted.
+    pub retry_for_ms: u64,
     /// Delay before the first retry (ms); doubled each retry.
     pub backoff_ms: u64,
     /// Longest delay between retries (ms).
     pub backoff_max_ms: u64,
     /// Timeout of one HTTP request or SMTP session (ms).
     pub timeout_ms: u64,
+    /// Read from older configurations and not used: a delivery is now
+    /// retried for `retry_for_ms`, however many attempts that takes
+    /// (`Config::load` says so on stderr).
+    pub attempts: Option<u32>,
 }
 
 impl Default for DeliveryConf {
@@ -158,10 +165,11 @@ impl Default for DeliveryConf {
             queue: 1000,
             rate_per_second: 20,
             concurrency: 4,
-            attempts: 5,
+            retry_for_ms: 86_400_000,
             backoff_ms: 500,
-            backoff_max_ms: 30_000,
+            backoff_max_ms: 300_000,
             timeout_ms: 5000,
+            attempts: None,
         }
     }
 }
@@ -400,7 +408,15 @@ impl Config {
     /// Reads, parses and validates the file.
     pub fn load(path: &Path) -> Result<Config, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+        let conf = Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if conf.delivery.attempts.is_some() {
+            eprintln!(
+                "rlctl: {}: delivery.attempts is no longer used: a delivery is retried for \
+                 delivery.retry_for_ms (default 24 h); remove the line",
+                path.display()
+            );
+        }
+        Ok(conf)
     }
 
     /// Parses and validates a configuration text.
@@ -425,5 +441,24 @@ impl Config {
             });
         conf.validate()?;
         Ok(conf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    #[test]
+    fn a_configuration_of_an_older_release_still_loads() {
+        let redis = "[redis]\nurls = [\"redis://127.0.0.1:6379\"]\n";
+        let old = format!("{redis}[delivery]\nattempts = 5\nbackoff_ms = 100\n");
+        let conf = Config::parse(&old).expect("an older [delivery] loads");
+        assert_eq!(conf.delivery.attempts, Some(5));
+        assert_eq!(conf.delivery.retry_for_ms, 86_400_000);
+        let typo = format!("{redis}[delivery]\nattemps = 5\n");
+        assert!(
+            Config::parse(&typo).is_err(),
+            "an unknown field is still refused"
+        );
     }
 }

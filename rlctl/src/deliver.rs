@@ -1,15 +1,18 @@
 //! The senders: one bounded queue per destination, a paced start (at most
 //! `delivery.rate_per_second` sends a second) and `delivery.concurrency`
-//! sends in flight; each delivery retried with exponential backoff, then
-//! recorded: a marker key (`sent` or `failed`, so a restart resends
+//! sends in flight. A delivery is recorded as pending in Redis before its
+//! first attempt (`retry`); a failed attempt is due again after a capped
+//! exponential backoff, for `delivery.retry_for_ms`. Its end is recorded:
+//! a marker key (`sent`, `failed` or `expired`, so a restart resends
 //! nothing) and an audit entry with the result. Every failed attempt is
 //! logged with the destination and the reason.
 
 use crate::alert::{signature, Delivery, Payload};
 use crate::audit::Audit;
 use crate::config::{Config, Dest, SmtpTls};
+use crate::retry::{self, Keys, Pending, Source};
 use crate::secrets::Secrets;
-use crate::store::Store;
+use crate::store::{now_ms, Store};
 use lettre::message::header::ContentType;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -27,14 +30,14 @@ struct Failure {
 
 /// What every sender needs.
 struct Shared {
+    conf: Arc<Config>,
+    secrets: Arc<Secrets>,
     store: Store,
     audit: Audit,
+    keys: Keys,
     http: reqwest::Client,
     smtp: Option<(AsyncSmtpTransport<Tokio1Executor>, lettre::message::Mailbox)>,
-    attempts: u32,
-    backoff: Duration,
-    backoff_max: Duration,
-    /// `marker` of every delivery queued or in flight in this process.
+    /// The delivery id of every delivery queued or in flight in this process.
     pending: Mutex<HashSet<String>>,
 }
 
@@ -48,8 +51,8 @@ pub struct Senders {
 impl Senders {
     /// Starts one sender task per destination.
     pub fn start(
-        conf: &Config,
-        secrets: &Secrets,
+        conf: Arc<Config>,
+        secrets: Arc<Secrets>,
         store: Store,
         audit: Audit,
     ) -> Result<Senders, String> {
@@ -62,19 +65,19 @@ impl Senders {
             .map_err(|e| format!("HTTP client: {e}"))?;
         let smtp = match &conf.email {
             Some(e) => Some((
-                smtp_transport(e, secrets, timeout)?,
+                smtp_transport(e, &secrets, timeout)?,
                 e.from.parse().map_err(|err| format!("email.from: {err}"))?,
             )),
             None => None,
         };
         let shared = Arc::new(Shared {
+            keys: Keys::new(&conf),
+            conf: conf.clone(),
+            secrets,
             store,
             audit,
             http,
             smtp,
-            attempts: d.attempts,
-            backoff: Duration::from_millis(d.backoff_ms),
-            backoff_max: Duration::from_millis(d.backoff_max_ms),
             pending: Mutex::new(HashSet::new()),
         });
         let mut queues = HashMap::new();
@@ -93,11 +96,13 @@ impl Senders {
         Ok(Senders { queues, shared })
     }
 
-    /// Queues `delivery` unless it was already sent or finally failed (its
-    /// marker exists) or is already queued here. Waits while the queue is
-    /// full. Returns whether it was queued.
-    pub async fn submit(&self, delivery: Delivery) -> Result<bool, String> {
-        if self.lock_pending().contains(&delivery.marker) {
+    /// Records `delivery` as pending and queues it, unless it was already
+    /// sent or given up (its marker exists) or is pending already (queued
+    /// here, or left by an earlier run: the poller resends it when due).
+    /// Waits while the queue is full. Returns whether it was queued.
+    pub async fn submit(&self, mut delivery: Delivery) -> Result<bool, String> {
+        let id = retry::delivery_id(&delivery);
+        if self.in_flight(&id) {
             return Ok(false);
         }
         let exists: bool = self
@@ -106,19 +111,63 @@ impl Senders {
             .query(redis::cmd("EXISTS").arg(&delivery.marker))
             .await
             .map_err(|e| format!("EXISTS {}: {e}", delivery.marker))?;
-        if exists || !self.lock_pending().insert(delivery.marker.clone()) {
+        if exists {
+            return Ok(false);
+        }
+        let now = now_ms();
+        delivery.first_ms = now;
+        // Due again if this attempt never ends (the worker killed).
+        let claim = i64::try_from(self.shared.conf.delivery.timeout_ms * 2).unwrap_or(i64::MAX);
+        if !retry::add(
+            &self.shared.store,
+            &self.shared.keys,
+            &delivery,
+            now + claim,
+        )
+        .await?
+        {
+            return Ok(false);
+        }
+        self.resume(delivery).await
+    }
+
+    /// Queues a pending delivery (unless queued or in flight here).
+    pub async fn resume(&self, delivery: Delivery) -> Result<bool, String> {
+        let id = retry::delivery_id(&delivery);
+        if !self.lock_pending().insert(id.clone()) {
             return Ok(false);
         }
         let queue = self
             .queues
             .get(&delivery.dest)
             .ok_or("no queue for the destination")?;
-        let marker = delivery.marker.clone();
         if queue.send(delivery).await.is_err() {
-            self.lock_pending().remove(&marker);
+            self.lock_pending().remove(&id);
             return Err("the sender stopped".into());
         }
         Ok(true)
+    }
+
+    /// Whether delivery `id` is queued or in flight here.
+    pub fn in_flight(&self, id: &str) -> bool {
+        self.lock_pending().contains(id)
+    }
+
+    /// Ends pending delivery `id`, which cannot be made any more (its
+    /// destination was removed from the configuration): `failed`.
+    pub async fn give_up(&self, id: &str, rec: Pending, why: &str) {
+        tracing::error!(destination = rec.dest.name(), delivery = %id, reason = %why, "delivery failed");
+        let fields = [
+            ("alert_id", id.to_string()),
+            ("dest", rec.dest.name().to_string()),
+            ("result", "failed".to_string()),
+            ("attempts", rec.attempts.to_string()),
+            ("reason", why.to_string()),
+        ];
+        self.shared.audit.record_or_log("delivery", &fields).await;
+        if let Err(e) = retry::remove(&self.shared.store, &self.shared.keys, id).await {
+            tracing::error!(destination = "redis", reason = %e, "pending delivery not removed");
+        }
     }
 
     /// Deliveries queued or in flight.
@@ -176,47 +225,98 @@ async fn run_queue(
     }
 }
 
-async fn deliver(dest: Dest, d: Delivery, shared: &Shared) {
-    let mut attempt = 0;
-    let mut wait = shared.backoff;
-    let (result, reason) = loop {
-        attempt += 1;
-        match send_once(&d, shared).await {
-            Ok(()) => break ("sent", String::new()),
-            Err(f) => {
-                let last = f.permanent || attempt >= shared.attempts;
-                tracing::warn!(destination = dest.name(), alert = %d.alert_id, attempt, reason = %f.reason, "delivery attempt failed");
-                if last {
-                    break ("failed", f.reason);
-                }
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(shared.backoff_max);
-            }
+/// One attempt; then the delivery ends (sent, refused for good, or past
+/// `delivery.retry_for_ms`) or is due again after its backoff.
+async fn deliver(dest: Dest, mut d: Delivery, shared: &Shared) {
+    d.attempts += 1;
+    let failure = match send_once(&d, shared).await {
+        Ok(()) => {
+            tracing::info!(destination = dest.name(), alert = %d.alert_id, attempts = d.attempts, "delivered");
+            return finish(dest, &d, "sent", String::new(), shared).await;
         }
+        Err(f) => f,
     };
-    if result == "failed" {
-        tracing::error!(destination = dest.name(), alert = %d.alert_id, attempts = attempt, reason = %reason, "delivery failed");
-    } else {
-        tracing::info!(destination = dest.name(), alert = %d.alert_id, attempts = attempt, "delivered");
+    let now = now_ms();
+    let horizon = i64::try_from(shared.conf.delivery.retry_for_ms).unwrap_or(i64::MAX);
+    if failure.permanent || now - d.first_ms >= horizon {
+        let result = if failure.permanent {
+            "failed"
+        } else {
+            "expired"
+        };
+        tracing::error!(destination = dest.name(), alert = %d.alert_id, attempts = d.attempts, result, reason = %failure.reason, "delivery failed");
+        finish(dest, &d, result, failure.reason.clone(), shared).await;
+        if result == "expired" && !matches!(d.source, Source::Expired { .. }) {
+            raise_expiry(&d, failure.reason, shared).await;
+        }
+        return;
     }
-    set_marker(&d, result, shared).await;
+    let wait = retry::backoff_ms(&shared.conf.delivery, d.attempts);
+    tracing::warn!(destination = dest.name(), alert = %d.alert_id, attempt = d.attempts, retry_in_ms = wait, reason = %failure.reason, "delivery attempt failed");
+    let due = now + i64::try_from(wait).unwrap_or(i64::MAX / 2);
+    let saved = match retry::save(&shared.store, &shared.keys, &d, &failure.reason).await {
+        Ok(()) => retry::reschedule(&shared.store, &shared.keys, &d, due).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = saved {
+        tracing::error!(destination = "redis", alert = %d.alert_id, reason = %e, "retry not recorded; due at its earlier time");
+    }
+    unpend(&d, shared);
+}
+
+/// Records the end of a delivery: marker, audit entry, pending record gone.
+async fn finish(dest: Dest, d: &Delivery, result: &str, reason: String, shared: &Shared) {
+    set_marker(d, result, shared).await;
     let mut fields = vec![
         ("alert_id", d.alert_id.clone()),
         (d.subject.0, d.subject.1.clone()),
         ("dest", dest.name().to_string()),
         ("result", result.to_string()),
-        ("attempts", attempt.to_string()),
+        ("attempts", d.attempts.to_string()),
         ("target", target(&d.payload)),
     ];
     if !reason.is_empty() {
         fields.push(("reason", reason));
     }
     shared.audit.record_or_log("delivery", &fields).await;
+    let id = retry::delivery_id(d);
+    if let Err(e) = retry::remove(&shared.store, &shared.keys, &id).await {
+        tracing::error!(destination = "redis", reason = %e, "pending delivery not removed");
+    }
+    unpend(d, shared);
+}
+
+fn unpend(d: &Delivery, shared: &Shared) {
     shared
         .pending
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .remove(&d.marker);
+        .remove(&retry::delivery_id(d));
+}
+
+/// An alert given up is itself alerted: `rl.delivery_expired` to the
+/// internal webhook (recorded as pending like any delivery; the poller
+/// sends it).
+async fn raise_expiry(d: &Delivery, reason: String, shared: &Shared) {
+    let source = Source::Expired {
+        alert_id: d.alert_id.clone(),
+        dest: d.dest,
+        subject: (d.subject.0.to_string(), d.subject.1.clone()),
+        target: target(&d.payload),
+        attempts: d.attempts,
+        first_ms: d.first_ms,
+        reason,
+    };
+    let added = match retry::rebuild(&shared.conf, &shared.secrets, &source, Dest::Internal) {
+        Ok(mut e) => {
+            e.first_ms = now_ms();
+            retry::add(&shared.store, &shared.keys, &e, e.first_ms).await
+        }
+        Err(why) => Err(why),
+    };
+    if let Err(why) = added {
+        tracing::error!(destination = "internal", alert = %d.alert_id, reason = %why, "the expiry of a delivery is not alerted");
+    }
 }
 
 /// Records the outcome; retried a few times, since a lost marker means a

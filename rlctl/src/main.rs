@@ -8,6 +8,7 @@ mod deliver;
 mod ops;
 mod owner;
 mod quota;
+mod retry;
 mod secrets;
 mod store;
 mod validate;
@@ -81,6 +82,10 @@ enum Command {
     /// Lift a key's box now (RL.BOX RELEASE), with an audit entry.
     ///
     /// The key keeps its offenses (a repeat trip escalates) unless --forget.
+    /// The audit entry is written first (no entry, no release); then the
+    /// gateways' deny cache is told (INCR <prefix>:deny:version).
+    /// Exit status 3, nothing changed: the key has no active box (and, with
+    /// --forget, no offenses or strikes either).
     #[command(verbatim_doc_comment)]
     Release {
         /// The Redis key, as `rlctl boxes` shows it (quote the braces).
@@ -131,6 +136,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The alerts not delivered: those still being retried, and those given
+    /// up (refused for good by their destination, or still failing after
+    /// delivery.retry_for_ms), oldest first.
+    #[command(verbatim_doc_comment)]
+    Undelivered {
+        /// Given-up deliveries from this time: RFC 3339 or a duration ago (2h, 1day).
+        #[arg(long)]
+        since: Option<String>,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Validate the configuration (and, with --secrets, the environment variables it names).
     CheckConfig {
         /// Also check that every secret's environment variable is set.
@@ -157,7 +174,8 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Done::Ok) => ExitCode::SUCCESS,
+        Ok(Done::NothingToDo) => ExitCode::from(NOTHING_TO_DO),
         Err(e) => {
             eprintln!("rlctl: {e}");
             ExitCode::FAILURE
@@ -165,21 +183,36 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+/// The exit status of a command that found nothing to act on (`release`
+/// of a key with no active box).
+const NOTHING_TO_DO: u8 = 3;
+
+/// How a command that did not fail ended.
+enum Done {
+    Ok,
+    NothingToDo,
+}
+
+async fn run(cli: Cli) -> Result<Done, String> {
     let conf = config::Config::load(&cli.config)?;
-    match cli.command {
+    let done = match cli.command {
+        Command::Release {
+            key,
+            reason,
+            by,
+            forget,
+        } => {
+            return match ops::release(&conf, &key, &reason, &by, forget).await? {
+                ops::Released::Nothing => Ok(Done::NothingToDo),
+                ops::Released::Lifted | ops::Released::Forgotten => Ok(Done::Ok),
+            }
+        }
         Command::Watch => {
             let secrets = secrets::Secrets::from_env(&conf)?;
             watch::run(conf, secrets).await
         }
         Command::Boxes { json } => ops::boxes(&conf, json).await,
         Command::Stats { json } => ops::stats(&conf, json).await,
-        Command::Release {
-            key,
-            reason,
-            by,
-            forget,
-        } => ops::release(&conf, &key, &reason, &by, forget).await,
         Command::Trip {
             key,
             level,
@@ -193,6 +226,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             limit,
             json,
         } => ops::show_audit(&conf, since.as_deref(), key.as_deref(), limit, json).await,
+        Command::Undelivered { since, json } => {
+            ops::undelivered(&conf, since.as_deref(), json).await
+        }
         Command::CheckConfig { secrets } => {
             if secrets {
                 secrets::Secrets::from_env(&conf)?;
@@ -205,5 +241,6 @@ async fn run(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-    }
+    };
+    done.map(|()| Done::Ok)
 }

@@ -120,51 +120,103 @@ fn required(flag: &str, value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// What `rlctl release` found to do.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The box was lifted (and, with `--forget`, the offenses cleared).
+    Lifted,
+    /// No box was active; `--forget` cleared the offenses and strikes.
+    Forgotten,
+    /// No box, and nothing to forget: nothing was changed or recorded.
+    Nothing,
+}
+
 /// `rlctl release KEY --reason TEXT --by NAME [--forget]`.
+///
+/// The audit entry is written before the box is lifted, so a release never
+/// happens without one (an entry that cannot be written, a full server
+/// under `noeviction` say, stops the release). Then the gateways' deny
+/// cache is told (`INCR <prefix>:deny:version`), so the edge lets the key
+/// through within its `deny_cache.poll`.
 pub async fn release(
     conf: &Config,
     key: &str,
     reason: &str,
     by: &str,
     forget: bool,
-) -> Result<(), String> {
+) -> Result<Released, String> {
     required("--reason", reason)?;
     required("--by", by)?;
     let target = target(conf)?;
     let store = target.store().await?;
     let before = store::box_status_routed(&store, key).await?;
-    let mut cmd = redis::cmd("RL.BOX");
-    cmd.arg("RELEASE").arg(key);
-    if forget {
-        cmd.arg("FORGET");
-    }
-    let lifted: i64 = store
-        .query(&cmd)
-        .await
-        .map_err(|e| format!("RL.BOX RELEASE {key}: {e}"))?;
-    let result = if lifted == 1 {
+    let result = if before.level > 0 {
+        Released::Lifted
+    } else if forget && (before.offenses > 0 || before.strikes > 0) {
+        Released::Forgotten
+    } else {
+        eprintln!(
+            "rlctl: {key}: no active box{}; nothing changed",
+            if forget { " and nothing to forget" } else { "" }
+        );
+        return Ok(Released::Nothing);
+    };
+    let result_name = if result == Released::Lifted {
         "lifted"
     } else {
-        "no active box"
+        "forgotten"
     };
-    let audit = Audit::new(store, &conf.keys.audit_stream, conf.keys.audit_maxlen);
+    let audit = Audit::new(
+        store.clone(),
+        &conf.keys.audit_stream,
+        conf.keys.audit_maxlen,
+    );
     let fields = [
         ("key", key.to_string()),
         ("by", by.to_string()),
         ("reason", reason.to_string()),
         ("forget", forget.to_string()),
         ("level_before", before.level.to_string()),
-        ("result", result.to_string()),
+        ("result", result_name.to_string()),
     ];
     let id = audit
         .record("manual_release", &fields)
         .await
-        .map_err(|e| format!("released ({result}), but {e}"))?;
+        .map_err(|e| format!("not released (nothing changed): {e}"))?;
+    let mut cmd = redis::cmd("RL.BOX");
+    cmd.arg("RELEASE").arg(key);
+    if forget {
+        cmd.arg("FORGET");
+    }
+    if let Err(e) = store.query::<i64>(&cmd).await {
+        return Err(format!(
+            "audit entry {id} written, but RL.BOX RELEASE {key} failed: {e} (run the release again)"
+        ));
+    }
+    if result == Released::Lifted {
+        let version = deny_version_key(key);
+        let bumped: redis::RedisResult<i64> = store.query(redis::cmd("INCR").arg(&version)).await;
+        if let Err(e) = bumped {
+            return Err(format!(
+                "released (audit entry {id}), but the gateways were not told: INCR {version}: {e} \
+                 (the edge keeps refusing the key until its box would have ended; run the INCR by hand)"
+            ));
+        }
+    }
     println!(
-        "{key}: {result} (was level {}); audit entry {id}",
+        "{key}: {result_name} (was level {}); audit entry {id}",
         before.level
     );
-    Ok(())
+    Ok(result)
+}
+
+/// The gateway's release version of `key`'s deny cache: the gateway names
+/// keys `<prefix>:{...}...` and polls `<prefix>:deny:version`; a key of
+/// another form gets `rl:deny:version`, the gateway's default prefix.
+pub fn deny_version_key(key: &str) -> String {
+    let prefix = key.split_once(":{").map_or("rl", |(p, _)| p);
+    let prefix = if prefix.is_empty() { "rl" } else { prefix };
+    format!("{prefix}:deny:version")
 }
 
 /// Parses `--for`: a duration (`15m`, `1h`, `1500ms`) or `manual` / `0`
@@ -301,6 +353,80 @@ pub async fn show_audit(
     Ok(())
 }
 
+/// One delivery still being retried, as `rlctl undelivered` shows it.
+#[derive(Debug, serde::Serialize)]
+struct PendingRow {
+    delivery: String,
+    due_ms: i64,
+    attempts: Option<u32>,
+    first_attempt_ms: Option<i64>,
+    last_error: Option<String>,
+}
+
+/// `rlctl undelivered [--since TIME] [--json]`: the deliveries still being
+/// retried (from Redis), then those given up (`failed` or `expired`
+/// delivery entries of the audit trail).
+pub async fn undelivered(conf: &Config, since: Option<&str>, json: bool) -> Result<(), String> {
+    let since_ms = since.map(audit::parse_since).transpose()?;
+    let store = target(conf)?.store().await?;
+    let keys = crate::retry::Keys::new(conf);
+    let pending: Vec<PendingRow> = crate::retry::list(&store, &keys)
+        .await?
+        .into_iter()
+        .map(|(delivery, due_ms, rec)| PendingRow {
+            delivery,
+            due_ms,
+            attempts: rec.as_ref().map(|r| r.attempts),
+            first_attempt_ms: rec.as_ref().map(|r| r.first_ms),
+            last_error: rec.map(|r| r.reason).filter(|r| !r.is_empty()),
+        })
+        .collect();
+    let given_up: Vec<audit::Entry> =
+        audit::read(&store, &conf.keys.audit_stream, since_ms, None, usize::MAX)
+            .await?
+            .into_iter()
+            .filter(|e| {
+                e.fields.get("type").map(String::as_str) == Some("delivery")
+                    && matches!(
+                        e.fields.get("result").map(String::as_str),
+                        Some("failed" | "expired")
+                    )
+            })
+            .collect();
+    if json {
+        let all = serde_json::json!({"pending": pending, "given_up": given_up});
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    println!("{} pending", pending.len());
+    for p in &pending {
+        println!(
+            "  {} attempts={} next_in={} last_error={:?}",
+            p.delivery,
+            p.attempts.unwrap_or(0),
+            crate::alert::time_left((p.due_ms - store::now_ms()).max(0)),
+            p.last_error.as_deref().unwrap_or("-")
+        );
+    }
+    println!("{} given up", given_up.len());
+    for e in &given_up {
+        let field = |name: &str| e.fields.get(name).map_or("-", String::as_str);
+        println!(
+            "  {} {}/{} result={} attempts={} reason={:?}",
+            field("at"),
+            field("alert_id"),
+            field("dest"),
+            field("result"),
+            field("attempts"),
+            field("reason")
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,5 +438,15 @@ mod tests {
         assert_eq!(parse_box_duration("manual").unwrap(), "0");
         assert!(parse_box_duration("soon").unwrap_err().starts_with("--for"));
         assert!(parse_box_duration("1us").is_err());
+    }
+
+    #[test]
+    fn the_deny_version_follows_the_key_prefix() {
+        assert_eq!(
+            deny_version_key("ledger:{tenant:t-42}:tier-key:key_id=k-7"),
+            "ledger:deny:version"
+        );
+        assert_eq!(deny_version_key("rl:{t:t-200}:key:k-2"), "rl:deny:version");
+        assert_eq!(deny_version_key("plain-key"), "rl:deny:version");
     }
 }

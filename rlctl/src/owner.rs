@@ -125,15 +125,9 @@ pub fn lookup(conf: &Config, key: &str) -> Owner {
             continue;
         };
         if let Some((tenant_id, key_id)) = p.matches(key) {
-            let tenant = conf.tenants.get(&tenant_id).cloned();
-            let tier = tenant
-                .as_ref()
-                .map_or(UNOWNED_TIER.to_string(), |t| t.tier.clone());
             return Owner {
-                tenant_id: Some(tenant_id),
-                tenant,
                 key_id,
-                tier,
+                ..of_tenant(conf, &tenant_id)
             };
         }
     }
@@ -142,6 +136,21 @@ pub fn lookup(conf: &Config, key: &str) -> Owner {
         tenant: None,
         key_id: None,
         tier: UNOWNED_TIER.into(),
+    }
+}
+
+/// The owner of a tenant's own alerts (quota alerts): its configuration
+/// when known, else unowned (its id still shown).
+pub fn of_tenant(conf: &Config, tenant_id: &str) -> Owner {
+    let tenant = conf.tenants.get(tenant_id).cloned();
+    let tier = tenant
+        .as_ref()
+        .map_or(UNOWNED_TIER.to_string(), |t| t.tier.clone());
+    Owner {
+        tenant_id: Some(tenant_id.to_string()),
+        tenant,
+        key_id: None,
+        tier,
     }
 }
 

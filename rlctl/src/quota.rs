@@ -12,7 +12,6 @@ use crate::alert::{plan_quota, QuotaAlert};
 use crate::audit::Audit;
 use crate::config::Config;
 use crate::deliver::Senders;
-use crate::owner::Owner;
 use crate::secrets::Secrets;
 use crate::store::{Store, Target};
 use std::collections::HashMap;
@@ -86,8 +85,8 @@ pub async fn consume(
     senders: Senders,
 ) {
     // A connection of its own: XREADGROUP BLOCK holds it.
-    let reader = crate::watch::connect_with_retry(&target).await;
-    let store = crate::watch::connect_with_retry(&target).await;
+    let reader = target.store_with_retry().await;
+    let store = target.store_with_retry().await;
     let stream = &conf.keys.quota_stream;
     let group = &conf.keys.quota_group;
     let created: redis::RedisResult<()> = reader
@@ -205,16 +204,7 @@ async fn on_reading(
         ];
         audit.record_or_log("quota_seen", &fields).await;
     }
-    let tenant = conf.tenants.get(&r.tenant).cloned();
-    let tier = tenant
-        .as_ref()
-        .map_or(crate::config::UNOWNED_TIER.to_string(), |t| t.tier.clone());
-    let owner = Owner {
-        tenant_id: Some(r.tenant.clone()),
-        tenant,
-        key_id: None,
-        tier,
-    };
+    let owner = crate::owner::of_tenant(conf, &r.tenant);
     let alert = QuotaAlert {
         alert_id,
         owner,

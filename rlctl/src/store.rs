@@ -101,6 +101,20 @@ impl Target {
         }
     }
 
+    /// [`Target::store`], retrying every second until it connects (the
+    /// worker waits for Redis to come up).
+    pub async fn store_with_retry(&self) -> Store {
+        loop {
+            match self.store().await {
+                Ok(s) => return s,
+                Err(e) => {
+                    tracing::error!(destination = "redis", reason = %e, "cannot connect; retrying in 1 s");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
     /// The URLs of the current primaries: the one server, or the masters of
     /// `CLUSTER NODES` as seen by the first of `known` (then the seeds) that
     /// answers. `known` is updated with every node listed.
@@ -207,7 +221,7 @@ impl Store {
 }
 
 /// `RL.BOX STATUS` of a key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BoxStatus {
     /// 1..3, 0 when no box is active.
     pub level: i64,

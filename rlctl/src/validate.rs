@@ -40,7 +40,7 @@ impl Config {
         positive("delivery.queue", d.queue as u64)?;
         positive("delivery.rate_per_second", u64::from(d.rate_per_second))?;
         positive("delivery.concurrency", d.concurrency as u64)?;
-        positive("delivery.attempts", u64::from(d.attempts))?;
+        positive("delivery.retry_for_ms", d.retry_for_ms)?;
         positive("delivery.timeout_ms", d.timeout_ms)?;
         if d.backoff_max_ms < d.backoff_ms {
             return Err("delivery.backoff_max_ms: below delivery.backoff_ms".into());

@@ -82,18 +82,24 @@ const NOTE_MAX_AGE_MS: i64 = 60_000;
 pub async fn run(conf: Config, secrets: Secrets) -> Result<(), String> {
     let conf = Arc::new(conf);
     let target = Target::new(&conf, secrets.redis_password.clone());
-    let store = connect_with_retry(&target).await;
+    let store = target.store_with_retry().await;
     let audit = Audit::new(
         store.clone(),
         &conf.keys.audit_stream,
         conf.keys.audit_maxlen,
     );
-    let senders = Senders::start(&conf, &secrets, store.clone(), audit.clone())?;
+    let secrets = Arc::new(secrets);
+    let senders = Senders::start(conf.clone(), secrets.clone(), store.clone(), audit.clone())?;
     audit
         .record_or_log("watch_started", &[("pid", std::process::id().to_string())])
         .await;
     let (tx, rx) = mpsc::channel(conf.delivery.queue);
-    let secrets = Arc::new(secrets);
+    let retries = tokio::spawn(crate::retry::poll(
+        conf.clone(),
+        secrets.clone(),
+        store.clone(),
+        senders.clone(),
+    ));
     let processor = tokio::spawn(process(
         conf.clone(),
         secrets.clone(),
@@ -118,6 +124,7 @@ pub async fn run(conf: Config, secrets: Secrets) -> Result<(), String> {
     wait_for_stop().await;
     tracing::info!("stopping: no new observations; waiting for deliveries in flight");
     topology.abort();
+    retries.abort();
     if let Some(q) = quota {
         q.abort();
     }
@@ -149,19 +156,6 @@ async fn wait_for_stop() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-    }
-}
-
-/// Connects, retrying every second (the worker waits for Redis to come up).
-pub async fn connect_with_retry(target: &Target) -> Store {
-    loop {
-        match target.store().await {
-            Ok(s) => return s,
-            Err(e) => {
-                tracing::error!(destination = "redis", reason = %e, "cannot connect; retrying in 1 s");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 
@@ -466,7 +460,7 @@ async fn identify_trip(
     let operator = note
         .and_then(|n| serde_json::from_str::<Operator>(&n).ok())
         .filter(|o| (now - o.at_ms).abs() <= NOTE_MAX_AGE_MS);
-    let trip_id = format!("{key}#{}.{}@{now}", s.offenses, s.level);
+    let trip_id = crate::alert::new_trip_id()?;
     let rec = TripRecord {
         trip_id: trip_id.clone(),
         level: s.level,

@@ -16,7 +16,8 @@ fn levels_and_tiers_reach_their_destinations() {
 
     trip(&mut con, "rl:{t:t-grow}:key:k-1", 1, 300); // level 1: no alert
     trip(&mut con, "rl:{t:t-grow}:key:k-2", 2, 3600);
-    trip(&mut con, "rl:{t:t-grow}:key:k-3", 3, 86400);
+    trip(&mut con, "rl:{t:t-grow}:key:k-3", 3, 0); // manual: suspended
+    trip(&mut con, "ledger:{ip:203.0.113.50}:stuffing-ip", 3, 86400); // timed: a ban
     trip(&mut con, "rl:{t:t-ent}:key:k-9", 3, 0); // manual
     trip(&mut con, "rl:{auth:ip:203.0.113.9}", 2, 900); // no tenant
 
@@ -55,8 +56,8 @@ fn levels_and_tiers_reach_their_destinations() {
     let expected = |web: &Webhooks, smtp: &Smtp| {
         web.to("/tenant/t-grow").len() == 1
             && web.to("/tenant/t-sand").len() == 1
-            && web.to("/internal").len() == 5
-            && web.to("/pager").len() == 3
+            && web.to("/internal").len() == 6
+            && web.to("/pager").len() == 4
             && smtp.all().len() == 2
     };
     wait_until(Duration::from_secs(20), "the alerts of every trip", || {
@@ -99,6 +100,18 @@ fn levels_and_tiers_reach_their_destinations() {
         "{}",
         grow.delivery()
     );
+    // Ids are opaque: neither the body nor the delivery id names the key.
+    let trip_id = j["trip_id"].as_str().unwrap();
+    assert!(
+        trip_id.len() == 32 && trip_id.chars().all(|c| c.is_ascii_hexdigit()),
+        "{trip_id}"
+    );
+    assert_eq!(grow.delivery(), format!("{trip_id}/tenant_webhook"));
+    assert!(
+        !grow.body.contains("rl:{") && !grow.body.contains("k-2#"),
+        "{}",
+        grow.body
+    );
     let j = web.to("/tenant/t-sand")[0].json();
     assert_eq!(
         (j["level"].as_i64(), j["key_id"].as_str()),
@@ -116,6 +129,7 @@ fn levels_and_tiers_reach_their_destinations() {
     assert_eq!(
         keys,
         [
+            "ledger:{ip:203.0.113.50}:stuffing-ip",
             "rl:{auth:ip:203.0.113.9}",
             "rl:{t:t-ent}:key:k-9",
             "rl:{t:t-grow}:key:k-2",
@@ -131,10 +145,11 @@ fn levels_and_tiers_reach_their_destinations() {
         assert_eq!(p["payload"]["severity"], "critical");
         assert_eq!(p["payload"]["source"], "rlctl");
         assert_eq!(p["payload"]["custom_details"]["level"], 3);
+        let trip_id = p["payload"]["custom_details"]["trip_id"].as_str().unwrap();
         assert!(p["dedup_key"]
             .as_str()
             .unwrap()
-            .contains(p["payload"]["component"].as_str().unwrap()));
+            .starts_with(&format!("{trip_id}:page")));
     }
     let ent: Vec<&serde_json::Value> = pages
         .iter()
@@ -171,6 +186,37 @@ fn levels_and_tiers_reach_their_destinations() {
     assert_eq!(
         grow_page["payload"]["custom_details"]["automatic_suspension"],
         true
+    );
+    assert!(grow_page["payload"]["custom_details"]["action"]
+        .as_str()
+        .unwrap()
+        .starts_with("suspended pending review"));
+    // A timed level-3 box of a source (stuffing): the IP to ban, no suspension.
+    let ban = pages
+        .iter()
+        .find(|p| p["payload"]["component"] == "ledger:{ip:203.0.113.50}:stuffing-ip")
+        .unwrap();
+    let d = &ban["payload"]["custom_details"];
+    assert_eq!(d["offender"], serde_json::json!({"ip": "203.0.113.50"}));
+    assert_eq!(d["automatic_suspension"], false);
+    assert!(
+        d["action"]
+            .as_str()
+            .unwrap()
+            .starts_with("ban source IP 203.0.113.50 for 1day"),
+        "{d}"
+    );
+    let internal_ban = internal
+        .iter()
+        .map(|r| r.json())
+        .find(|j| j["key"] == "ledger:{ip:203.0.113.50}:stuffing-ip")
+        .unwrap();
+    assert_eq!(
+        (
+            internal_ban["offender"]["ip"].as_str(),
+            internal_ban["level"].as_i64()
+        ),
+        (Some("203.0.113.50"), Some(3))
     );
 
     // Emails: to the tenant's contacts, from the configured sender.
@@ -219,7 +265,7 @@ fn levels_and_tiers_reach_their_destinations() {
         .iter()
         .filter(|e| e["type"] == "delivery" && e["result"] == "sent")
         .collect();
-    assert_eq!(sent.len(), 12, "12 deliveries sent: {sent:#?}");
+    assert_eq!(sent.len(), 14, "14 deliveries sent: {sent:#?}");
     assert!(sent.iter().all(|e| e["attempts"] == "1"));
     assert!(
         !audit.iter().any(|e| e

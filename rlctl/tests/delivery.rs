@@ -1,6 +1,8 @@
-//! Delivery guarantees: retries then a recorded failure, nothing resent
-//! after a restart, trips made while the worker was down still alerted,
-//! and a worker killed during a burst delivering every alert once.
+//! Delivery guarantees: retries until the horizon then a recorded and
+//! alerted expiry, a destination down for long across a restart still
+//! reached, nothing resent after a restart, trips made while the worker was
+//! down still alerted, and a worker killed during a burst delivering every
+//! alert once.
 
 mod common;
 
@@ -18,8 +20,9 @@ fn deliveries(audit: &[HashMap<String, String>], key: &str) -> Vec<HashMap<Strin
 }
 
 #[test]
-fn a_failing_destination_is_retried_then_recorded_as_failed() {
-    let s = Single::start("failing", ("", ""));
+fn a_failing_destination_is_retried_until_its_horizon_then_alerted() {
+    // Retried for 3 s (a few dozen attempts at 50 to 200 ms), then given up.
+    let s = Single::start("failing", ("retry_for_ms = 10000", "retry_for_ms = 3000"));
     s.web.fail(
         "/tenant/t-grow",
         Fail {
@@ -57,17 +60,26 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
         "every delivery of the second trip to end",
         || deliveries(&audit_entries(&mut con), sand).len() == 3,
     );
-    assert_eq!(
-        s.web.to("/tenant/t-grow").len(),
-        3,
-        "a 500 is retried up to delivery.attempts"
-    );
+    let tried = s.web.to("/tenant/t-grow").len();
+    assert!(tried >= 3, "a 500 is retried until the horizon: {tried}");
     assert_eq!(s.web.to("/tenant/t-sand").len(), 1, "a 400 is not retried");
+    // two 503s, then sent; the sandbox one; the expiry of the 500s
+    wait_until(Duration::from_secs(10), "the expiry alert", || {
+        s.web.to("/internal").len() == 2 + 1 + 1 + 1
+    });
+    let expiry = s
+        .web
+        .to("/internal")
+        .into_iter()
+        .map(|r| r.json())
+        .find(|j| j["type"] == "rl.delivery_expired")
+        .expect("an rl.delivery_expired alert");
     assert_eq!(
-        s.web.to("/internal").len(),
-        2 + 2,
-        "two 503s, then sent (and the sandbox one)"
+        (expiry["dest"].as_str(), expiry["key"].as_str()),
+        (Some("tenant_webhook"), Some(grow))
     );
+    assert_eq!(expiry["attempts"].as_u64(), Some(tried as u64));
+    assert!(expiry["reason"].as_str().unwrap().contains("HTTP 500"));
     assert_eq!(s.smtp.all().len(), 2);
     let audit = audit_entries(&mut con);
     let by_dest = |key: &str, dest: &str| {
@@ -79,7 +91,7 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
     let failed = by_dest(grow, "tenant_webhook");
     assert_eq!(
         (failed["result"].as_str(), failed["attempts"].as_str()),
-        ("failed", "3")
+        ("expired", tried.to_string().as_str())
     );
     assert!(failed["reason"].contains("HTTP 500"), "{failed:?}");
     assert!(failed["target"].ends_with("/tenant/t-grow"), "{failed:?}");
@@ -106,6 +118,32 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
     );
     assert!(log.contains("delivery attempt failed"), "{log}");
 
+    // `rlctl undelivered` lists what was given up; nothing is pending.
+    let o = rlctl(&s.cfg, &["undelivered", "--json"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed["pending"], serde_json::json!([]), "{listed}");
+    let mut given_up: Vec<(String, String)> = listed["given_up"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let f = &e["fields"];
+            (
+                f["dest"].as_str().unwrap().to_string(),
+                f["result"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    given_up.sort();
+    assert_eq!(
+        given_up,
+        [
+            ("tenant_webhook".to_string(), "expired".to_string()),
+            ("tenant_webhook".to_string(), "failed".to_string())
+        ]
+    );
+
     // A restart sends nothing again: not the sent ones, not the failed one.
     worker.kill9();
     let before = s.web.all().len();
@@ -117,6 +155,74 @@ fn a_failing_destination_is_retried_then_recorded_as_failed() {
         "nothing resent after the restart"
     );
     assert_eq!(s.smtp.all().len(), 2);
+}
+
+#[test]
+fn a_destination_down_for_long_is_reached_after_a_restart() {
+    // Retried for 10 minutes; the old default gave up after 5 attempts.
+    let s = Single::start(
+        "down-long",
+        ("retry_for_ms = 10000", "retry_for_ms = 600000"),
+    );
+    let down = Fail {
+        status: 503,
+        times: usize::MAX,
+    };
+    s.web.fail("/tenant/t-grow", down);
+    let mut worker = s.worker();
+    let mut con = s.server.client();
+    let key = "rl:{t:t-grow}:key:k-down";
+    trip(&mut con, key, 2, 2); // over before the restart: not reconciled
+    wait_until(Duration::from_secs(20), "more attempts than before", || {
+        s.web.to("/tenant/t-grow").len() >= 7
+    });
+    worker.kill9();
+    wait_until(Duration::from_secs(10), "the box to end", || {
+        status(&mut con, key)[0] == 0
+    });
+    let o = rlctl(&s.cfg, &["undelivered", "--json"], &[]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let pending = listed["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{listed}");
+    assert!(pending[0]["delivery"]
+        .as_str()
+        .unwrap()
+        .ends_with("/tenant_webhook"));
+    assert!(pending[0]["attempts"].as_u64().unwrap() >= 6, "{listed}");
+    assert!(pending[0]["last_error"].as_str().unwrap().contains("503"));
+
+    let before = s.web.to("/tenant/t-grow").len();
+    s.web.fail(
+        "/tenant/t-grow",
+        Fail {
+            status: 503,
+            times: 0,
+        },
+    ); // back up
+    let _worker = s.worker();
+    wait_until(Duration::from_secs(20), "the alert delivered", || {
+        deliveries(&audit_entries(&mut con), key)
+            .iter()
+            .any(|e| e["dest"] == "tenant_webhook")
+    });
+    let sent: Vec<_> = deliveries(&audit_entries(&mut con), key)
+        .into_iter()
+        .filter(|e| e["dest"] == "tenant_webhook")
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["result"], "sent");
+    let attempts: usize = sent[0]["attempts"].parse().unwrap();
+    assert!(
+        attempts > before.min(6),
+        "attempts counted across the restart: {attempts}"
+    );
+    let reqs = s.web.to("/tenant/t-grow");
+    assert_eq!(reqs.len(), before + 1, "sent once when back up");
+    let ids: std::collections::HashSet<String> = reqs.iter().map(|r| r.delivery()).collect();
+    assert_eq!(ids.len(), 1, "one delivery id throughout: {ids:?}");
+    let o = rlctl(&s.cfg, &["undelivered", "--json"], &[]);
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed["pending"], serde_json::json!([]), "{listed}");
 }
 
 #[test]

@@ -90,6 +90,27 @@ fn release_and_trip_leave_audit_entries() {
     );
     let s: Vec<i64> = status(&mut con, key);
     assert_eq!((s[0], s[2]), (0, 1), "lifted, the offense kept: {s:?}");
+    // the gateways' deny cache of the key's prefix is told
+    let version: Option<i64> = redis::cmd("GET")
+        .arg("rl:deny:version")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(version, Some(1), "INCR rl:deny:version");
+    // no box: exit 3, nothing changed, nothing recorded
+    let o = rlctl(
+        &cfg,
+        &["release", key, "--reason", "typo?", "--by", "bob"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no active box; nothing changed"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(status(&mut con, key), s, "nothing changed");
+    assert_eq!(audit_entries(&mut con).len(), 2, "nothing recorded");
+    // no box, but offenses: --forget forgets them
     let o = rlctl(
         &cfg,
         &[
@@ -97,9 +118,17 @@ fn release_and_trip_leave_audit_entries() {
         ],
         &[],
     );
-    assert!(stdout(&o).contains("no active box"), "{}", stdout(&o));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("forgotten"), "{}", stdout(&o));
     let s: Vec<i64> = status(&mut con, key);
     assert_eq!(s, [0, 0, 0, 0], "forgotten");
+    let o = rlctl(
+        &cfg,
+        &["release", key, "--reason", "x", "--by", "bob", "--forget"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing to forget"), "{}", stderr(&o));
 
     let o = rlctl(&cfg, &["stats", "--json"], &[]);
     assert!(o.status.success(), "stats: {}", stderr(&o));
@@ -135,7 +164,7 @@ fn release_and_trip_leave_audit_entries() {
     assert_eq!(r["reason"], "customer fixed the retry loop");
     assert_eq!(
         (audit[2]["result"].as_str(), audit[2]["forget"].as_str()),
-        ("no active box", "true")
+        ("forgotten", "true")
     );
 
     let o = rlctl(
@@ -196,6 +225,72 @@ fn release_and_trip_leave_audit_entries() {
 }
 
 #[test]
+fn a_release_that_cannot_be_audited_lifts_nothing() {
+    let server = Server::start();
+    let dir = fresh_dir("ops-oom");
+    let cfg = dir.join("rlctl.toml");
+    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    let key = "ledger:{tenant:t-1}:tier-key:key_id=k-1";
+    let mut con = server.client();
+    trip(&mut con, key, 2, 3600);
+    // full: every write that needs memory is refused (noeviction)
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query::<()>(&mut con)
+            .unwrap();
+    }
+    let o = rlctl(
+        &cfg,
+        &[
+            "release",
+            key,
+            "--reason",
+            "support ticket",
+            "--by",
+            "carol",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("not released (nothing changed)") && stderr(&o).contains("OOM"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(status(&mut con, key)[0], 2, "the box is still on");
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query::<()>(&mut con)
+        .unwrap();
+    assert!(audit_entries(&mut con).is_empty());
+    let o = rlctl(
+        &cfg,
+        &[
+            "release",
+            key,
+            "--reason",
+            "support ticket",
+            "--by",
+            "carol",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(status(&mut con, key)[0], 0);
+    assert_eq!(audit_entries(&mut con).len(), 1);
+    let version: i64 = redis::cmd("GET")
+        .arg("ledger:deny:version")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(version, 1, "the gateway prefix of the key");
+}
+
+#[test]
 fn a_bad_configuration_is_refused_with_the_field_named() {
     let dir = fresh_dir("badconf");
     let good = config_text(
@@ -238,12 +333,12 @@ fn a_bad_configuration_is_refused_with_the_field_named() {
             "sms",
         ),
         (
-            good.replace("attempts = 3", "attempts = 0"),
-            "delivery.attempts",
+            good.replace("retry_for_ms = 10000", "retry_for_ms = 0"),
+            "delivery.retry_for_ms",
         ),
         (
-            good.replace("attempts = 3", "attempts = \"three\""),
-            "attempts",
+            good.replace("retry_for_ms = 10000", "retry_for_ms = \"long\""),
+            "retry_for_ms",
         ),
         (
             good.replace("rate_per_second = 50", "rate_per_secnd = 50"),

@@ -34,6 +34,10 @@ local function alert(conf, state, e)
     end
     local ident = state.ident or { attrs = {} }
     local action = o.level >= 3 and rules.resolve(al.level3, ident) or "notify"
+    if action == "suspend" and o.retry_ms and o.retry_ms > 0 then
+        -- a timed level-3 box (a distinct rule's trip): ban the source for its time
+        action = "ban"
+    end
     if not deny.once(conf, e.key .. ":" .. o.level, o.retry_ms and o.retry_ms / 1000 or 3600) then
         return nil
     end
@@ -41,6 +45,7 @@ local function alert(conf, state, e)
     return { "XADD", conf.alerts.stream, "MAXLEN", "~", conf.alerts.maxlen, "*",
         "level", o.level, "action", action, "policy", e.name, "tier", state.tier_name or "",
         "tenant", tenant or "", "key_id", key_id or "", "user", user or "", "brand", brand or "",
+        "ip", ident.attrs.ip or "", "subject", ident.attrs.subject or "", "key", e.key,
         "route", state.route.name, "box_seconds", o.retry_ms and headers.seconds(o.retry_ms) or -1,
         "request_id", state.request_id }
 end
