@@ -22,7 +22,7 @@ use super::stats;
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
 use crate::core::patch;
-use crate::core::patch::PatchPlan;
+use crate::core::patch_plan::PatchPlan;
 use crate::core::record::{Record, Retention};
 use crate::core::take::KeySet;
 
