@@ -86,8 +86,8 @@ pub async fn consume(
     senders: Senders,
 ) {
     // A connection of its own: XREADGROUP BLOCK holds it.
-    let reader = crate::watch::connect_with_retry(&target).await;
-    let store = crate::watch::connect_with_retry(&target).await;
+    let reader = target.store_with_retry().await;
+    let store = target.store_with_retry().await;
     let stream = &conf.keys.quota_stream;
     let group = &conf.keys.quota_group;
     let created: redis::RedisResult<()> = reader

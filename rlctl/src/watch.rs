@@ -82,7 +82,7 @@ const NOTE_MAX_AGE_MS: i64 = 60_000;
 pub async fn run(conf: Config, secrets: Secrets) -> Result<(), String> {
     let conf = Arc::new(conf);
     let target = Target::new(&conf, secrets.redis_password.clone());
-    let store = connect_with_retry(&target).await;
+    let store = target.store_with_retry().await;
     let audit = Audit::new(
         store.clone(),
         &conf.keys.audit_stream,
@@ -149,19 +149,6 @@ async fn wait_for_stop() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-    }
-}
-
-/// Connects, retrying every second (the worker waits for Redis to come up).
-pub async fn connect_with_retry(target: &Target) -> Store {
-    loop {
-        match target.store().await {
-            Ok(s) => return s,
-            Err(e) => {
-                tracing::error!(destination = "redis", reason = %e, "cannot connect; retrying in 1 s");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
     }
 }
 
