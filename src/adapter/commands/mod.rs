@@ -261,9 +261,9 @@ pub fn register(ctx: Ctx) -> bool {
 /// refused it.
 fn create(ctx: Ctx, spec: &Spec) -> Option<*mut raw::RedisModuleCommand> {
     let [first, last, step] = spec.keys;
-    // SAFETY (each block below): `ctx` is the load context of `OnLoad`,
-    // valid while commands are registered; the names and flags are
-    // NUL-terminated statics; `spec.entry` has a command's signature.
+    // What makes each block below sound: `ctx` is the load context of
+    // `OnLoad`, valid while commands are registered; the names and flags
+    // are NUL-terminated statics; `spec.entry` has a command's signature.
     let status = match spec.parent {
         // SAFETY: see above.
         None => unsafe {
