@@ -2,7 +2,9 @@
 #
 #   make run    install deps, build the module, run redis-server with it on 6379
 #   make test   install deps, then fmt + clippy + release build + all tests
-#               on redis-server, then the integration tests again on Valkey
+#               on redis-server (Debian's 7.0), then the integration tests
+#               again on Redis 7.4 and on Valkey 8.1
+#   make test-redis74  only the integration tests, on Redis 7.4 (.ci/get-redis)
 #   make test-valkey  only the integration tests, on Valkey 8.1 (.ci/get-valkey)
 #   make bench  system benchmark (bench/run.sh); bench-core: criterion
 #   make bench-gateway  the gateway's speed against a plain nginx proxy (bench/gateway.sh)
@@ -31,15 +33,20 @@ TEST_THREADS ?= 2
 # The reliability tests (tests/reliability_*.rs) append one
 # `property | how tested | figure` line each to this file.
 FIGURES      := $(CURDIR)/target/reliability-figures.txt
+FIGURES_REDIS74 := $(CURDIR)/target/reliability-figures-redis74.txt
 FIGURES_VALKEY := $(CURDIR)/target/reliability-figures-valkey.txt
-# cargo's output of the two runs; the summary line sums both.
+# cargo's output of the three runs; the summary line sums them.
 TEST_LOG     := $(CURDIR)/target/test-output.log
+TEST_LOG_REDIS74 := $(CURDIR)/target/test-output-redis74.log
 TEST_LOG_VALKEY := $(CURDIR)/target/test-output-valkey.log
-# Where .ci/get-valkey (called by .ci/deps) puts valkey-server/valkey-cli.
+# Where .ci/get-redis and .ci/get-valkey (called by .ci/deps) put the
+# servers and their clients.
+REDIS74_DIR  ?= $(HOME)/.cache/rl/redis-7.4.1
 VALKEY_DIR   ?= $(HOME)/.cache/rl/valkey-8.1.8
-export VALKEY_DIR
-# Every test binary of tests/ starts servers: the run on Valkey is these,
-# without the crate's unit tests, proptests and doc-tests.
+export REDIS74_DIR VALKEY_DIR
+# Every test binary of tests/ starts servers: the runs on Redis 7.4 and
+# Valkey are these, without the crate's unit tests, proptests and
+# doc-tests.
 INTEGRATION_TESTS := $(patsubst tests/%.rs,--test %,$(wildcard tests/*.rs))
 # Prints "tests: N passed, N failed, N skipped" summed over cargo's
 # "test result:" lines of the logs given as arguments.
@@ -53,7 +60,7 @@ LUA_COUNTS   := $(CURDIR)/target/lua-unit-counts.txt
 
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: all deps build run test test-valkey valkey-integration test-gateway test-gateway-unit test-sdk test-rlctl test-envoy bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app bench-app-node bench-app-python bench-envoy clean reliability reliability-report
+.PHONY: all deps build run test test-redis74 test-valkey redis74-integration valkey-integration integration-on test-gateway test-gateway-unit test-sdk test-rlctl test-envoy bench bench-core bench-profile bench-gateway bench-gateway-instructions bench-app bench-app-node bench-app-python bench-envoy clean reliability reliability-report
 
 all: build
 
@@ -75,12 +82,12 @@ run: deps build
 # redis-servers and talk to them; they do not link the crate, so the module
 # they load is the one just built, with Redis' allocator; then rlctl's tests
 # and envoy-ratelimit's (workspace members; cargo test at the root runs the
-# root crate's only), the integration tests again on Valkey
-# (valkey-integration), then the SDKs' tests (sdk/test.sh). The last line
-# sums up every test binary of these runs (cargo's own last line is the
-# doc-tests' count), both SDKs' counts and the Lua unit tests' count, after
-# the wall time of each run;
-# the exit status is the first failure.
+# root crate's only), the integration tests again on Redis 7.4
+# (redis74-integration) and on Valkey (valkey-integration), then the SDKs'
+# tests (sdk/test.sh). The last line sums up every test binary of these runs
+# (cargo's own last line is the doc-tests' count), the SDKs' counts and the
+# Lua unit tests' count, after the wall time of each run; the exit status is
+# the first failure.
 test: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -88,7 +95,8 @@ test: deps
 	$(CARGO) clippy -p envoy-ratelimit --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
-	@rm -f $(FIGURES) $(FIGURES_VALKEY) $(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS)
+	@rm -f $(FIGURES) $(FIGURES_REDIS74) $(FIGURES_VALKEY) $(TEST_LOG_REDIS74) \
+		$(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS)
 	@set -o pipefail; \
 	started=$$SECONDS; \
 	RL_UNIT_COUNTS=$(LUA_COUNTS) bash gateway/test/unit/run.sh; \
@@ -106,25 +114,39 @@ test: deps
 	rc_envoy=$$?; \
 	[ $$rc -ne 0 ] || rc=$$rc_envoy; \
 	redis_s=$$((SECONDS - started)); \
+	$(MAKE) --no-print-directory redis74-integration; \
+	redis74_rc=$$?; \
+	redis74_s=$$((SECONDS - started - redis_s)); \
+	[ $$rc -ne 0 ] || rc=$$redis74_rc; \
 	$(MAKE) --no-print-directory valkey-integration; \
 	valkey_rc=$$?; \
-	valkey_s=$$((SECONDS - started - redis_s)); \
+	valkey_s=$$((SECONDS - started - redis_s - redis74_s)); \
 	[ $$rc -ne 0 ] || rc=$$valkey_rc; \
 	$(MAKE) --no-print-directory reliability-report; \
+	$(MAKE) --no-print-directory reliability-report FIGURES=$(FIGURES_REDIS74); \
 	$(MAKE) --no-print-directory reliability-report FIGURES=$(FIGURES_VALKEY); \
 	RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh; \
 	sdk_rc=$$?; \
 	[ $$rc -ne 0 ] || rc=$$sdk_rc; \
 	touch $(SDK_COUNTS) $(LUA_COUNTS); \
-	echo "runs: all tests on redis-server $$redis_s s, integration tests on Valkey $$valkey_s s"; \
-	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS); \
+	echo "runs: all tests on redis-server $$redis_s s, integration tests on Redis 7.4" \
+		"$$redis74_s s and on Valkey $$valkey_s s"; \
+	$(SUMMARY) $(TEST_LOG) $(TEST_LOG_REDIS74) $(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS); \
 	exit $$rc
 
-# The integration tests alone, on Valkey 8.1 instead of redis-server (the
-# binaries .ci/get-valkey fetched into $(VALKEY_DIR)/bin); summary line of
-# this run only. By hand, on any server:
+# The integration tests alone, on Redis 7.4 or on Valkey 8.1 instead of
+# redis-server (the binaries .ci/get-redis built into $(REDIS74_DIR)/bin,
+# .ci/get-valkey fetched into $(VALKEY_DIR)/bin); summary line of this run
+# only. By hand, on any server:
 #   REDIS_SERVER=/path/valkey-server REDIS_CLI=/path/valkey-cli \
 #     RL_MODULE=$PWD/target/release/librl.so cargo test --release --test take
+test-redis74: deps build
+	@rm -f $(TEST_LOG_REDIS74) $(FIGURES_REDIS74)
+	@$(MAKE) --no-print-directory redis74-integration; \
+	rc=$$?; \
+	$(SUMMARY) $(TEST_LOG_REDIS74); \
+	exit $$rc
+
 test-valkey: deps build
 	@rm -f $(TEST_LOG_VALKEY) $(FIGURES_VALKEY)
 	@$(MAKE) --no-print-directory valkey-integration; \
@@ -132,18 +154,28 @@ test-valkey: deps build
 	$(SUMMARY) $(TEST_LOG_VALKEY); \
 	exit $$rc
 
-# The run on Valkey behind `test` and `test-valkey` (no deps, no build:
-# they have done both); output also in $(TEST_LOG_VALKEY).
+# The runs on Redis 7.4 and on Valkey behind `test`, `test-redis74` and
+# `test-valkey` (no deps, no build: they have done both).
+redis74-integration:
+	@$(MAKE) --no-print-directory integration-on SERVER_BIN=$(REDIS74_DIR)/bin \
+		SERVER=redis LOG=$(TEST_LOG_REDIS74) RUN_FIGURES=$(FIGURES_REDIS74)
+
 valkey-integration:
-	@mkdir -p $(dir $(TEST_LOG_VALKEY)) && : > $(TEST_LOG_VALKEY)
-	@test -x $(VALKEY_DIR)/bin/valkey-server -a -x $(VALKEY_DIR)/bin/valkey-cli || \
-		{ echo "no valkey-server/valkey-cli in $(VALKEY_DIR)/bin: run make deps" >&2; exit 1; }
-	@echo "--- integration tests on $$($(VALKEY_DIR)/bin/valkey-server --version) ---"
+	@$(MAKE) --no-print-directory integration-on SERVER_BIN=$(VALKEY_DIR)/bin \
+		SERVER=valkey LOG=$(TEST_LOG_VALKEY) RUN_FIGURES=$(FIGURES_VALKEY)
+
+# The integration tests on $(SERVER_BIN)/$(SERVER)-server and -cli; output
+# also in $(LOG), reliability figures in $(RUN_FIGURES).
+integration-on:
+	@mkdir -p $(dir $(LOG)) && : > $(LOG)
+	@test -x $(SERVER_BIN)/$(SERVER)-server -a -x $(SERVER_BIN)/$(SERVER)-cli || \
+		{ echo "no $(SERVER)-server/$(SERVER)-cli in $(SERVER_BIN): run make deps" >&2; exit 1; }
+	@echo "--- integration tests on $$($(SERVER_BIN)/$(SERVER)-server --version) ---"
 	@set -o pipefail; \
-	REDIS_SERVER=$(VALKEY_DIR)/bin/valkey-server REDIS_CLI=$(VALKEY_DIR)/bin/valkey-cli \
-	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(FIGURES_VALKEY) \
+	REDIS_SERVER=$(SERVER_BIN)/$(SERVER)-server REDIS_CLI=$(SERVER_BIN)/$(SERVER)-cli \
+	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(RUN_FIGURES) \
 		$(CARGO) test --release --no-fail-fast $(INTEGRATION_TESTS) \
-		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(TEST_LOG_VALKEY)
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(LOG)
 
 # The gateway's tests alone (gateway/README.md): its Lua unit tests, then
 # its end-to-end tests: nginx with the Lua library and the Kong plugin

@@ -21,24 +21,9 @@
 # PEER_ARGS (the --loadmodule arguments of the peers that were built).
 # Needs ROOT (the repository root) and a `log` function.
 
+# Where the peers' sources are (.ci/shared-dir: RL_SHARED, else ../shared).
 shared_dir() {
-    local common
-    if [[ -n "${RL_SHARED:-}" ]]; then
-        echo "$RL_SHARED"
-        return
-    fi
-    if [[ -d "$ROOT/../shared" ]]; then
-        (cd "$ROOT/../shared" && pwd)
-        return
-    fi
-    # A git worktree elsewhere: the main checkout is the parent of
-    # the common git directory.
-    common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
-    if [[ -n "$common" && -d "$(dirname "$common")/../shared" ]]; then
-        (cd "$(dirname "$common")/../shared" && pwd)
-        return
-    fi
-    echo "$ROOT/../shared"
+    bash "$ROOT/.ci/shared-dir" "$ROOT"
 }
 
 build_peers() {

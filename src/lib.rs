@@ -1,6 +1,11 @@
 //! rl: rate limiting as a native Redis module. The pure algorithms live in
 //! [`core`]; [`adapter`] connects them to Redis. This file only declares
 //! the module to Redis.
+//!
+//! Every `unsafe` block says why it is sound in a `// SAFETY:` comment,
+//! and every `unsafe fn` has a `# Safety` section: both are denied here.
+
+#![deny(clippy::undocumented_unsafe_blocks, clippy::missing_safety_doc)]
 
 pub mod adapter;
 pub mod core;

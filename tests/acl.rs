@@ -1,9 +1,12 @@
 //! ACLs: what a user with only some permissions may run. A user allowed to
 //! read keys only (`%R~`) may read a box or a lease set; on servers where
-//! modules declare ACL categories (Redis 7.2+, Valkey 8+) `-@write` users
-//! are refused every writer, `+@read` users get the readers and
-//! `+@ratelimit` names the module's commands; on Redis 7.0 the rules by
-//! command name that `commands.md` gives do the same.
+//! modules declare ACL categories and add their own (Redis 7.4+, Valkey
+//! 8+) every command carries its categories, `-@write` users are refused
+//! every writer, `+@read` users get the readers and `+@ratelimit` names the
+//! module's commands; on Redis 7.0 the rules by command name that
+//! `commands.md` gives do the same. Which of the two a server is comes from
+//! its version (`INFO server`), not from what the module declared, so a
+//! server that should carry the categories and does not fails.
 
 mod common;
 
@@ -44,11 +47,50 @@ fn is_noperm(result: &redis::RedisResult<redis::Value>) -> bool {
     matches!(result, Err(e) if err_text(e).starts_with("NOPERM"))
 }
 
-/// Whether the module's commands carry ACL categories on this server.
-fn declares_categories(con: &mut redis::Connection) -> bool {
-    let cats = str_array(call(con, "ACL CAT").expect("ACL CAT"));
-    cats.iter().any(|c| c == "ratelimit")
+/// A version of the server as `(major, minor)`, from `INFO server`:
+/// Valkey's own (`valkey_version`; Valkey also reports the Redis version it
+/// is compatible with), else Redis's.
+fn server_version(con: &mut redis::Connection) -> (String, (u32, u32)) {
+    let info = value_str(&call(con, "INFO server").expect("INFO server"));
+    let (name, version) = match info_field(&info, "valkey_version") {
+        Some(version) => ("valkey", version),
+        None => (
+            "redis",
+            info_field(&info, "redis_version").expect("redis_version in INFO server"),
+        ),
+    };
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (name.to_string(), (major, minor))
 }
+
+/// Whether this server lets a module declare its commands' ACL categories
+/// and add its own (Redis 7.4 and later, Valkey 8 and later), by version.
+fn declares_categories(con: &mut redis::Connection) -> bool {
+    match server_version(con) {
+        (name, version) if name == "valkey" => version >= (8, 0),
+        (_, version) => version >= (7, 4),
+    }
+}
+
+/// Every command and subcommand of the module, with the categories each
+/// declares besides `@ratelimit`.
+const CATEGORIES: [(&str, &[&str]); 13] = [
+    ("rl.take", &["write", "fast"]),
+    ("rl.window", &["write"]),
+    ("rl.quota", &["write", "fast"]),
+    ("cl.throttle", &["write", "fast"]),
+    ("rl.distinct", &["write"]),
+    ("rl.apply", &["write", "dangerous"]),
+    ("rl.box|status", &["read", "fast"]),
+    ("rl.box|trip", &["write", "fast"]),
+    ("rl.box|release", &["write", "fast"]),
+    ("rl.lease|acquire", &["write"]),
+    ("rl.lease|release", &["write"]),
+    ("rl.lease|renew", &["write"]),
+    ("rl.lease|list", &["read"]),
+];
 
 #[test]
 fn a_read_only_key_user_reads_boxes_and_leases_and_changes_nothing() {
@@ -168,4 +210,46 @@ fn key_specs_and_flags_say_who_reads_and_who_writes() {
         !acquire.contains("fast"),
         "work grows with the set or log: {acquire}"
     );
+}
+
+/// The ACL categories `COMMAND INFO` gives for `command` (its seventh
+/// field), e.g. `["@write", "@fast", "@ratelimit"]`.
+fn command_categories(con: &mut redis::Connection, command: &str) -> Vec<String> {
+    let line = format!("COMMAND INFO {command}");
+    let reply = array(call(con, &line).unwrap_or_else(|e| panic!("{line}: {e}")));
+    let info = array(reply.into_iter().next().expect("one command"));
+    str_array(info.into_iter().nth(6).expect("the ACL categories field"))
+}
+
+#[test]
+fn every_command_carries_its_categories_where_the_server_lets_modules_declare_them() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let cats = str_array(call(&mut con, "ACL CAT").expect("ACL CAT"));
+    if !declares_categories(&mut con) {
+        // Redis 7.0: no category of the module's, and none on its commands.
+        assert!(!cats.iter().any(|c| c == "ratelimit"), "{cats:?}");
+        for (command, _) in CATEGORIES {
+            let declared = command_categories(&mut con, command);
+            assert!(declared.is_empty(), "{command}: {declared:?}");
+        }
+        return;
+    }
+    assert!(
+        cats.iter().any(|c| c == "ratelimit"),
+        "no @ratelimit in {cats:?}"
+    );
+    // `COMMAND INFO` (Redis leaves module commands out of `ACL CAT name`;
+    // Valkey lists them): exactly the declared categories and `@ratelimit`.
+    for (command, categories) in CATEGORIES {
+        let mut declared = command_categories(&mut con, command);
+        declared.sort();
+        let mut expected: Vec<String> = categories
+            .iter()
+            .chain(&["ratelimit"])
+            .map(|c| format!("@{c}"))
+            .collect();
+        expected.sort();
+        assert_eq!(declared, expected, "the categories of {command}");
+    }
 }

@@ -63,6 +63,20 @@ impl Target {
         }
     }
 
+    /// [`Target::store`], retrying every second until it connects (the
+    /// worker waits for Redis to come up).
+    pub async fn store_with_retry(&self) -> Store {
+        loop {
+            match self.store().await {
+                Ok(s) => return s,
+                Err(e) => {
+                    tracing::error!(destination = "redis", reason = %e, "cannot connect; retrying in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+
     /// The key-routed connection (a connection manager, or a cluster connection).
     pub async fn store(&self) -> Result<Store, String> {
         let seeds = self.urls.join(", ");

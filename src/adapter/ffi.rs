@@ -1,4 +1,14 @@
-//! The few raw Redis module API calls the adapter makes, each wrapped once.
+//! What every part of the adapter needs to call Redis: the [`api!`] macro
+//! (a module API function pointer), the call context ([`Ctx`]) and argument
+//! ([`Arg`]) handles, [`guard`], and the calls shared by the commands, each
+//! wrapped once (the clock, the replies, keyspace events, the getkeys
+//! API). The calls that belong to one concern are made where it lives,
+//! through [`api!`] too: opening, reading and writing keys in
+//! [`super::key`], the type's callbacks and the value's memory in
+//! [`super::rtype`], replication in [`super::store`], registration in
+//! [`super::commands`] and [`super::init`], `INFO` in [`super::stats`].
+//! Every `unsafe` block, here and there, says why it is sound.
+//!
 //! Every entry point from Redis into Rust goes through [`guard`] so that a
 //! panic can never unwind across the FFI boundary.
 
@@ -8,7 +18,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
-/// A Redis call context, valid for the duration of one callback.
+/// A Redis call context, valid for the duration of one callback: made only
+/// from the context Redis passed to the callback running (a command, the
+/// module's load), and not kept beyond it.
 #[derive(Clone, Copy)]
 pub struct Ctx(*mut raw::RedisModuleCtx);
 
@@ -30,9 +42,15 @@ pub type RStr = *mut raw::RedisModuleString;
 /// Call a Redis API function pointer, which Redis fills in before any
 /// command runs; a missing one is a broken server and panics (caught by
 /// [`guard`]).
+///
+/// Calling the function it gives is `unsafe`: each call site says why its
+/// arguments are what the function expects.
 macro_rules! api {
     ($name:ident) => {{
         #[allow(unused_unsafe)]
+        // SAFETY: the API pointers are written once, by `RedisModule_Init`
+        // while the module loads, before any command or callback runs, and
+        // only read afterwards; this copies the pointer out.
         let f = unsafe { redis_module::raw::$name };
         match f {
             Some(f) => f,
@@ -64,11 +82,16 @@ impl AsRef<[u8]> for Arg {
     #[inline]
     fn as_ref(&self) -> &[u8] {
         let mut len = 0usize;
+        // SAFETY: `self.0` is a string Redis passed to the running command
+        // (an argument or key name), alive until it returns; `len` is a
+        // valid place for the length.
         let ptr = unsafe { api!(RedisModule_StringPtrLen)(self.0, &mut len) };
         if ptr.is_null() {
             return &[];
         }
-        // Redis keeps the argument alive for the whole command.
+        // SAFETY: Redis returned `len` bytes at `ptr`, which stay valid and
+        // unchanged while the argument is alive (the whole command, longer
+        // than any borrow of `self` a command holds); no one writes them.
         unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
     }
 }
@@ -83,18 +106,24 @@ pub unsafe fn args<'a>(argv: *mut RStr, argc: c_int) -> &'a [Arg] {
     if argv.is_null() || len == 0 {
         return &[];
     }
-    // `Arg` is a transparent wrapper of the pointer; Redis keeps argv alive.
+    // SAFETY: `Arg` is a transparent wrapper of the pointer, so `argc`
+    // pointers at `argv` are `len` `Arg`s; the caller promises they are
+    // alive for `'a`, and no one writes them meanwhile.
     unsafe { std::slice::from_raw_parts(argv.cast::<Arg>(), len) }
 }
 
 /// The server clock in milliseconds since the epoch.
 pub fn now_ms(_ctx: Ctx) -> i64 {
+    // SAFETY: takes no argument; the server's cached clock, readable on its
+    // main thread, where every command runs.
     unsafe { api!(RedisModule_Milliseconds)() }
 }
 
 /// Reply with an array of integers.
 pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
     let reply_int = api!(RedisModule_ReplyWithLongLong);
+    // SAFETY: `ctx` is the context of the running command (valid until it
+    // returns); the array announces exactly the integers that follow.
     unsafe {
         api!(RedisModule_ReplyWithArray)(ctx.0, values.len() as c_long);
         for v in values {
@@ -107,11 +136,15 @@ pub fn reply_ints(ctx: Ctx, values: &[i64]) -> c_int {
 /// Start an array reply of `len` elements (each sent by the following
 /// reply calls).
 pub fn reply_array(ctx: Ctx, len: usize) -> c_int {
+    // SAFETY: `ctx` is the context of the running command; the caller
+    // sends the `len` elements next.
     unsafe { api!(RedisModule_ReplyWithArray)(ctx.0, len as c_long) }
 }
 
 /// Reply with a bulk string.
 pub fn reply_bulk(ctx: Ctx, bytes: &[u8]) -> c_int {
+    // SAFETY: `ctx` is the context of the running command; Redis copies
+    // `bytes.len()` bytes from a live slice.
     unsafe {
         api!(RedisModule_ReplyWithStringBuffer)(ctx.0, bytes.as_ptr().cast::<c_char>(), bytes.len())
     }
@@ -119,16 +152,20 @@ pub fn reply_bulk(ctx: Ctx, bytes: &[u8]) -> c_int {
 
 /// Reply with a null.
 pub fn reply_null(ctx: Ctx) -> c_int {
+    // SAFETY: `ctx` is the context of the running command.
     unsafe { api!(RedisModule_ReplyWithNull)(ctx.0) }
 }
 
 /// Reply with an integer.
 pub fn reply_int(ctx: Ctx, value: i64) -> c_int {
+    // SAFETY: `ctx` is the context of the running command.
     unsafe { api!(RedisModule_ReplyWithLongLong)(ctx.0, value as c_longlong) }
 }
 
 /// Reply with a simple string.
 pub fn reply_simple(ctx: Ctx, text: &CStr) -> c_int {
+    // SAFETY: `ctx` is the context of the running command; `text` is
+    // NUL-terminated and Redis copies it.
     unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx.0, text.as_ptr()) }
 }
 
@@ -144,26 +181,35 @@ pub fn reply_error(ctx: Ctx, text: &str) -> c_int {
         }
     }));
     buf.push(0);
+    // SAFETY: `ctx` is the context of the running command; `buf` is
+    // NUL-terminated (with no NUL inside) and Redis copies it.
     unsafe { api!(RedisModule_ReplyWithError)(ctx.0, buf.as_ptr().cast::<c_char>()) }
 }
 
 /// The context flags (`REDISMODULE_CTX_FLAGS_*`).
 pub fn context_flags(ctx: Ctx) -> u32 {
+    // SAFETY: `ctx` is the context of the running command.
     unsafe { api!(RedisModule_GetContextFlags)(ctx.0) as u32 }
 }
 
 /// Whether this call only asks which arguments are keys (the getkeys API).
 pub fn is_keys_request(ctx: Ctx) -> bool {
+    // SAFETY: `ctx` is the context of the running command.
     unsafe { api!(RedisModule_IsKeysPositionRequest)(ctx.0) != 0 }
 }
 
 /// Declare argument `pos` a key, answering a getkeys request.
 pub fn declare_key(ctx: Ctx, pos: usize) {
+    // SAFETY: `ctx` is the context of a getkeys request (the caller asked
+    // [`is_keys_request`]); Redis checks `pos` against the arguments.
     unsafe { api!(RedisModule_KeyAtPos)(ctx.0, pos as c_int) }
 }
 
 /// Announce `event` on `key` to keyspace-notification subscribers.
 pub fn notify(ctx: Ctx, event: &CStr, key: Arg) {
+    // SAFETY: `ctx` is the context of the running command, `event` is
+    // NUL-terminated, `key` a string Redis passed to it (Redis retains it
+    // if it keeps it).
     unsafe {
         api!(RedisModule_NotifyKeyspaceEvent)(
             ctx.0,

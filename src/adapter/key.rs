@@ -33,6 +33,16 @@ pub enum Access {
 }
 
 /// An open key, closed when dropped.
+///
+/// Invariants the `unsafe` blocks below rest on: `raw` is the handle
+/// `RM_OpenKey` returned in the running command's context (null for a
+/// missing key opened only to read), open until `drop`; `held` says what
+/// the key holds now, and a pointer in it is the key's value, which Redis
+/// owns and keeps while the key holds it. Nothing but this `RlKey` changes
+/// the key while the command runs (a command's keys are distinct: the
+/// parsers refuse a key given twice), and every write it makes updates
+/// `held`; so a pointer in `held` is valid, and borrowing `self` is the
+/// only way to reach what it points to.
 pub struct RlKey {
     raw: *mut raw::RedisModuleKey,
     /// The key name as Redis gave it.
@@ -73,6 +83,8 @@ impl RlKey {
             Access::Read => raw::REDISMODULE_READ,
             Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
         };
+        // SAFETY: `ctx` is the context of the running command and `name` a
+        // string Redis passed to it; the handle is closed by `drop`.
         let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
         let held = held_by(raw);
         RlKey {
@@ -101,11 +113,14 @@ impl RlKey {
     /// form.
     fn write_compact(&mut self, record: &Record) -> bool {
         match self.held {
+            // SAFETY: `bare` is the key's value (the invariants of
+            // `RlKey`), reached only through `&mut self`.
             Held::Bucket(bare) => match (record.bare_bucket(), unsafe { bare.as_mut() }) {
                 (Some(bucket), Some(bare)) => *bare = bucket,
                 _ => return false,
             },
             Held::BucketWithPenalty(both) => {
+                // SAFETY: as above.
                 match (BucketWithPenalty::of(record), unsafe { both.as_mut() }) {
                     (Some(packed), Some(both)) => *both = packed,
                     _ => return false,
@@ -121,7 +136,8 @@ impl RlKey {
     pub fn record(&self) -> Result<Option<&Record>, WrongType> {
         match self.held {
             Held::Nothing => Ok(None),
-            // Redis owns the value while the key holds it.
+            // SAFETY: `record` is the key's value (the invariants of
+            // `RlKey`); the borrow of `self` bounds the reference.
             Held::Record(record) => Ok(unsafe { record.as_ref() }),
             Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => Ok(Some(&self.local)),
             Held::Other => Err(WrongType),
@@ -134,18 +150,23 @@ impl RlKey {
         if self.raw.is_null() {
             return None;
         }
+        // SAFETY: `self.raw` is an open, non-null key handle.
         let kind = unsafe { api!(RedisModule_KeyType)(self.raw) } as isize;
         if kind != raw::REDISMODULE_KEYTYPE_STRING {
             return None;
         }
         let mut len = 0usize;
+        // SAFETY: an open, non-null handle of a string key, read only;
+        // `len` is a valid place for the length.
         let ptr = unsafe {
             api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
         };
         if ptr.is_null() {
             return None;
         }
-        // Valid while the key is open and unmodified.
+        // SAFETY: Redis returned the string's `len` bytes at `ptr`, valid
+        // while the key is open and unmodified: the borrow of `self` keeps
+        // it open, and changing the key takes `&mut self`.
         Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
     }
 
@@ -156,6 +177,8 @@ impl RlKey {
     pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
         match self.held {
             Held::Nothing => Ok(None),
+            // SAFETY: `record` is the key's value (the invariants of
+            // `RlKey`), reached only through this `&mut self`.
             Held::Record(record) => Ok(unsafe { record.as_mut() }),
             Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => {
                 Ok(Some(&mut self.local))
@@ -192,6 +215,8 @@ impl RlKey {
     pub fn store(&mut self, record: Record) {
         match self.held {
             Held::Record(existing) => {
+                // SAFETY: `existing` is the key's value (the invariants of
+                // `RlKey`), reached only through `&mut self`.
                 if let Some(existing) = unsafe { existing.as_mut() } {
                     *existing = record;
                     return;
@@ -205,15 +230,21 @@ impl RlKey {
                 // Another form now: it replaces the one the key holds.
                 let (value, kept) = value_of(record);
                 let mut old = std::ptr::null_mut();
+                // SAFETY: the key holds a value of ours, so `self.raw` is an
+                // open, non-null handle; `value` is a fresh value of the
+                // type, `old` a place for the one it replaces.
                 let replaced = unsafe {
                     api!(RedisModule_ModuleTypeReplaceValue)(self.raw, rl_type(), value, &mut old)
                 };
                 // Ours to free: the value Redis gave back, or the one it
                 // did not take.
                 if replaced == raw::REDISMODULE_OK as c_int {
+                    // SAFETY: Redis gave `old` back: a value of ours that
+                    // nothing owns anymore (`held` is updated next).
                     unsafe { free_value(old) };
                     self.adopt(value, kept);
                 } else {
+                    // SAFETY: Redis did not take `value`: still only ours.
                     unsafe { free_value(value) };
                     self.set_local(copy_of_compact(self.held));
                 }
@@ -223,11 +254,19 @@ impl RlKey {
             Held::Other => {}
         }
         let (value, kept) = value_of(record);
-        let set = unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) };
+        let set = if self.raw.is_null() {
+            raw::REDISMODULE_ERR as c_int
+        } else {
+            // SAFETY: `self.raw` is an open, non-null handle (Redis refuses
+            // the value if it is not open for writing); `value` is a fresh
+            // value of the registered type.
+            unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) }
+        };
         if set == raw::REDISMODULE_OK as c_int {
             self.adopt(value, kept);
         } else {
-            // Not taken (a key not open for writing): ours to free.
+            // SAFETY: not taken (a key not open for writing): `value` is
+            // still only ours.
             unsafe { free_value(value) };
             self.held = held_by(self.raw);
             self.set_local(copy_of_compact(self.held));
@@ -237,6 +276,7 @@ impl RlKey {
     /// Hold `value`, just put in the key; `kept` is the record of a compact
     /// value (its copy beside the key).
     fn adopt(&mut self, value: *mut c_void, kept: Option<Record>) {
+        // SAFETY: `value` came from `value_of` and the key now holds it.
         self.held = held_as(unsafe { from_raw(value) });
         let local = match kept {
             Some(record) => record,
@@ -264,15 +304,25 @@ impl RlKey {
     /// Returns whether the expiry is exactly `at` (always, unless `at` is
     /// not in the future or the clock kept moving).
     pub(super) fn expire_at(&self, at: Millis) -> bool {
+        if self.raw.is_null() {
+            return false;
+        }
+        // SAFETY: written once by `RedisModule_Init` at load (null where
+        // the server lacks the API), only read afterwards; a copy.
         if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
+            // SAFETY: `self.raw` is an open, non-null key handle (Redis
+            // checks that it is writable and holds a value).
             unsafe { set_abs(self.raw, at) };
             return true;
         }
         let clock = api!(RedisModule_Milliseconds);
         let set = api!(RedisModule_SetExpire);
         for _ in 0..8 {
+            // SAFETY: takes no argument.
             let before = unsafe { clock() };
+            // SAFETY: `self.raw` is an open, non-null key handle.
             unsafe { set(self.raw, at.saturating_sub(before).max(0)) };
+            // SAFETY: takes no argument.
             if unsafe { clock() } == before {
                 return at > before;
             }
@@ -288,6 +338,9 @@ impl RlKey {
         if self.expire_at(at) {
             return;
         }
+        // SAFETY: `ctx` is the context of the running command; format `sl`
+        // takes the key name Redis passed (a string) and a long long; the
+        // reply, when there is one, is ours and freed once.
         unsafe {
             let reply = api!(RedisModule_Call)(
                 ctx.ptr(),
@@ -317,13 +370,20 @@ impl RlKey {
     }
 
     pub(super) fn persist(&self) {
+        if self.raw.is_null() {
+            return;
+        }
+        // SAFETY: `self.raw` is an open, non-null key handle (Redis checks
+        // that it is writable and holds a value).
         unsafe {
             api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t)
         };
     }
 
     pub(super) fn delete(&mut self) {
-        if !matches!(self.held, Held::Pending) {
+        if !matches!(self.held, Held::Pending) && !self.raw.is_null() {
+            // SAFETY: `self.raw` is an open, non-null key handle (Redis
+            // checks that it is writable); `held` is cleared next.
             unsafe { api!(RedisModule_DeleteKey)(self.raw) };
         }
         self.held = Held::Nothing;
@@ -331,6 +391,8 @@ impl RlKey {
     }
 
     pub(super) fn signal_modified(&self, ctx: Ctx) {
+        // SAFETY: `ctx` is the context of the running command and the name
+        // a string Redis passed to it.
         unsafe { api!(RedisModule_SignalModifiedKey)(ctx.ptr(), self.name.0) };
     }
 }
@@ -340,16 +402,21 @@ fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
     if raw.is_null() {
         return Held::Nothing;
     }
+    // SAFETY: `raw` is an open, non-null key handle.
     let kind = unsafe { api!(RedisModule_KeyType)(raw) } as isize;
     if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
         return Held::Nothing;
     }
     if kind != raw::REDISMODULE_KEYTYPE_MODULE
+        // SAFETY: as above, a key holding a module value.
         || unsafe { api!(RedisModule_ModuleTypeGetType)(raw) } != rl_type()
     {
         return Held::Other;
     }
+    // SAFETY: as above, a key holding a value of our type.
     let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
+    // SAFETY: a value of our type is made by `into_raw`/`compact_value`
+    // (every path that puts one in Redis), and the key owns it.
     held_as(unsafe { from_raw(value) })
 }
 
@@ -366,10 +433,13 @@ fn value_of(record: Record) -> (*mut c_void, Option<Record>) {
 /// form, or nothing.
 fn copy_of_compact(held: Held) -> Record {
     match held {
+        // SAFETY: the pointer is the value of the key that holds `held`
+        // (the invariants of `RlKey`), read to copy it.
         Held::Bucket(bucket) => match unsafe { bucket.as_ref() } {
             Some(bucket) => Record::with_bucket(*bucket),
             None => Record::default(),
         },
+        // SAFETY: as above.
         Held::BucketWithPenalty(both) => match unsafe { both.as_ref() } {
             Some(both) => {
                 let mut record = Record::with_bucket(both.bucket);
@@ -414,6 +484,7 @@ impl Drop for RlKey {
     fn drop(&mut self) {
         self.recycle_local_penalty();
         if !self.raw.is_null() {
+            // SAFETY: the handle `open` returned, closed only here.
             unsafe { api!(RedisModule_CloseKey)(self.raw) };
         }
     }

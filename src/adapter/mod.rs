@@ -26,6 +26,9 @@ pub fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
             | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
             | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+        // SAFETY: `raw_ctx` is the load context Redis passed to `OnLoad`,
+        // valid while it runs; `stats::info` has the signature of an info
+        // callback.
         unsafe {
             api!(RedisModule_SetModuleOptions)(raw_ctx, options as i32);
             api!(RedisModule_RegisterInfoFunc)(raw_ctx, Some(stats::info));

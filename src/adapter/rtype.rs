@@ -56,6 +56,9 @@ pub fn register(ctx: Ctx) -> bool {
         copy2: None,
         aux_save2: None,
     };
+    // SAFETY: `ctx` is the load context of `OnLoad` (the only time a type
+    // may be created); the name is NUL-terminated; Redis copies `methods`,
+    // whose callbacks have the signatures of its version.
     let created = unsafe {
         api!(RedisModule_CreateDataType)(
             ctx.ptr(),
@@ -112,7 +115,9 @@ fn tagged<T>(ptr: *mut T, tag: usize) -> *mut c_void {
 /// What is behind a value pointer Redis gives back (`None` for null).
 ///
 /// # Safety
-/// `value` must come from [`into_raw`] and still be owned by Redis.
+/// `value` must come from [`into_raw`] (or [`compact_value`]) and still be
+/// alive (owned by Redis, or by the caller about to free it): the pointers
+/// returned are valid for as long as it is.
 pub unsafe fn from_raw(value: *mut c_void) -> Option<Stored> {
     let untagged = value.map_addr(|addr| addr & !TAGS);
     match value.addr() & TAGS {
@@ -131,13 +136,18 @@ pub unsafe fn from_raw(value: *mut c_void) -> Option<Stored> {
 /// # Safety
 /// As [`from_raw`].
 unsafe fn with_record<T>(value: *mut c_void, read: impl FnOnce(&Record) -> T) -> Option<T> {
+    // SAFETY: the caller's promise.
     match unsafe { from_raw(value) }? {
+        // SAFETY: a live value of ours (the caller's promise), only read
+        // here while Redis runs this callback and nothing changes it.
         Stored::Record(record) => unsafe { record.as_ref() }.map(read),
         Stored::Bucket(bucket) => {
+            // SAFETY: as above.
             let bucket = unsafe { bucket.as_ref() }?;
             Some(read(&Record::with_bucket(*bucket)))
         }
         Stored::BucketWithPenalty(both) => {
+            // SAFETY: as above.
             let both = unsafe { both.as_ref() }?;
             let mut record = Record::with_bucket(both.bucket);
             record.penalty = Some(Box::new(both.penalty.unpack()));
@@ -151,9 +161,15 @@ unsafe fn with_record<T>(value: *mut c_void, read: impl FnOnce(&Record) -> T) ->
 /// # Safety
 /// `value` must come from [`into_raw`], and nothing may own it anymore.
 pub unsafe fn free_value(value: *mut c_void) {
+    // SAFETY: the caller's promise (a value of ours, still alive).
     match unsafe { from_raw(value) } {
+        // SAFETY: `into_raw`/`compact_value` made the pointer with
+        // `Box::into_raw` of this very type, and the caller gives up the
+        // only ownership left, so it is freed once.
         Some(Stored::Record(record)) => drop(unsafe { Box::from_raw(record) }),
+        // SAFETY: as above.
         Some(Stored::Bucket(bucket)) => drop(unsafe { Box::from_raw(bucket) }),
+        // SAFETY: as above.
         Some(Stored::BucketWithPenalty(both)) => drop(unsafe { Box::from_raw(both) }),
         None => {}
     }
@@ -165,7 +181,10 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             return ptr::null_mut();
         }
         let mut len = 0usize;
+        // SAFETY: `rdb` is the IO handle Redis passed to this callback,
+        // valid while it runs; `len` is a valid place for the length.
         let buf = unsafe { api!(RedisModule_LoadStringBuffer)(rdb, &mut len) };
+        // SAFETY: as above.
         let io_error = unsafe { api!(RedisModule_IsIOError)(rdb) } != 0;
         if buf.is_null() {
             return ptr::null_mut();
@@ -173,10 +192,15 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         let decoded = if io_error {
             None
         } else {
+            // SAFETY: without an IO error, Redis returned a buffer of `len`
+            // bytes at `buf` (non-null), ours until freed below.
             let bytes = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+            // SAFETY: takes no argument.
             let now = unsafe { api!(RedisModule_Milliseconds)() };
             codec::decode_loaded(bytes, now).ok()
         };
+        // SAFETY: the buffer Redis allocated for us, freed once; `bytes`
+        // is out of scope.
         unsafe { api!(RedisModule_Free)(buf.cast::<c_void>()) };
         decoded.map_or(ptr::null_mut(), into_raw)
     })
@@ -184,7 +208,10 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
 
 extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard((), || {
+        // SAFETY: Redis passes a value of our type, which it owns.
         if let Some(bytes) = unsafe { with_record(value, codec::encode) } {
+            // SAFETY: `rdb` is the IO handle of this callback; Redis copies
+            // `bytes.len()` bytes of a live vector.
             unsafe {
                 api!(RedisModule_SaveStringBuffer)(
                     rdb,
@@ -198,7 +225,11 @@ extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
 
 extern "C" fn aof_rewrite(aof: *mut raw::RedisModuleIO, key: RStr, value: *mut c_void) {
     guard((), || {
+        // SAFETY: Redis passes a value of our type, which it owns.
         if let Some(bytes) = unsafe { with_record(value, codec::encode) } {
+            // SAFETY: `aof` is the IO handle of this callback and `key` the
+            // key's name it passed; format `sb` takes a string, then a
+            // pointer and length of a live vector, which Redis copies.
             unsafe {
                 api!(RedisModule_EmitAOF)(
                     aof,
@@ -221,8 +252,13 @@ const REDIS_WRAPPERS: usize = 2 * 16;
 /// The memory of a value as the allocator sees it: Redis' wrappers, then
 /// each allocation of the record at its allocator size (`RM_MallocSize`).
 extern "C" fn mem_usage(value: *const c_void) -> usize {
+    // SAFETY: called below only with allocations of the value Redis passed
+    // (the record, a compact form, a record's own heap parts), all made by
+    // Redis' allocator (the module's global allocator) and alive.
     let allocated = |ptr: *const u8| unsafe { api!(RedisModule_MallocSize)(ptr.cast_mut().cast()) };
+    // SAFETY: Redis passes a value of our type, which it owns.
     guard(0, || match unsafe { from_raw(value.cast_mut()) } {
+        // SAFETY: as above, only read while this callback runs.
         Some(Stored::Record(record)) => match unsafe { record.as_ref() } {
             Some(r) => REDIS_WRAPPERS + allocated(record.cast()) + r.heap_bytes(allocated),
             None => 0,
@@ -235,7 +271,10 @@ extern "C" fn mem_usage(value: *const c_void) -> usize {
 
 extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard((), || {
+        // SAFETY: Redis passes a value of our type, which it owns.
         if let Some(bytes) = unsafe { with_record(value, codec::encode) } {
+            // SAFETY: `md` is the digest of this callback; Redis reads
+            // `bytes.len()` bytes of a live vector.
             unsafe {
                 api!(RedisModule_DigestAddStringBuffer)(
                     md,
@@ -250,6 +289,8 @@ extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
 
 extern "C" fn copy(_from: RStr, _to: RStr, value: *const c_void) -> *mut c_void {
     guard(ptr::null_mut(), || {
+        // SAFETY: Redis passes a value of our type, which it owns; it is
+        // only read (the `cast_mut` changes nothing).
         unsafe { with_record(value.cast_mut(), |record| into_raw(record.clone())) }
             .unwrap_or(ptr::null_mut())
     })
@@ -259,13 +300,16 @@ extern "C" fn copy(_from: RStr, _to: RStr, value: *const c_void) -> *mut c_void 
 /// expired with them) are counted as expired leases in `INFO`.
 extern "C" fn free(value: *mut c_void) {
     guard((), || {
+        // SAFETY: Redis passes a value of our type, alive until freed below.
         if let Some(Stored::Record(record)) = unsafe { from_raw(value) } {
+            // SAFETY: as above, only read.
             if let Some(leases) = unsafe { record.as_ref() }.and_then(Record::leases) {
+                // SAFETY: takes no argument.
                 let now = unsafe { api!(RedisModule_Milliseconds)() };
                 stats::LEASES_EXPIRED.add(leases.expired(now));
             }
         }
-        // Redis gives the value up for good here.
+        // SAFETY: Redis gives the value up for good here: ours to free.
         unsafe { free_value(value) };
     })
 }

@@ -202,6 +202,8 @@ pub(crate) extern "C" fn info(
             (c"partial_points", &PARTIAL_POINTS),
             (c"reserve_refusals", &RESERVE_REFUSALS),
         ];
+        // SAFETY: `ctx` is the info context Redis passed to this callback,
+        // valid while it runs; every name is NUL-terminated.
         unsafe {
             api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr());
             for (name, counter) in fields {

@@ -22,7 +22,7 @@ use super::stats;
 use crate::core::codec;
 use crate::core::limits::MAX_BUCKETS;
 use crate::core::patch;
-use crate::core::patch::PatchPlan;
+use crate::core::patch_plan::PatchPlan;
 use crate::core::record::{Record, Retention};
 use crate::core::take::KeySet;
 
@@ -271,6 +271,10 @@ fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
         let payload = payloads.get(range.clone()).unwrap_or_default();
         let (ptr, len) = (payload.as_ptr().cast::<c_char>(), payload.len());
         let replicate = api!(RedisModule_Replicate);
+        // SAFETY: `ctx` is the context of the running command; each format
+        // letter matches its argument: `s` the key name Redis passed to the
+        // command, `b` a pointer and length of a live slice, `l` a long
+        // long, `c` a NUL-terminated string; Redis copies them all.
         unsafe {
             match at {
                 Some(at) => replicate(
@@ -304,9 +308,13 @@ fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
     for (name, range, at) in applied {
         let payload = payloads.get(range.clone()).unwrap_or_default();
         let expiry = match at {
+            // SAFETY: `ctx` is the context of the running command.
             Some(at) => unsafe { api!(RedisModule_CreateStringFromLongLong)(ctx.ptr(), *at) },
+            // SAFETY: as above; `PERSIST` is 7 bytes.
             None => unsafe { create(ctx.ptr(), c"PERSIST".as_ptr(), 7) },
         };
+        // SAFETY: `ctx` is the context of the running command; Redis copies
+        // `payload.len()` bytes of a live slice.
         let payload =
             unsafe { create(ctx.ptr(), payload.as_ptr().cast::<c_char>(), payload.len()) };
         argv.push(name.0);
@@ -315,6 +323,10 @@ fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
         created.push(payload);
         created.push(expiry);
     }
+    // SAFETY: `ctx` is the context of the running command; format `v` takes
+    // a vector of `argv.len()` live strings (the key names Redis passed,
+    // the strings made above), which Redis retains; then each string made
+    // above is freed once, by its only owner, and not used again.
     unsafe {
         api!(RedisModule_Replicate)(
             ctx.ptr(),
@@ -331,5 +343,7 @@ fn replicate_applied(ctx: Ctx, applied: &AppliedKeys, payloads: &[u8]) {
 
 /// Replicate the deletion of `key`.
 fn replicate_del(ctx: Ctx, key: Arg) {
+    // SAFETY: `ctx` is the context of the running command, `key` a string
+    // Redis passed to it; format `s` takes one string.
     unsafe { api!(RedisModule_Replicate)(ctx.ptr(), c"DEL".as_ptr(), c"s".as_ptr(), key.0) };
 }

@@ -13,22 +13,9 @@
 
 use serde::{Serialize, Serializer};
 
+use super::payload::{CodecError, PAYLOAD_VERSION};
 use super::record::Record;
 use super::time::Millis;
-
-/// The current payload version (the first byte of every payload): the
-/// number of parts a [`Record`] encodes, see the registry in
-/// [`super::record`] (version 6 added `RL.DISTINCT`'s members).
-pub const PAYLOAD_VERSION: u8 = 6;
-
-/// Why a payload was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CodecError {
-    /// Empty, or a version this build does not know.
-    UnknownVersion,
-    /// Not a well-formed, canonical, valid record.
-    Malformed,
-}
 
 /// A record as a payload of one version lays it out.
 struct Versioned<'a>(&'a Record, u8);

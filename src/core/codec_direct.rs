@@ -9,7 +9,7 @@ use rmp::encode::{write_sint, write_uint};
 use rmp::Marker;
 
 use super::bucket::Bucket;
-use super::codec::PAYLOAD_VERSION;
+use super::payload::PAYLOAD_VERSION;
 use super::record::Record;
 use super::window::WindowState;
 

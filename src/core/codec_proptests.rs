@@ -11,8 +11,9 @@ use super::testkit::*;
 use std::num::NonZeroU64;
 
 use super::bucket::Bucket;
-use super::codec::{decode, encode, CodecError, PAYLOAD_VERSION};
+use super::codec::{decode, encode};
 use super::limits::MAX_BOX_LEVEL;
+use super::payload::{CodecError, PAYLOAD_VERSION};
 use super::quota::QuotaState;
 use super::window::WindowState;
 

@@ -15,6 +15,8 @@ pub mod limits;
 pub mod packed;
 pub mod part;
 pub mod patch;
+pub mod patch_plan;
+pub mod payload;
 pub mod penalty;
 pub mod quota;
 pub mod record;

@@ -90,3 +90,38 @@ impl<T: Part> Part for Box<T> {
         T::mark_committed(self);
     }
 }
+
+/// A set of parts of a [`Record`](super::record::Record), by their position in encoding order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartMask(u32);
+
+impl PartMask {
+    /// No part.
+    pub const NONE: PartMask = PartMask(0);
+
+    /// Whether the set is empty.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether the part at `index` is in the set.
+    pub(crate) fn contains(self, index: u32) -> bool {
+        index < 32 && self.0 & (1 << index) != 0
+    }
+
+    pub(crate) fn insert(&mut self, index: u32) {
+        if index < 32 {
+            self.0 |= 1 << index;
+        }
+    }
+
+    /// The mask of these bits (bit `i`: the `i`-th part in encoding order).
+    pub fn from_bits(bits: u32) -> PartMask {
+        PartMask(bits)
+    }
+
+    /// The mask's bits (bit `i`: the `i`-th part in encoding order).
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+}

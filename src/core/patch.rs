@@ -31,10 +31,11 @@
 
 use serde::{Serialize, Serializer};
 
-use super::codec::{CodecError, PAYLOAD_VERSION};
-use super::lease::{LeaseChange, Leases};
+use super::lease::Leases;
 use super::part::{within_reach, MAX_AHEAD_MS, MAX_COUNT};
-use super::record::{Holds, PartMask, Record};
+use super::patch_plan::{LogCharge, PatchPlan};
+use super::payload::{CodecError, PAYLOAD_VERSION};
+use super::record::{Holds, Record};
 use super::time::Millis;
 use super::window::{LogEdit, WindowState};
 
@@ -137,36 +138,12 @@ impl Patch {
     }
 }
 
-/// A patch body as read: `(version, now, what it leaves to the replica,
-/// the parts sent)`.
-pub(crate) type PatchBody = (u8, Millis, PatchPlan, Record);
-
-/// What a patch leaves to the replica ([`Record::patch_plan`]).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PatchPlan {
-    /// The parts the replica keeps as it holds them.
-    pub unchanged: PartMask,
-    /// The charge to redo on the replica's exact log (its part unchanged).
-    pub log: Option<LogCharge>,
-    /// The one lease to set or remove in the replica's set (its part
-    /// unchanged).
-    pub lease: Option<LeaseChange>,
-}
-
-/// The one entry an exact log gained in a call that only charged it (its
-/// dead entries dropped, points added at the call's millisecond): the
-/// points its entry at the call's time holds after the call. The replica
-/// redoes that on its copy of the log (`Record::replay_edits`).
-/// Encoded as that integer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LogCharge(pub u64);
-
 impl Record {
     /// What a patch of this record (pruned at the call's `now`, not new to
     /// the replica) may leave to the replica: the parts not reached, an
     /// exact log that was only charged at `now` (its new entry is all the
     /// patch carries, [`LogCharge`]), and a lease set in which one lease
-    /// changed ([`LeaseChange`]).
+    /// changed ([`LeaseChange`](super::lease::LeaseChange)).
     pub fn patch_plan(&self, now: Millis) -> PatchPlan {
         let mut unchanged = self.untouched_present();
         let log = match self.part::<WindowState>() {

@@ -5,7 +5,7 @@ use super::*;
 use crate::core::bucket::{tick_scale, Bucket};
 use crate::core::codec::{decode, encode};
 use crate::core::lease::Leases;
-use crate::core::record::PartMask;
+use crate::core::part::PartMask;
 use crate::core::window::{Entry, WindowState};
 
 const NOW: Millis = 1_700_000_000_000;

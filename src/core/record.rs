@@ -14,8 +14,8 @@ use serde::{Deserializer, Serializer};
 use super::bucket::Bucket;
 use super::distinct::DistinctState;
 use super::lease::{LeaseChange, Leases};
-use super::part::Part;
-use super::patch::{LogCharge, PatchBody, PatchPlan};
+use super::part::{Part, PartMask};
+use super::patch_plan::{LogCharge, PatchPlan};
 use super::penalty::{Penalty, MANUAL};
 use super::quota::QuotaState;
 use super::time::Millis;
@@ -272,7 +272,7 @@ macro_rules! parts {
                 let mut fields = serializer.serialize_tuple(len)?;
                 fields.serialize_element(&version)?;
                 fields.serialize_element(&now)?;
-                fields.serialize_element(&unchanged.0)?;
+                fields.serialize_element(&unchanged.bits())?;
                 $(if $iver <= version {
                     let sent = !unchanged.contains(PartIndex::$iname as u32);
                     fields.serialize_element(&self.$iname.as_ref().filter(|_| sent))?;
@@ -304,7 +304,7 @@ macro_rules! parts {
                     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                         let version: u8 = required(&mut seq)?;
                         let now: Millis = required(&mut seq)?;
-                        let unchanged = PartMask(required(&mut seq)?);
+                        let unchanged = PartMask::from_bits(required(&mut seq)?);
                         let mut record = Record::default();
                         $(if $iver <= version {
                             record.$iname = required::<Option<$ity>, _>(&mut seq)?;
@@ -381,39 +381,9 @@ parts! {
     }
 }
 
-/// A set of parts of a [`Record`], by their position in encoding order.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PartMask(u32);
-
-impl PartMask {
-    /// No part.
-    pub const NONE: PartMask = PartMask(0);
-
-    /// Whether the set is empty.
-    pub fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-
-    fn contains(self, index: u32) -> bool {
-        index < 32 && self.0 & (1 << index) != 0
-    }
-
-    pub(crate) fn insert(&mut self, index: u32) {
-        if index < 32 {
-            self.0 |= 1 << index;
-        }
-    }
-
-    /// The mask of these bits (bit `i`: the `i`-th part in encoding order).
-    pub fn from_bits(bits: u32) -> PartMask {
-        PartMask(bits)
-    }
-
-    /// The mask's bits (bit `i`: the `i`-th part in encoding order).
-    pub fn bits(self) -> u32 {
-        self.0
-    }
-}
+/// A patch body as read: `(version, now, what it leaves to the replica,
+/// the parts sent)`.
+pub(crate) type PatchBody = (u8, Millis, PatchPlan, Record);
 
 /// Which other parts were reached for writing ([`Holds::slot`],
 /// [`Holds::set`], [`Record::leases_or_insert`]) since the last commit:

@@ -18,8 +18,13 @@ type AddCategory = unsafe extern "C" fn(*mut raw::RedisModuleCtx, *const c_char)
 
 /// A module API function by name, if the running server has it.
 fn lookup(name: &CStr) -> Option<*mut c_void> {
+    // SAFETY: `RedisModule_GetApi` is written once, by `RedisModule_Init`
+    // while the module loads (before this runs), and only read afterwards;
+    // this copies the pointer out.
     let get_api = unsafe { raw::RedisModule_GetApi }?;
     let mut function: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `name` is NUL-terminated; Redis writes one function pointer
+    // into `function` (a pointer-sized place) when it has the function.
     let found = unsafe { get_api(name.as_ptr(), (&mut function as *mut *mut c_void).cast()) };
     (found == raw::REDISMODULE_OK as c_int && !function.is_null()).then_some(function)
 }
@@ -29,8 +34,12 @@ pub fn add_category(ctx: Ctx, name: &CStr) -> bool {
     let Some(function) = lookup(c"RedisModule_AddACLCategory") else {
         return false;
     };
-    // The server hands out its function under this name with this signature.
+    // SAFETY: the server hands out, under this name, a non-null function
+    // with this signature (redismodule.h's `RedisModule_AddACLCategory`);
+    // function and data pointers have one size on the platforms Redis runs.
     let add: AddCategory = unsafe { std::mem::transmute::<*mut c_void, AddCategory>(function) };
+    // SAFETY: `ctx` is the load context of `OnLoad` (the only time the
+    // server accepts a new category); `name` is NUL-terminated.
     unsafe { add(ctx.ptr(), name.as_ptr()) == raw::REDISMODULE_OK as c_int }
 }
 
@@ -38,11 +47,15 @@ pub fn add_category(ctx: Ctx, name: &CStr) -> bool {
 /// has the API.
 pub fn set_categories(command: *mut raw::RedisModuleCommand, categories: &str) {
     let (Some(set), Ok(categories)) = (
+        // SAFETY: written once by `RedisModule_Init` at load (null where the
+        // server lacks the API), only read afterwards; a copy.
         unsafe { raw::RedisModule_SetCommandACLCategories },
         CString::new(categories),
     ) else {
         return;
     };
+    // SAFETY: `command` is a handle Redis gave back for a command of this
+    // module while it loads; `categories` is NUL-terminated.
     unsafe { set(command, categories.as_ptr()) };
 }
 
@@ -58,6 +71,8 @@ static INFO_VERSION: raw::RedisModuleCommandInfoVersion = raw::RedisModuleComman
 /// read (`RO ACCESS`), so a user allowed to read the key (`%R~`) may run
 /// it.
 pub fn set_read_only_key(command: *mut raw::RedisModuleCommand, pos: c_int) {
+    // SAFETY: written once by `RedisModule_Init` at load (null where the
+    // server lacks the API), only read afterwards; a copy.
     let Some(set_info) = (unsafe { raw::RedisModule_SetCommandInfo }) else {
         return;
     };
@@ -78,5 +93,9 @@ pub fn set_read_only_key(command: *mut raw::RedisModuleCommand, pos: c_int) {
         key_specs: key_specs.as_ptr().cast_mut(),
         args: std::ptr::null_mut(),
     };
+    // SAFETY: `command` is a handle Redis gave back for a command of this
+    // module while it loads; `info` and the key specs it points to (held
+    // by `key_specs`, terminated by an empty spec) outlive the call, which
+    // copies them; `INFO_VERSION` gives the sizes this build filled in.
     unsafe { set_info(command, &info) };
 }

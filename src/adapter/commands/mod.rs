@@ -33,7 +33,8 @@ type Body = fn(Ctx, &[Arg]) -> c_int;
 /// instead of a crash.
 fn run(ctx: *mut raw::RedisModuleCtx, argv: *mut RStr, argc: c_int, body: Body) -> c_int {
     let ctx = Ctx::new(ctx);
-    // Redis keeps argv alive for the whole call.
+    // SAFETY: Redis passes `argc` strings at `argv` and keeps them alive
+    // for the whole call, which outlives `args`.
     let args = unsafe { args(argv, argc) };
     guard(None, || Some(body(ctx, args))).unwrap_or_else(|| reply_error(ctx, errors::INTERNAL))
 }
@@ -260,7 +261,11 @@ pub fn register(ctx: Ctx) -> bool {
 /// refused it.
 fn create(ctx: Ctx, spec: &Spec) -> Option<*mut raw::RedisModuleCommand> {
     let [first, last, step] = spec.keys;
+    // What makes each block below sound: `ctx` is the load context of
+    // `OnLoad`, valid while commands are registered; the names and flags
+    // are NUL-terminated statics; `spec.entry` has a command's signature.
     let status = match spec.parent {
+        // SAFETY: see above.
         None => unsafe {
             api!(RedisModule_CreateCommand)(
                 ctx.ptr(),
@@ -273,10 +278,13 @@ fn create(ctx: Ctx, spec: &Spec) -> Option<*mut raw::RedisModuleCommand> {
             )
         },
         Some(parent) => {
+            // SAFETY: see above.
             let parent = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), parent.as_ptr()) };
             if parent.is_null() {
                 return None;
             }
+            // SAFETY: see above; `parent` is the non-null handle Redis
+            // just gave back for the container command.
             unsafe {
                 api!(RedisModule_CreateSubcommand)(
                     parent,
@@ -302,6 +310,7 @@ fn create(ctx: Ctx, spec: &Spec) -> Option<*mut raw::RedisModuleCommand> {
         ),
     };
     let full = std::ffi::CString::new(full).ok()?;
+    // SAFETY: see above; `full` is NUL-terminated.
     let command = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), full.as_ptr()) };
     (!command.is_null()).then_some(command)
 }

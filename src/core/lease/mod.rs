@@ -211,8 +211,10 @@ impl Leases {
         self.by_id.get(id).is_some_and(|&deadline| now < deadline)
     }
 
-    /// The deadline of `id` if it holds a live lease at `now`.
-    pub fn deadline_of(&self, id: &[u8], now: Millis) -> Option<Millis> {
+    /// The deadline of `id` if it holds a live lease at `now` (what the
+    /// tests read).
+    #[cfg(test)]
+    pub(crate) fn deadline_of(&self, id: &[u8], now: Millis) -> Option<Millis> {
         self.by_id
             .get(id)
             .copied()

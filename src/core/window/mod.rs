@@ -288,8 +288,10 @@ impl WindowState {
     }
 
     /// The points this state counts at `now`, under the parameters it was
-    /// written with (for `Sliding`, the estimate rounded up).
-    pub fn count_at(&self, now: Millis) -> u64 {
+    /// written with (for `Sliding`, the estimate rounded up); what the tests
+    /// read.
+    #[cfg(test)]
+    pub(crate) fn count_at(&self, now: Millis) -> u64 {
         self.lump(now).0
     }
 
@@ -504,8 +506,10 @@ impl Window {
     }
 
     /// Milliseconds until `cost` points fit in `state` at `now`:
-    /// [`Limiter::wait_ms`] with the reading done here.
-    pub fn wait_exact(&self, state: Option<&WindowState>, cost: u64, now: Millis) -> i64 {
+    /// [`Limiter::wait_ms`] with the reading done here (what the tests
+    /// compare with a wait found by stepping the clock).
+    #[cfg(test)]
+    pub(crate) fn wait_exact(&self, state: Option<&WindowState>, cost: u64, now: Millis) -> i64 {
         let seen = self.see(state, now);
         self.wait_ms(state, &seen, cost, now)
     }
