@@ -177,7 +177,7 @@ integration-on:
 		$(CARGO) test --release --no-fail-fast $(INTEGRATION_TESTS) \
 		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(LOG)
 
-# The gateway's tests alone (gateway/README.md): its Lua unit tests, then
+# The gateway's tests alone (gateway/TESTING.md): its Lua unit tests, then
 # its end-to-end tests: nginx with the Lua library and the Kong plugin
 # under its PDK shim, in front of a local upstream, against redis-server
 # with the release module. `make test` runs them too.

@@ -1,6 +1,6 @@
 -- The allowance policy of `make bench-gateway` (bench/gateway.sh, target
 -- `allowance`): a rule policy with one bucket rule per tenant spent from
--- local allowances (gateway/README.md, "Local allowances"), the sample's
+-- local allowances (gateway/REFERENCE.md, "Local allowances"), the sample's
 -- API keys, and a bucket so large that a run never exhausts it: every
 -- request is admitted, nearly all from the node's allowance (one
 -- `RL.TAKE ... PARTIAL` per `size` requests, fetched ahead in a timer

@@ -1,6 +1,6 @@
 //! End to end, the tier form: nginx (`resty.rl.nginx`) + redis-server with
 //! the module + a local upstream, driven with real HTTP. See
-//! `gateway/README.md`. Here: the RateLimit fields, 429s, penalty boxes and
+//! `gateway/REFERENCE.md` ("The tier form"). Here: the RateLimit fields, 429s, penalty boxes and
 //! their release, leases. Also `gateway_routes.rs` (costs, arguments, load),
 //! `gateway_logins.rs` (the token endpoint), `gateway_modes.rs` (Redis
 //! failures, shadow mode, the sample nginx.conf).

@@ -1,5 +1,5 @@
 //! End to end: the gateway on Redis Cluster (`redis.mode = "cluster"`,
-//! gateway/README.md "Redis Cluster and Sentinel"). A real 3-primary
+//! gateway/README.md "Redis: one server, Sentinel, Cluster"). A real 3-primary
 //! cluster with one replica each (`redis-cli --cluster create`), nginx with
 //! a rule policy whose keys have two hash tags (the key's and the
 //! tenant's), real HTTP. The gateway's CRC16 against `CLUSTER KEYSLOT`;

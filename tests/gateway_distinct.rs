@@ -1,5 +1,5 @@
 //! End to end: distinct-member rules (RL.DISTINCT) and quota threshold
-//! events of a rule policy (gateway/README.md, "Policy reference"), with
+//! events of a rule policy (gateway/REFERENCE.md, "Rule policies"), with
 //! the small numbers of `gateway/test/distinct.lua`; the shipped ledger
 //! example's stuffing rules run as shipped in `tests/gateway_ledger.rs`.
 //! Real nginx, Redis with the module, real HTTP.

@@ -2,8 +2,8 @@
 //! tiered quota designs (`gateway/examples/velocity.lua`, `tiered.lua`; the
 //! ledger's is `gateway_ledger.rs`), each loaded as shipped by a real nginx (the Redis port comes through
 //! `RL_REDIS_PORT`, as the examples read it) against redis-server with the
-//! module, driven with real HTTP. See gateway/README.md ("Policy
-//! reference" and "The examples").
+//! module, driven with real HTTP. See gateway/README.md ("The
+//! shipped examples") and gateway/REFERENCE.md.
 
 mod common;
 #[path = "common/gateway.rs"]

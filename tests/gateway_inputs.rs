@@ -4,7 +4,7 @@
 //! body too large to read, a repeated API key header; and, with Redis
 //! down, the upstream headers of an admitted request and an API key the
 //! gateway cannot look up. See gateway/README.md ("Request bodies",
-//! "Degraded mode").
+//! "Failure modes").
 
 mod common;
 #[path = "common/gateway.rs"]

@@ -1,5 +1,5 @@
 //! End to end: JWTs signed with public-key algorithms (RS256, ES256),
-//! verified by the gateway through OpenSSL (gateway/README.md,
+//! verified by the gateway through OpenSSL (gateway/REFERENCE.md,
 //! `identity.jwt`). Keys and signatures come from the `openssl` command;
 //! real nginx, Redis with the module, real HTTP.
 

@@ -2,7 +2,7 @@
 //! from its `schema.lua`) run inside the test nginx under the Kong PDK shim
 //! (`gateway/test/kong_shim.lua`), against a real Redis with the module and
 //! real HTTP: a subset of the nginx front end's scenarios. Kong itself is
-//! not installed here (see gateway/README.md).
+//! not installed here (see gateway/TESTING.md).
 
 mod common;
 #[path = "common/gateway.rs"]

@@ -1,8 +1,8 @@
 //! End to end: the shipped rule policy of the payments ledger design
 //! (`gateway/examples/ledger.lua`), loaded as shipped by a real nginx (the Redis port comes through
 //! `RL_REDIS_PORT`, as the examples read it) against redis-server with the
-//! module, driven with real HTTP. See gateway/README.md ("Policy
-//! reference" and "The examples").
+//! module, driven with real HTTP. See gateway/README.md ("The
+//! shipped examples") and gateway/REFERENCE.md.
 
 mod common;
 #[path = "common/gateway.rs"]

@@ -1,4 +1,4 @@
-//! End to end: rule policies (gateway/README.md, "Policy reference")
+//! End to end: rule policies (gateway/REFERENCE.md, "Rule policies")
 //! beyond the shipped examples: bad policies refused at start and at
 //! reload with the field named, the Kong plugin running a rule policy
 //! through its schema, the rule kinds and identities the examples do not

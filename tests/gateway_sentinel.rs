@@ -1,5 +1,5 @@
 //! End to end: the gateway on Redis Sentinel (`redis.mode = "sentinel"`,
-//! gateway/README.md "Redis Cluster and Sentinel"): a primary and a
+//! gateway/README.md "Redis: one server, Sentinel, Cluster"): a primary and a
 //! replica with the module, three real sentinels (`redis-server
 //! sentinel.conf --sentinel`), nginx with a rule policy that fails closed.
 //! `SENTINEL FAILOVER`, then `kill -9` of the new primary: the gateway

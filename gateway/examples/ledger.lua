@@ -1,6 +1,6 @@
 -- The payments ledger design: a rule policy.
 -- Load it with resty.rl.nginx.configure("api", dofile(".../ledger.lua"))
--- (see gateway/README.md, "Policy reference"); RL_REDIS_HOST and
+-- (see gateway/README.md, "The shipped examples"); RL_REDIS_HOST and
 -- RL_REDIS_PORT name Redis with the rl module.
 --
 --   * per API key and per tenant, one cost-weighted token bucket each, both

@@ -2,7 +2,7 @@
 -- here takes its default from resty.rl.config, which holds the policy of
 -- the sample (tiers sandbox / growth / enterprise, the route costs, the
 -- reconcile and export leases, the failed-login windows). See
--- gateway/README.md for every option.
+-- gateway/REFERENCE.md for every option.
 return {
     redis = {
         host = os.getenv("RL_REDIS_HOST") or "127.0.0.1",

@@ -1,5 +1,5 @@
 -- resty.rl.allowance: local allowances of a bucket rule (`allowance` of a
--- rule; gateway/README.md, "Local allowances"). A node takes up to `size`
+-- rule; gateway/REFERENCE.md, "Local allowances"). A node takes up to `size`
 -- points at once from the rule's bucket in Redis (`RL.TAKE ... COST size
 -- PARTIAL MIN cost`), spends them from a shared dict of the node (every
 -- worker: `ngx.shared.DICT:incr`, atomic), and gives back what is left

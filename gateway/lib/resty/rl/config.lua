@@ -3,7 +3,7 @@
 -- A gateway is configured with one Lua table (the nginx front end passes it
 -- to resty.rl.gateway.new, the Kong plugin gets it from its schema). Every
 -- option has a default here, so a configuration only states what differs.
--- gateway/README.md documents each option.
+-- gateway/REFERENCE.md documents each option.
 
 local _M = {}
 

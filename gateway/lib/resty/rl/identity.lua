@@ -11,7 +11,7 @@
 --   * the client address, behind trusted proxies only (trusted_proxies);
 --   * a request header, a query or body argument, the login subject.
 --
--- Identity store keys (documented in gateway/README.md):
+-- Identity store keys (documented in gateway/REFERENCE.md):
 --   <prefix>:id:key:<sha1 hex of the API key>  hash: key_id tenant tier brand revoked
 --   <prefix>:id:tenant:<tenant>                hash: tier, and tier field overrides
 --   <prefix>:id:brand:<brand>                  hash: brand overrides (deposit_total_24h, ...)

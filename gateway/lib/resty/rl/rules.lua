@@ -2,7 +2,7 @@
 -- validation and compilation. A policy is a list of rules; each names what
 -- it matches, whom it counts (its scope: identity attributes), its limiter
 -- and the options of that limiter's command, its cost, and what a refusal
--- answers. gateway/README.md ("Policy reference") documents every field.
+-- answers. gateway/REFERENCE.md ("Rule policies") documents every field.
 --
 -- Values that depend on the caller are references, resolved per request
 -- (resty.rl.engine): "tier.<field>" (the caller's tier, overridden per

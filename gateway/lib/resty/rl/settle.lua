@@ -1,4 +1,4 @@
--- resty.rl.settle: post-paid charging (`settle` of a rule; gateway/README.md,
+-- resty.rl.settle: post-paid charging (`settle` of a rule; gateway/REFERENCE.md,
 -- "Post-paid charging"). The rule's `cost` is an estimate, charged before
 -- the request as usual; after the response the actual cost is read from
 --   from = "header": a response header the upstream sets (`header`),

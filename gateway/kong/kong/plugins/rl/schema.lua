@@ -1,12 +1,12 @@
 -- Kong plugin "rl": configuration schema. The options are those of
--- resty.rl.config (gateway/README.md documents each); an option left unset
+-- resty.rl.config (gateway/REFERENCE.md documents each); an option left unset
 -- takes the library's default, and `tiers`, `routes` and `auth` left unset
 -- take the library's sample policy.
 
 local typedefs = require "kong.db.schema.typedefs"
 local cjson = require "cjson.safe"
 
--- A rule policy (gateway/README.md, "Policy reference") as JSON: the
+-- A rule policy (gateway/REFERENCE.md, "Rule policies") as JSON: the
 -- same rules as the nginx front end's Lua table, validated by the same
 -- code when Kong checks the plugin configuration (errors name the field).
 local function valid_policy(text)
