@@ -115,20 +115,6 @@ impl Target {
         }
     }
 
-    /// [`Target::store`], retrying every second until it connects (the
-    /// worker waits for Redis to come up).
-    pub async fn store_with_retry(&self) -> Store {
-        loop {
-            match self.store().await {
-                Ok(s) => return s,
-                Err(e) => {
-                    tracing::error!(destination = "redis", reason = %e, "cannot connect; retrying in 1 s");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                }
-            }
-        }
-    }
-
     /// The URLs of the current primaries: the one server, or the masters of
     /// `CLUSTER NODES` as seen by the first of `known` (then the seeds) that
     /// answers. `known` is updated with every node listed.

@@ -233,27 +233,30 @@ fn a_release_that_cannot_be_audited_lifts_nothing() {
     let key = "ledger:{tenant:t-1}:tier-key:key_id=k-1";
     let mut con = server.client();
     trip(&mut con, key, 2, 3600);
-    // full: every write that needs memory is refused (noeviction)
-    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query::<()>(&mut con)
-            .unwrap();
-    }
-    let o = rlctl(
-        &cfg,
-        &[
+    let release = || {
+        let args = [
             "release",
             key,
             "--reason",
             "support ticket",
             "--by",
             "carol",
-        ],
-        &[],
-    );
+        ];
+        rlctl(&cfg, &args, &[])
+    };
+    let config_set = |con: &mut redis::Connection, name: &str, value: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query::<()>(con)
+            .unwrap()
+    };
+    // full: every write that needs memory is refused (noeviction)
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        config_set(&mut con, name, value);
+    }
+    let o = release();
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(
         stderr(&o).contains("not released (nothing changed)") && stderr(&o).contains("OOM"),
@@ -261,25 +264,9 @@ fn a_release_that_cannot_be_audited_lifts_nothing() {
         stderr(&o)
     );
     assert_eq!(status(&mut con, key)[0], 2, "the box is still on");
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query::<()>(&mut con)
-        .unwrap();
+    config_set(&mut con, "maxmemory", "0");
     assert!(audit_entries(&mut con).is_empty());
-    let o = rlctl(
-        &cfg,
-        &[
-            "release",
-            key,
-            "--reason",
-            "support ticket",
-            "--by",
-            "carol",
-        ],
-        &[],
-    );
+    let o = release();
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(status(&mut con, key)[0], 0);
     assert_eq!(audit_entries(&mut con).len(), 1);
