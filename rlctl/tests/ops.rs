@@ -12,13 +12,18 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A server and an rlctl.toml in `fresh_dir(name)` naming it. No worker
+/// here: the operator commands need only [redis].
+fn server_and_config(name: &str) -> (Server, std::path::PathBuf) {
+    let server = Server::start();
+    let cfg = fresh_dir(name).join("rlctl.toml");
+    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    (server, cfg)
+}
+
 #[test]
 fn release_and_trip_leave_audit_entries() {
-    let server = Server::start();
-    let dir = fresh_dir("ops");
-    let cfg = dir.join("rlctl.toml");
-    // No worker here: the operator commands need only [redis].
-    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    let (server, cfg) = server_and_config("ops");
     let key = "rl:{t:t-grow}:key:k-7";
     let mut con = server.client();
 
@@ -226,10 +231,7 @@ fn release_and_trip_leave_audit_entries() {
 
 #[test]
 fn a_release_that_cannot_be_audited_lifts_nothing() {
-    let server = Server::start();
-    let dir = fresh_dir("ops-oom");
-    let cfg = dir.join("rlctl.toml");
-    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    let (server, cfg) = server_and_config("ops-oom");
     let key = "ledger:{tenant:t-1}:tier-key:key_id=k-1";
     let mut con = server.client();
     trip(&mut con, key, 2, 3600);
