@@ -8,9 +8,6 @@ mod common;
 use common::*;
 use envoy_types::pb::google::protobuf::UInt64Value;
 
-const OK: i32 = 1;
-const OVER: i32 = 2;
-
 const CONFIG: &str = r#"
 domain: c
 descriptors:
@@ -22,6 +19,33 @@ descriptors:
       - key: path
         rate_limit: {unit: year, requests_per_unit: 5, algorithm: sliding_window}
 "#;
+
+/// A cluster and the service on it (`--redis-cluster` and `extra`); the
+/// folder holds their files and the configuration.
+fn start(extra: &[&str]) -> (tempfile::TempDir, Cluster, Service) {
+    let dir = tempdir();
+    let conf = config_dir(dir.path(), "c.yaml", CONFIG);
+    let cluster = Cluster::start(dir.path());
+    let seeds = cluster.seeds();
+    let args: Vec<&str> = ["--redis-cluster", &seeds]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let service = Service::start(dir.path(), &conf, 1, &args);
+    (dir, cluster, service)
+}
+
+/// How many of the cluster's nodes hold keys.
+fn nodes_with_keys(cluster: &Cluster) -> usize {
+    cluster
+        .nodes
+        .iter()
+        .filter(|n| {
+            let mut c = n.client().unwrap();
+            redis::cmd("DBSIZE").query::<u64>(&mut c).unwrap() > 0
+        })
+        .count()
+}
 
 async fn probe(s: &Service, entries: &[(&str, &str)]) -> u32 {
     let mut c = s.client().await;
@@ -60,49 +84,18 @@ async fn refused_requests_cost_nothing(service: &Service) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_entry_tags_across_slots() {
-    let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(&conf, "c.yaml", CONFIG);
-    let cluster = Cluster::start(dir.path());
-    let seeds = cluster.seeds();
-    let service = Service::start(dir.path(), &conf, 1, &["--redis-cluster", &seeds]);
+    let (_dir, cluster, service) = start(&[]);
     refused_requests_cost_nothing(&service).await;
     // keys live on more than one node
-    let with_keys = cluster
-        .nodes
-        .iter()
-        .filter(|n| {
-            let mut c = n.client().unwrap();
-            redis::cmd("DBSIZE").query::<u64>(&mut c).unwrap() > 0
-        })
-        .count();
+    let with_keys = nodes_with_keys(&cluster);
     assert!(with_keys >= 2, "every key on one node");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn domain_tag_one_slot() {
-    let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(&conf, "c.yaml", CONFIG);
-    let cluster = Cluster::start(dir.path());
-    let seeds = cluster.seeds();
-    let service = Service::start(
-        dir.path(),
-        &conf,
-        1,
-        &["--redis-cluster", &seeds, "--hash-tag", "domain"],
-    );
+    let (_dir, cluster, service) = start(&["--hash-tag", "domain"]);
     refused_requests_cost_nothing(&service).await;
-    let with_keys = cluster
-        .nodes
-        .iter()
-        .filter(|n| {
-            let mut c = n.client().unwrap();
-            redis::cmd("DBSIZE").query::<u64>(&mut c).unwrap() > 0
-        })
-        .count();
+    let with_keys = nodes_with_keys(&cluster);
     assert_eq!(with_keys, 1, "a domain's keys in one slot");
 }
 
@@ -138,18 +131,7 @@ fn primaries(node: &Redis) -> Vec<Primary> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_migration_under_load() {
-    let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(&conf, "c.yaml", CONFIG);
-    let cluster = Cluster::start(dir.path());
-    let seeds = cluster.seeds();
-    let service = Service::start(
-        dir.path(),
-        &conf,
-        1,
-        &["--redis-cluster", &seeds, "--hash-tag", "domain"],
-    );
+    let (_dir, cluster, service) = start(&["--hash-tag", "domain"]);
     let mut c0 = cluster.nodes[0].client().unwrap();
     let slot: u16 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")

@@ -23,9 +23,7 @@ struct Stack {
 
 fn stack() -> Stack {
     let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(&conf, "edge.yaml", EDGE);
+    let conf = config_dir(dir.path(), "edge.yaml", EDGE);
     let redis = Redis::start(dir.path());
     let service = Service::start(dir.path(), &conf, redis.port, &[]);
     Stack {

@@ -10,9 +10,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use common::*;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 
-const OK: i32 = 1;
-const OVER: i32 = 2;
-
 const CONFIG: &str = r#"
 domain: peer
 descriptors:
@@ -47,28 +44,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 100}
 "#;
 
-struct Setup {
-    _dir: tempfile::TempDir,
-    _redis: Redis,
-    service: Service,
-}
-
-fn setup() -> Setup {
-    let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(&conf, "peer.yaml", CONFIG);
-    let redis = Redis::start(dir.path());
-    let service = Service::start(dir.path(), &conf, redis.port, &[]);
-    Setup {
-        _dir: dir,
-        _redis: redis,
-        service,
-    }
+fn setup() -> Single {
+    Single::start("peer.yaml", CONFIG, &[])
 }
 
 /// The codes of `n` requests of one descriptor.
-async fn codes(s: &Setup, entries: &[(&str, &str)], n: usize) -> Vec<i32> {
+async fn codes(s: &Single, entries: &[(&str, &str)], n: usize) -> Vec<i32> {
     let mut c = s.service.client().await;
     let mut out = Vec::new();
     for _ in 0..n {
@@ -115,24 +96,10 @@ async fn nested_wildcard_unlimited_replaces() {
     let both = || request("peer", vec![desc(&[("key1", "a")]), desc(&[("key2", "b")])]);
     let r = ask(&mut c, both()).await;
     assert!(r.statuses[0].current_limit.is_none());
-    assert_eq!(
-        r.statuses[1]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        1000
-    );
-    assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "limit2");
+    assert_eq!(limit(&r, 1).requests_per_unit, 1000);
+    assert_eq!(limit(&r, 1).name, "limit2");
     let r = ask(&mut c, request("peer", vec![desc(&[("key1", "a")])])).await;
-    assert_eq!(
-        r.statuses[0]
-            .current_limit
-            .as_ref()
-            .unwrap()
-            .requests_per_unit,
-        10
-    );
+    assert_eq!(limit(&r, 0).requests_per_unit, 10);
     assert_eq!(
         r.statuses[0].limit_remaining, 9,
         "key1 was not charged while replaced"
@@ -180,7 +147,7 @@ async fn shadow_mode_hits_addend_override_and_stats() {
     assert_eq!(ask(&mut c, r.clone()).await.overall_code, OK);
     let a = ask(&mut c, r).await;
     assert_eq!(a.overall_code, OVER);
-    assert_eq!(a.statuses[0].current_limit.as_ref().unwrap().unit, 4);
+    assert_eq!(limit(&a, 0).unit, 4);
     // the peer's stat names
     let m = s.service.metrics();
     let line = |name: &str, key: &str| {

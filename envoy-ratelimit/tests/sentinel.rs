@@ -9,8 +9,6 @@ use std::time::Duration;
 
 use common::*;
 
-const OK: i32 = 1;
-
 fn info_has(r: &Redis, section: &str, needle: &str) -> bool {
     r.client()
         .and_then(|mut c| redis::cmd("INFO").arg(section).query::<String>(&mut c))
@@ -20,10 +18,8 @@ fn info_has(r: &Redis, section: &str, needle: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follows_a_failover() {
     let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(
-        &conf,
+    let conf = config_dir(
+        dir.path(),
         "s.yaml",
         "domain: s\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: year, requests_per_unit: 1000}\n",
     );

@@ -7,10 +7,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Code;
-
-const OK: i32 = 1;
-const OVER: i32 = 2;
 
 const CONFIG: &str = r#"
 domain: rl
@@ -38,26 +37,8 @@ descriptors:
     rate_limit: {unit: month, requests_per_unit: 2, algorithm: calendar}
 "#;
 
-struct Setup {
-    dir: tempfile::TempDir,
-    conf: std::path::PathBuf,
-    redis: Redis,
-    service: Service,
-}
-
-fn setup(extra: &[&str]) -> Setup {
-    let dir = tempdir();
-    let conf = dir.path().join("config");
-    std::fs::create_dir(&conf).unwrap();
-    write_config(&conf, "rl.yaml", CONFIG);
-    let redis = Redis::start(dir.path());
-    let service = Service::start(dir.path(), &conf, redis.port, extra);
-    Setup {
-        dir,
-        conf,
-        redis,
-        service,
-    }
+fn setup(extra: &[&str]) -> Single {
+    Single::start("rl.yaml", CONFIG, extra)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,14 +51,7 @@ async fn several_limits_headers_and_the_penalty_box() {
         assert_eq!(r.overall_code, OK);
         assert_eq!(r.statuses[0].limit_remaining, left);
         // the binding limit is the year's exact log (fewest left)
-        assert_eq!(
-            r.statuses[0]
-                .current_limit
-                .as_ref()
-                .unwrap()
-                .requests_per_unit,
-            3
-        );
+        assert_eq!(limit(&r, 0).requests_per_unit, 3);
     }
     let r = ask(&mut c, api()).await;
     assert_eq!(r.overall_code, OVER);
@@ -244,15 +218,10 @@ async fn configuration_errors_and_reload_while_serving() {
     let new = || request("new", vec![desc(&[("k", "v")])]);
     assert!(ask(&mut c, new()).await.statuses[0].current_limit.is_none());
     write_config(&s.conf, "new.yaml", "domain: new\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1}\n");
-    let mut seen = false;
-    for _ in 0..100 {
-        if ask(&mut c, new()).await.statuses[0].current_limit.is_some() {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(seen, "the new file was not loaded");
+    assert!(
+        limit_comes(&mut c, new, true).await,
+        "the new file was not loaded"
+    );
     assert_eq!(ask(&mut c, new()).await.overall_code, OVER);
     // a broken change is refused; the previous configuration stays
     write_config(
@@ -273,15 +242,27 @@ async fn configuration_errors_and_reload_while_serving() {
         .contains("config.new: invalid rate limit unit 'nope'"));
     // removing the file removes the domain
     std::fs::remove_file(s.conf.join("new.yaml")).unwrap();
-    let mut gone = false;
+    assert!(
+        limit_comes(&mut c, new, false).await,
+        "the removed file's domain is still served"
+    );
+}
+
+/// Whether the answer to `r()` comes to carry a limit (`limited`) or no
+/// limit, asked up to 100 times 50 ms apart (the service reloads its
+/// configuration folder on its own).
+async fn limit_comes(
+    c: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    r: impl Fn() -> RateLimitRequest,
+    limited: bool,
+) -> bool {
     for _ in 0..100 {
-        if ask(&mut c, new()).await.statuses[0].current_limit.is_none() {
-            gone = true;
-            break;
+        if ask(c, r()).await.statuses[0].current_limit.is_some() == limited {
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(gone, "the removed file's domain is still served");
+    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,13 +12,18 @@ fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A server and an rlctl.toml in `fresh_dir(name)` naming it. No worker
+/// here: the operator commands need only [redis].
+fn server_and_config(name: &str) -> (Server, std::path::PathBuf) {
+    let server = Server::start();
+    let cfg = fresh_dir(name).join("rlctl.toml");
+    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    (server, cfg)
+}
+
 #[test]
 fn release_and_trip_leave_audit_entries() {
-    let server = Server::start();
-    let dir = fresh_dir("ops");
-    let cfg = dir.join("rlctl.toml");
-    // No worker here: the operator commands need only [redis].
-    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    let (server, cfg) = server_and_config("ops");
     let key = "rl:{t:t-grow}:key:k-7";
     let mut con = server.client();
 
@@ -226,34 +231,34 @@ fn release_and_trip_leave_audit_entries() {
 
 #[test]
 fn a_release_that_cannot_be_audited_lifts_nothing() {
-    let server = Server::start();
-    let dir = fresh_dir("ops-oom");
-    let cfg = dir.join("rlctl.toml");
-    std::fs::write(&cfg, format!("[redis]\nurls = [{:?}]\n", server.url())).unwrap();
+    let (server, cfg) = server_and_config("ops-oom");
     let key = "ledger:{tenant:t-1}:tier-key:key_id=k-1";
     let mut con = server.client();
     trip(&mut con, key, 2, 3600);
-    // full: every write that needs memory is refused (noeviction)
-    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg(name)
-            .arg(value)
-            .query::<()>(&mut con)
-            .unwrap();
-    }
-    let o = rlctl(
-        &cfg,
-        &[
+    let release = || {
+        let args = [
             "release",
             key,
             "--reason",
             "support ticket",
             "--by",
             "carol",
-        ],
-        &[],
-    );
+        ];
+        rlctl(&cfg, &args, &[])
+    };
+    let config_set = |con: &mut redis::Connection, name: &str, value: &str| {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query::<()>(con)
+            .unwrap()
+    };
+    // full: every write that needs memory is refused (noeviction)
+    for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        config_set(&mut con, name, value);
+    }
+    let o = release();
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(
         stderr(&o).contains("not released (nothing changed)") && stderr(&o).contains("OOM"),
@@ -261,25 +266,9 @@ fn a_release_that_cannot_be_audited_lifts_nothing() {
         stderr(&o)
     );
     assert_eq!(status(&mut con, key)[0], 2, "the box is still on");
-    redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("0")
-        .query::<()>(&mut con)
-        .unwrap();
+    config_set(&mut con, "maxmemory", "0");
     assert!(audit_entries(&mut con).is_empty());
-    let o = rlctl(
-        &cfg,
-        &[
-            "release",
-            key,
-            "--reason",
-            "support ticket",
-            "--by",
-            "carol",
-        ],
-        &[],
-    );
+    let o = release();
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(status(&mut con, key)[0], 0);
     assert_eq!(audit_entries(&mut con).len(), 1);

@@ -19,7 +19,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::{
     rate_limit_descriptor::Entry, RateLimitDescriptor,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    rate_limit_response::RateLimit, RateLimitRequest, RateLimitResponse,
+};
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -224,6 +226,11 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
     }
 }
 
+/// `overall_code` of a response within its limits.
+pub const OK: i32 = 1;
+/// `overall_code` of a response over a limit.
+pub const OVER: i32 = 2;
+
 /// ShouldRateLimit.
 pub async fn ask(
     c: &mut RateLimitServiceClient<tonic::transport::Channel>,
@@ -233,6 +240,14 @@ pub async fn ask(
         .await
         .expect("ShouldRateLimit")
         .into_inner()
+}
+
+/// The limit that status `i` of `r` carries (panics on none).
+pub fn limit(r: &RateLimitResponse, i: usize) -> &RateLimit {
+    r.statuses[i]
+        .current_limit
+        .as_ref()
+        .expect("a current limit")
 }
 
 /// A response header's value.
@@ -381,6 +396,43 @@ impl Envoy {
             http_get(e.admin, "/ready").is_some_and(|(code, _)| code == 200)
         });
         e
+    }
+}
+
+/// Creates `dir/config` holding `text` as `name`; returns that folder.
+pub fn config_dir(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let conf = dir.join("config");
+    std::fs::create_dir(&conf).expect("config dir");
+    write_config(&conf, name, text);
+    conf
+}
+
+/// One service against one redis-server, its configuration one file.
+pub struct Single {
+    /// Holds the configuration folder and the processes' files.
+    pub dir: tempfile::TempDir,
+    /// The configuration folder the service watches.
+    pub conf: PathBuf,
+    /// The redis-server with the rl module.
+    pub redis: Redis,
+    /// The service, started with `extra` arguments.
+    pub service: Service,
+}
+
+impl Single {
+    /// Writes `text` as `name` in a new configuration folder, starts Redis
+    /// and the service on it.
+    pub fn start(name: &str, text: &str, extra: &[&str]) -> Single {
+        let dir = tempdir();
+        let conf = config_dir(dir.path(), name, text);
+        let redis = Redis::start(dir.path());
+        let service = Service::start(dir.path(), &conf, redis.port, extra);
+        Single {
+            dir,
+            conf,
+            redis,
+            service,
+        }
     }
 }
 
