@@ -198,11 +198,17 @@ fn ledger_example_runs_every_rule_of_its_design() {
         &[("client_id", "bob"), ("client_secret", "right")],
     );
     let b = problem(&r, 429, "penalty-box-active");
+    // the log phase records this 429 for the stuffing rules (a listed
+    // fail status): one events window and the two distinct members, after
+    // the two distinct probes of the access phase
+    poll(ASYNC, "the log phase's records", || {
+        redis.command_calls("rl.distinct") >= 2 + 2
+    });
     assert_eq!(
         redis.command_calls("rl.window"),
-        2 + 1,
+        2 + 1 + 1,
         "the probes of auth-subject and auth-ip, then this attempt recorded once, \
-         as the failure that trips (EVERY)"
+         as the failure that trips (EVERY); then the stuffing events window"
     );
     assert_eq!(r.must("Retry-After"), "900");
     assert_eq!(b["penalty_level"], 1);
