@@ -28,8 +28,11 @@ local store = require "resty.rl.store"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local distinct = require "resty.rl.distinct"
+local entries = require "resty.rl.entries"
 
 local _M = {}
+
+local DAY_LIMIT = entries.DAY_LIMIT
 
 local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
 
@@ -187,7 +190,8 @@ function _M.command_of(e, cost)
         cmd.ints = kind.reply_ints
         return cmd
     end
-    local by_cost = static_cmds:get(e.rule, e.key, new_by_cost)
+    -- (a quota's command names today's counter: one memo per key and day)
+    local by_cost = static_cmds:get(e.rule, e.day_key or e.key, new_by_cost)
     local cmd = by_cost[cost]
     if not cmd then
         cmd = store.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
@@ -265,6 +269,12 @@ _M.KINDS = {
             local p = e.params
             local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
             also(args, e, { "limit", "period" })
+            if e.day_key then
+                -- today's points (resty.rl.entries.day_key): never binding
+                local n = #args
+                args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
+                    DAY_LIMIT, p.period
+            end
             if refund then
                 return args
             end
