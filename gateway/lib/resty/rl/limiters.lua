@@ -19,7 +19,8 @@
 -- An entry `e` (built by resty.rl.engine for one rule and one request):
 --   e.rule, e.params (the limiter's options resolved for the caller),
 --   e.key, e.also_keys, e.cost, e.name and e.also_names (policy names),
---   e.probe (count = failures: probe now, charge after the response).
+--   e.probe (count = failures: probe now, charge after the response),
+--   e.day_key (a WEEK or MONTH quota's counter of today, or false).
 -- An outcome: {state = "allowed" | "delayed" | "refused" | "boxed",
 --   retry_ms (nil: no time to come back), level, strikes, binding =
 --   {name, limit, remaining, reset_ms, window}}.
