@@ -57,7 +57,7 @@ fn variant(usage: &str, prefix: &str) -> Front {
 }
 
 /// Front end 0: the policy; 1: the same with `usage = false`; 2: with a
-/// counters dict that is not declared.
+/// counters dict that is not declared; 3: without the monthly quota.
 fn gateway(redis: &Server) -> PolicyGateway {
     let front = Front::Nginx("dofile(DIR .. \"/usage_policy.lua\")".into());
     start(
@@ -68,6 +68,11 @@ fn gateway(redis: &Server) -> PolicyGateway {
             variant(
                 "{ dict = \"undeclared\", reports_per_second = 10 }",
                 "nodict",
+            ),
+            Front::Nginx(
+                "(function() local p = dofile(DIR .. \"/usage_policy.lua\"); \
+                 table.remove(p.rules, 1); p.key_prefix = \"noquota\"; return p end)()"
+                    .into(),
             ),
         ],
         &[("usage_policy.lua", POLICY)],
@@ -195,6 +200,50 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
         "{q}"
     );
     assert_eq!(q["left"], 980);
+    // the month by day (the per-day counters, refunds included): every day
+    // so far, today's 20 points, nothing before (a fresh Redis)
+    let today = u["now"].as_str().expect("now")[..10].to_string();
+    let days = q["days"].as_array().expect("days");
+    assert_eq!(days[0]["date"].as_str().map(|d| &d[8..]), Some("01"), "{q}");
+    assert_eq!(
+        days.last().map(|d| &d["date"]),
+        Some(&Value::from(today.clone()))
+    );
+    assert_eq!(
+        days.last().map(|d| &d["used"]),
+        Some(&Value::from(20)),
+        "{q}"
+    );
+    let total: u64 = days.iter().filter_map(|d| d["used"].as_u64()).sum();
+    assert_eq!(total, 20, "{q}");
+    assert_eq!(q["started_at"], format!("{}01T00:00:00Z", &today[..8]));
+    // the month's average pace (points a day)
+    assert!(q["forecast"]["per_day"].as_u64().is_some(), "{q}");
+    assert!(
+        q["resets_in_seconds"].as_i64().is_some_and(|s| s > 0),
+        "{q}"
+    );
+    // today's counter: in the quota key's hash slot, expiring with the month
+    let mut con = redis.client();
+    let day_key = format!("use:{{tenant:ta}}:tier-monthly:day={today}");
+    let probe: Vec<i64> = redis::cmd("RL.QUOTA")
+        .arg(&day_key)
+        .arg("1000000000000000")
+        .arg("MONTH")
+        .arg("COST")
+        .arg(0)
+        .query(&mut con)
+        .expect("probe the day counter");
+    assert_eq!(probe[2], 1_000_000_000_000_000 - 20, "{probe:?}");
+    let mut expiry = |k: &str| -> i64 {
+        redis::cmd("PEXPIRETIME")
+            .arg(k)
+            .query(&mut con)
+            .expect("PEXPIRETIME")
+    };
+    let month_end = expiry("use:{tenant:ta}:tier-monthly");
+    assert!(month_end > 0);
+    assert_eq!(expiry(&day_key), month_end);
     // 980 left at 20 admitted a minute: 2940 s, unless the month ends first
     let resets_in = u["policies"][0]["resets_in_seconds"]
         .as_i64()
@@ -249,7 +298,6 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
     assert_eq!(r.status, 401, "{}", r.body);
 
     // a box tripped by hand shows, with its level and end
-    let mut con = redis.client();
     let _: Value = redis::cmd("RL.BOX")
         .arg("TRIP")
         .arg("use:{tenant:tc}:tier-key:key_id=c1")
@@ -289,6 +337,13 @@ fn usage_reports_the_callers_numbers_and_only_its_own() {
         assert_eq!(r.status, 404, "{page}: {}", r.body);
     }
     assert_eq!(traffic_on(&gw, 1, "key-a", 1), [200]);
+    // ... and no per-day counter
+    let off: Vec<String> = redis::cmd("KEYS")
+        .arg("off:*")
+        .query(&mut con)
+        .expect("KEYS");
+    assert!(off.iter().any(|k| k.ends_with("tier-monthly")), "{off:?}");
+    assert!(!off.iter().any(|k| k.contains(":day=")), "{off:?}");
     // no counters dict: the Redis numbers only, rate and refusals null
     assert_eq!(traffic_on(&gw, 2, "key-a", 1), [200]);
     let r = get(
@@ -349,9 +404,13 @@ fn ordinary_requests_send_only_their_rules_commands_and_usage_writes_nothing() {
 
     // usage reports (and the dashboard page) write nothing at all
     let before = commandstats(&redis);
+    let mut days = 0;
     for _ in 0..5 {
-        assert_eq!(usage(&gw, Some("key-b"), "").status, 200);
+        let r = usage(&gw, Some("key-b"), "");
+        assert_eq!(r.status, 200);
+        days = r.json()["quota"]["days"].as_array().map_or(0, Vec::len) as u64;
     }
+    assert!(days >= 1);
     let page = get(&agent(), &format!("{}/_rl/dashboard", gw.url(0)), &[]);
     assert_eq!(page.status, 200);
     let after = commandstats(&redis);
@@ -363,11 +422,12 @@ fn ordinary_requests_send_only_their_rules_commands_and_usage_writes_nothing() {
         info_int(&redis, "replication", "master_repl_offset"),
         offset
     );
-    // the probes did run: 5 reports, two buckets, one quota, one box status each
+    // the probes did run: 5 reports, two buckets, one quota and one per
+    // day of the month so far, one box status each
     let delta = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
     assert_eq!(
         (delta("rl.take"), delta("rl.quota"), delta("rl.box")),
-        (10, 5, 5)
+        (10, 5 * (1 + days), 5)
     );
     assert!(
         gw.nginx.lua_errors().is_empty(),
@@ -394,24 +454,54 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
     );
     let val = |id: &str| element(&dom, id).map(|(v, _)| v);
     let txt = |id: &str| element(&dom, id).map(|(_, t)| t);
+    // each number's raw value, and its text in the browser's locale
+    // (headless Chromium's: en-US, thousands separated by commas)
     for (id, want) in [
         ("burst-used", &after["burst"]["used"]),
         ("burst-left", &after["burst"]["left"]),
         ("burst-limit", &after["burst"]["limit"]),
         ("quota-used", &after["quota"]["used"]),
         ("quota-limit", &after["quota"]["limit"]),
+        ("quota-left", &after["quota"]["left"]),
         ("refusals-total", &after["refusals"]["total"]),
-        ("box-state", &after["box"]["state"]),
     ] {
-        let want = want
-            .as_str()
-            .map_or_else(|| want.to_string(), str::to_string);
-        assert_eq!(val(id).as_deref(), Some(want.as_str()), "{id}");
-        assert_eq!(txt(id).as_deref(), Some(want.as_str()), "{id}");
+        let n = want.as_u64().unwrap_or_else(|| panic!("{id}: {want}"));
+        assert_eq!(val(id), Some(n.to_string()), "{id}");
+        assert_eq!(txt(id), Some(en_us(n)), "{id}");
     }
     assert_eq!(val("burst-used").as_deref(), Some("20"));
     assert_eq!(val("quota-used").as_deref(), Some("20"));
+    assert_eq!(txt("quota-limit").as_deref(), Some("1,000"));
+    assert_eq!(txt("quota-left").as_deref(), Some("980"));
+    assert_eq!(txt("quota-share").as_deref(), Some("2%"));
     assert_eq!(val("refusals-total").as_deref(), Some("3"));
+    assert_eq!(val("box-state").as_deref(), Some("none"));
+    assert_eq!(txt("box-state").as_deref(), Some("Not boxed"));
+    // words, not raw periods, ISO times or seconds
+    assert!(dom.contains("data-quota=\"yes\""), "{dom}");
+    assert!(dom.contains("Monthly quota \u{b7} dev-monthly"), "{dom}");
+    let resets = txt("quota-resets").expect("resets shown");
+    assert!(
+        resets.contains("(in ") && !resets.contains("T00:00:00"),
+        "{resets}"
+    );
+    let refill = txt("burst-refill").expect("refill shown");
+    assert!(refill.starts_with("refills 1 per hour"), "{refill}");
+    // the month by day: one bar per day so far, today's the JSON's
+    let days = after["quota"]["days"].as_array().expect("days");
+    assert!(
+        dom.contains(&format!("data-days=\"{}\"", days.len())),
+        "{dom}"
+    );
+    let today = days.last().expect("today");
+    assert!(
+        dom.contains(&format!(
+            "data-date=\"{}\" data-value=\"{}\"",
+            today["date"].as_str().expect("date"),
+            today["used"]
+        )),
+        "{dom}"
+    );
     // the live rate: the traffic has stopped (reports are not counted), so
     // what the page read lies between the reports just before and after
     let rps = val("rps").expect("rps shown");
@@ -426,6 +516,7 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
         dom.contains("data-reason=\"throttled\" data-value=\"3\""),
         "refusal row:\n{dom}"
     );
+    assert!(dom.contains("too fast (rate limit)"), "{dom}");
     // the SVG chart: 60 points per line, the admitted one not flat at zero
     assert!(dom.contains("<svg id=\"chart\""), "{dom}");
     assert!(dom.contains("data-points=\"60\""), "{dom}");
@@ -462,8 +553,28 @@ fn the_dashboard_page_shows_the_usage_numbers_and_a_chart_in_chromium() {
     }
     assert!(dom.contains("key b1, tenant tb"), "{dom}");
 
-    let png = chromium_screenshot(&format!("{}/_rl/dashboard#key=key-a", gw.url(0)));
-    println!("dashboard screenshot: {}", png.display());
+    // the page says there is no quota, rather than showing empty numbers
+    let dom = chromium_dom(&format!("{}/_rl/dashboard#key=key-a", gw.url(3)));
+    assert!(dom.contains("data-loaded=\"1\""), "{dom}");
+    assert!(dom.contains("data-quota=\"none\""), "{dom}");
+    let none = dom
+        .split("id=\"quota-none\"")
+        .nth(1)
+        .expect("the no-quota block");
+    assert!(
+        !none.starts_with(" hidden") && none.contains("No usage quota"),
+        "{dom}"
+    );
+    assert!(dom.contains("id=\"days-card\" hidden"), "{dom}");
+    // at a desktop's and a phone's width
+    let url = format!("{}/_rl/dashboard#key=key-a", gw.url(0));
+    for (name, width, height) in [
+        ("dashboard-desktop", 1280, 1300),
+        ("dashboard-phone", 390, 2300),
+    ] {
+        let png = chromium_screenshot(&url, name, width, height);
+        println!("dashboard screenshot: {}", png.display());
+    }
     assert!(
         gw.nginx.lua_errors().is_empty(),
         "{:?}",
@@ -522,7 +633,21 @@ fn the_tier_form_reports_its_key_and_tenant_buckets() {
         let r = get(&a, &format!("{base}/_rl/usage"), &headers);
         assert_eq!(r.status, 401, "{}", r.body);
     }
+
     assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
+}
+
+/// `n` as en-US writes it (1,000,000).
+fn en_us(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn val_of(dom: &str, id: &str) -> Option<String> {

@@ -148,18 +148,18 @@ pub fn chromium_dom(url: &str) -> String {
     chromium(url, &["--dump-dom".to_string()])
 }
 
-/// A PNG screenshot of `url`, kept as `target/test-artifacts/dashboard.png`
-/// (asserted to be a PNG); its path.
-pub fn chromium_screenshot(url: &str) -> PathBuf {
+/// A PNG screenshot of `url` in a window `width` x `height` pixels, kept as
+/// `target/test-artifacts/<name>.png` (asserted to be a PNG); its path.
+pub fn chromium_screenshot(url: &str, name: &str, width: u32, height: u32) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
     std::fs::create_dir_all(&dir).expect("create target/test-artifacts");
-    let png = dir.join("dashboard.png");
+    let png = dir.join(format!("{name}.png"));
     let _ = std::fs::remove_file(&png);
     chromium(
         url,
         &[
             format!("--screenshot={}", png.display()),
-            "--window-size=1000,900".to_string(),
+            format!("--window-size={width},{height}"),
             "--hide-scrollbars".to_string(),
         ],
     );

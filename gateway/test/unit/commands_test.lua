@@ -45,14 +45,22 @@ local function args(cmd)
     return { unpack(cmd) }
 end
 
--- A compiled rule policy: one tier "pro", the rules of `list`.
-local function compile(list)
+-- A compiled rule policy: one tier "pro", the rules of `list` (`usage`:
+-- the usage option, default on).
+local function compile(list, usage)
     return config.build({
         key_prefix = "u",
         tiers = { pro = { rate = 10, burst = 20, monthly = 500 } },
         routes = { { method = "POST", template = "/v1/pay", cost = 5 } },
         rules = list,
+        usage = usage,
     })
+end
+
+-- Today's per-day counter of a quota key (the usage dashboard's).
+local TODAY = os.date("!%Y-%m-%d", ngx.time())
+local function day(key)
+    return key .. ":day=" .. TODAY
 end
 
 -- A request as a front end adapts it: headers and query arguments.
@@ -147,8 +155,18 @@ T.cases("the command of a rule for a key and cost", {
     { name = "a quota from the tier",
       rule = { name = "q", scope = { "tenant" }, limiter = { kind = "quota",
                limit = "tier.monthly", period = "MONTH" } },
-      cost = 1, want = { "RL.QUOTA", "u:{tenant:acme}:q", 500, "MONTH", "COST", 1 } },
-    { name = "a quota refund",
+      cost = 1, want = { "RL.QUOTA", "u:{tenant:acme}:q", 500, "MONTH", "COST", 1,
+                         "ALSO", day("u:{tenant:acme}:q"), "1000000000000000", "MONTH" } },
+    { name = "a quota without the usage dashboard has no per-day counter",
+      rule = { name = "q", scope = { "tenant" }, limiter = { kind = "quota", limit = 7,
+               period = "WEEK" } }, usage = false,
+      cost = 1, want = { "RL.QUOTA", "u:{tenant:acme}:q", 7, "WEEK", "COST", 1 } },
+    { name = "a weekly quota's refund gives the day's points back too",
+      rule = { name = "q", limiter = { kind = "quota", limit = 9, period = "WEEK" } },
+      cost = 5, refund = true, want = { "RL.QUOTA", "u:{key_id:k1}:q", 9, "WEEK", "REFUND", 5,
+                                        "ALSO", day("u:{key_id:k1}:q"), "1000000000000000",
+                                        "WEEK" } },
+    { name = "a daily quota's refund (a day quota is its own day counter)",
       rule = { name = "q", limiter = { kind = "quota", limit = 9, period = "DAY" } },
       cost = 5, refund = true, want = { "RL.QUOTA", "u:{key_id:k1}:q", 9, "DAY", "REFUND", 5 } },
     { name = "a lease names the request",
@@ -168,7 +186,7 @@ T.cases("the command of a rule for a key and cost", {
       req = request({ ["X-User"] = "bob" }), cost = 1,
       want = { "RL.DISTINCT", "u:{ip:10.1.2.3}:d", "bob", 50, 600, "PEEK" } },
 }, function(c)
-    local conf = compile({ c.rule })
+    local conf = compile({ c.rule }, c.usage)
     local e = entry(conf, c.req, c.attrs and setmetatable(c.attrs,
         { __index = { key_id = "k1", tenant = "acme", tier = "pro" } }))
     T.ok(e, "the rule applies")

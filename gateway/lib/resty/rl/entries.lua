@@ -14,6 +14,27 @@ local _M = {}
 -- An empty table, never written (an option not given).
 local NONE = {}
 
+--- The limit of a per-day counter: the module's largest, so that it never
+--- refuses nor binds (the quota's own key always has fewer points left);
+--- a string: a Lua number this large would be sent as "1e+15".
+_M.DAY_LIMIT = "1000000000000000"
+
+--- The per-day counter of quota key `key` for UTC date `date`
+--- (YYYY-MM-DD): the key with a suffix (the same hash slot).
+function _M.day_key(key, date)
+    return key .. ":day=" .. date
+end
+
+-- Today's UTC date, made again when the day changes.
+local today, today_until = "", -1
+local function today_at(now)
+    if now >= today_until then
+        today = os.date("!%Y-%m-%d", now)
+        today_until = (math.floor(now / 86400) + 1) * 86400
+    end
+    return today
+end
+
 -- Does every name of `want` have its value in the request (`read(req,
 -- name)`; true: any value)? False, the error and the name when one
 -- cannot be read (an ambiguous argument, a body too large to read).
@@ -152,7 +173,12 @@ function _M.entry(conf, req, state, rule, ident)
                 also_keys = params.also and {} or NONE,
                 member = values and values[rule.limiter.member], tier = tier, static = static,
                 key = memo.rule_key(conf, rule, tag_value, values, rule_key),
-                outcome = false }
+                day_key = false, outcome = false }
+    -- a calendar quota counts each day's points too, for the usage dashboard
+    -- (an ALSO key of the same command: resty.rl.limiters)
+    if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
+        e.day_key = _M.day_key(e.key, today_at(ngx.time()))
+    end
     if params.also then
         for i, a in ipairs(params.also) do
             local avals = { [rule.tag] = tag_value }

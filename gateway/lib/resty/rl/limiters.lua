@@ -19,7 +19,8 @@
 -- An entry `e` (built by resty.rl.engine for one rule and one request):
 --   e.rule, e.params (the limiter's options resolved for the caller),
 --   e.key, e.also_keys, e.cost, e.name and e.also_names (policy names),
---   e.probe (count = failures: probe now, charge after the response).
+--   e.probe (count = failures: probe now, charge after the response),
+--   e.day_key (a WEEK or MONTH quota's counter of today, or false).
 -- An outcome: {state = "allowed" | "delayed" | "refused" | "boxed",
 --   retry_ms (nil: no time to come back), level, strikes, binding =
 --   {name, limit, remaining, reset_ms, window}}.
@@ -28,8 +29,11 @@ local store = require "resty.rl.store"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local distinct = require "resty.rl.distinct"
+local entries = require "resty.rl.entries"
 
 local _M = {}
+
+local DAY_LIMIT = entries.DAY_LIMIT
 
 local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
 
@@ -187,7 +191,8 @@ function _M.command_of(e, cost)
         cmd.ints = kind.reply_ints
         return cmd
     end
-    local by_cost = static_cmds:get(e.rule, e.key, new_by_cost)
+    -- (a quota's command names today's counter: one memo per key and day)
+    local by_cost = static_cmds:get(e.rule, e.day_key or e.key, new_by_cost)
     local cmd = by_cost[cost]
     if not cmd then
         cmd = store.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
@@ -265,6 +270,12 @@ _M.KINDS = {
             local p = e.params
             local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
             also(args, e, { "limit", "period" })
+            if e.day_key then
+                -- today's points (resty.rl.entries.day_key): never binding
+                local n = #args
+                args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
+                    DAY_LIMIT, p.period
+            end
             if refund then
                 return args
             end

@@ -14,6 +14,11 @@
 --     COST 0`, `RL.QUOTA ... COST 0` (probes that write nothing),
 --     `RL.LEASE LIST` and `RL.BOX STATUS`, one pipelined round trip per
 --     usage request;
+--   * the per-day counters of a WEEK or MONTH quota: its command counts
+--     each request's points in one more key, `<quota key>:day=YYYY-MM-DD`
+--     (an ALSO clause of the same RL.QUOTA, same hash slot, expiring with
+--     the period: at most 31 keys per quota key), read by one probe per
+--     day of the period so far;
 --   * this nginx node's counters in the shared dict `usage.dict`, counted
 --     in the log phase of ordinary requests by count(): one per admitted
 --     request (per key and second, kept 61 s), two per refused one (the
@@ -131,7 +136,7 @@ end
 
 -- The read-only commands of one entry (a rule applied to the caller):
 -- one probe per bucket of the rule, and the box status of its first key.
-local function probes(e)
+local function probes(e, days)
     local p, cmds = e.params, {}
     local keys = { { key = e.key, name = e.name, p = p } }
     for i, a in ipairs(p.also or {}) do
@@ -158,7 +163,44 @@ local function probes(e)
     if p.strikes then
         cmds[#cmds + 1] = { "RL.BOX", "STATUS", e.key }
     end
+    if e.day_key then
+        for _, date in ipairs(days) do
+            cmds[#cmds + 1] = { "RL.QUOTA", entries_of.day_key(e.key, date), entries_of.DAY_LIMIT,
+                                p.period, "COST", 0 }
+        end
+    end
     return keys, cmds
+end
+
+-- The start of the current calendar period (UTC) at `now`, and the
+-- dates (YYYY-MM-DD) of its days so far.
+local function period_days(period, now)
+    local t = os.date("!*t", now)
+    local into = t.hour * 3600 + t.min * 60 + t.sec
+    if period == "MONTH" then
+        into = into + (t.day - 1) * 86400
+    elseif period == "WEEK" then
+        -- wday: Sunday is 1; an ISO week starts on Monday
+        into = into + ((t.wday + 5) % 7) * 86400
+    end
+    local start, days = now - into, {}
+    for day = start, now, 86400 do
+        days[#days + 1] = os.date("!%Y-%m-%d", day)
+    end
+    return start, days
+end
+
+-- The points of each day of the period from the day probes' replies.
+local function day_counts(days, res, first)
+    local out = {}
+    for i, date in ipairs(days) do
+        local d = store.decode(res[first + i - 1])
+        if not d then
+            return nil, "unexpected reply to a day's probe"
+        end
+        out[i] = { date = date, used = math.max(d.limit - d.remaining, 0) }
+    end
+    return out
 end
 
 -- One policy of the report from a probe reply, or nil, error.
@@ -230,6 +272,23 @@ local function tightest(list, kind, want)
         end
     end
     return best
+end
+
+-- The predicted exhaustion of quota `q` at its average rate since the
+-- period started (per-day counters kept): points a day and the date, or null.
+local function forecast(q, start, now)
+    if q.kind ~= "quota" or q.used <= 0 then
+        return cjson.null
+    end
+    local per_second = q.used / math.max(now - start, 1)
+    local f = { per_day = math.floor(per_second * 86400 + 0.5) }
+    if q.left <= 0 then
+        f.exhausted_at = problem.timestamp(now)
+    else
+        local secs = math.ceil(q.left / per_second)
+        f.exhausted_at = secs < q.resets_in_seconds and problem.timestamp(now + secs) or cjson.null
+    end
+    return f
 end
 
 -- The predicted exhaustion of quota `q` at the rate of `admitted`
@@ -351,9 +410,15 @@ end
 function _M.report(gw, req, ident)
     local conf = gw.conf
     local cmds, entries = {}, {}
+    local today = ngx.time()
     for _, e in ipairs(conf.rules and rule_entries(gw, req, ident) or tier_entries(conf, ident)) do
-        local keys, c = probes(e)
-        entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1 }
+        local start, days
+        if e.day_key then
+            start, days = period_days(e.params.period, today)
+        end
+        local keys, c = probes(e, days)
+        entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1, start = start,
+                                  days = days, days_first = #cmds + #c - #(days or {}) + 1 }
         for _, cmd in ipairs(c) do
             cmds[#cmds + 1] = cmd
         end
@@ -382,6 +447,14 @@ function _M.report(gw, req, ident)
             end
             -- the penalty state lives on the rule's first key
             policies[own_first].box = b
+        end
+        if x.days then
+            local p = policies[own_first]
+            p.days, err = day_counts(x.days, res, x.days_first)
+            if not p.days then
+                return nil, err
+            end
+            p.started_at, p.forecast = problem.timestamp(x.start), forecast(p, x.start, now)
         end
     end
     local a = ident.attrs
@@ -418,8 +491,12 @@ function _M.report(gw, req, ident)
     if quota then
         out.quota = { policy = quota.name, period = quota.period, limit = quota.limit,
                       used = quota.used, left = quota.left, resets_at = quota.resets_at,
+                      resets_in_seconds = quota.resets_in_seconds,
                       seconds_to_exhaustion = quota.seconds_to_exhaustion or cjson.null,
-                      exhausted_at = quota.exhausted_at or cjson.null }
+                      exhausted_at = quota.exhausted_at or cjson.null,
+                      started_at = quota.started_at or cjson.null,
+                      days = quota.days or cjson.null,
+                      forecast = quota.forecast or cjson.null }
     else
         out.quota = cjson.null
     end
