@@ -306,14 +306,15 @@ export interface Answer {
   refusedBy?: number;
 }
 
-function detail(r: RuleView, o: Outcome, secs: number | null): string {
+/** The `detail` of a refusal by `name`, the policy that refused (an ALSO bucket is named as itself). */
+function detail(r: RuleView, o: Outcome, secs: number | null, name: string): string {
   if (r.message) return r.message;
   const retry = secs !== null ? `retry in ${secs} s` : null;
   if (o.state === "boxed") {
-    return `${r.name}: locked (level ${o.level}) after repeated refusals; ${retry ?? "until a manual review"}.`;
+    return `${name}: locked (level ${o.level}) after repeated refusals; ${retry ?? "until a manual review"}.`;
   }
-  if (r.kind === "lease") return `${r.name}: at most ${r.quota} concurrent request(s); retry in ${secs ?? 1} s.`;
-  return `${r.name}: ${o.binding.limit} ${r.unit} per ${o.binding.window} s exhausted `
+  if (r.kind === "lease") return `${name}: at most ${r.quota} concurrent request(s); retry in ${secs ?? 1} s.`;
+  return `${name}: ${o.binding.limit} ${r.unit} per ${o.binding.window} s exhausted `
     + `(this request: ${o.cost}); ${retry ?? "it never fits"}.`;
 }
 
@@ -346,8 +347,9 @@ export function respond(conf: ResponseConf, entries: { rule: RuleView; outcome: 
   }
   Object.assign(headers, r.headers ?? {});
   const status = o.state === "boxed" && o.retryMs === null ? conf.manualBoxStatus : r.status;
+  const name = o.binding.name ?? r.name;
   const body = problemBody(conf, {
-    status, type, message: detail(r, o, secs), retryAfter: secs, policy: r.name, tier: req.tier ?? null,
+    status, type, message: detail(r, o, secs, name), retryAfter: secs, policy: name, tier: req.tier ?? null,
     strikes: o.strikes, level: o.level !== 0 ? o.level : null, blockType: r.blockType ?? null,
     upgradeUrl: r.upgradeUrl ?? null, concurrencyLimit: o.concurrency ?? null, instance: req.path,
     requestId: req.requestId, degraded: req.degraded ? DEGRADED_VALUE : null,

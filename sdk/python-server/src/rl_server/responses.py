@@ -259,17 +259,18 @@ def limiter_refusal(conf: Conf, policies: Sequence[Policy], rule: Limiter, bindi
         box = rule.box or (300, 3600, 86400)
         length = box[box_level - 1] if 1 <= box_level <= 3 else 0
         value = retry_after(retry_ms, as_date=length >= conf.http_date_after, now=now)
-        detail = boxed_detail(rule.name, box_level, secs)
+        detail = boxed_detail(binding.name, box_level, secs)
     else:
         if strikes_remaining is not None and rule.strikes_threshold \
                 and strikes_remaining < rule.strikes_threshold:
             fields["X-Penalty-Box-Status"] = "Warning"
         value = retry_after(retry_ms)
-        detail = rate_detail(rule.name, binding.limit, rule.unit, binding.window, rule.cost, secs)
+        detail = rate_detail(binding.name, binding.limit, rule.unit, binding.window, rule.cost,
+                             secs)
     if value is not None:
         fields["Retry-After"] = value
     body = problem(conf.problem_base, status, kind, detail, instance=path, request_id=request_id,
-                   retry_after_s=secs, tier=tier, policy=rule.name, strikes=strikes_remaining,
+                   retry_after_s=secs, tier=tier, policy=binding.name, strikes=strikes_remaining,
                    boxed=binding.boxed, level=box_level or None,
                    lockout_ends_at=timestamp(ends_at(retry_ms, now))
                    if binding.boxed and retry_ms is not None else None,
