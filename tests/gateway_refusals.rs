@@ -133,7 +133,9 @@ fn ledger_stuffing_box_wins_over_the_cached_lockout() {
         &mut con,
         &format!("RL.WINDOW {ip_key}:events 499 600 COST 498 EXACT"),
     );
-    for n in 50..=52 {
+    // the 499th and the 500th failure (its log phase trips level 3; an
+    // attempt after it may already see that box, so none is sent here)
+    for n in 50..=51 {
         let r = login(&a, &token, &format!("s{n}"), "x", ip);
         assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 1);
     }
