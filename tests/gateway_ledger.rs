@@ -173,6 +173,7 @@ fn ledger_example_runs_every_rule_of_its_design() {
 
     // failed logins: 5 per subject, the 6th is locked out for 15 minutes
     let token = format!("{base}/v1/auth/token");
+    let distinct_before = redis.command_calls("rl.distinct");
     for i in 0..5 {
         let r = post_form(
             &a,
@@ -190,6 +191,16 @@ fn ledger_example_runs_every_rule_of_its_design() {
             )[2] == 4 - i
         });
     }
+    // every failure's log phase is over (its last commands are the two
+    // distinct records, after two distinct probes in the access phase)
+    // before the counters start again
+    poll(ASYNC, "the last failure's log phase", || {
+        redis.command_calls("rl.distinct") >= distinct_before + 5 * (2 + 2)
+            && ints(
+                &mut con,
+                "RL.WINDOW ledger:{ip:127.0.0.1}:auth-ip 20 900 COST 0 EXACT",
+            )[2] == 15
+    });
     redis.reset_stats();
     let r = post_form(
         &a,
