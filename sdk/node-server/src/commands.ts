@@ -191,7 +191,8 @@ function costOrRefund(args: string[], o: { cost?: number; refund?: number }): nu
     return 0;
   }
   const cost = o.cost ?? 1;
-  args.push("COST", int("cost", cost));
+  // 1 is rl's default: the common call sends two arguments fewer for Redis to parse
+  if (cost !== 1) args.push("COST", int("cost", cost));
   return cost;
 }
 

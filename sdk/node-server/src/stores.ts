@@ -124,7 +124,7 @@ export class RlExpressStore {
     return { totalHits: hitsOf(d), resetTime: new Date(Date.now() + waitOf(d)) };
   }
 
-  /** Counts a hit: one RL.WINDOW ... COST 1 (not counted when it does not fit). */
+  /** Counts a hit: one RL.WINDOW (cost 1, rl's default; not counted when it does not fit). */
   async increment(key: string): Promise<{ totalHits: number; resetTime: Date }> {
     return this.info(await this.call(key, 1));
   }

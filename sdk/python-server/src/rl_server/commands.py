@@ -125,7 +125,8 @@ def _limiter(name: str, first: Limiter, also: Sequence[Limiter], cost: Optional[
         if type(a) is not type(first):
             raise ValueError(f"ALSO must be a {type(first).__name__} like the first, got {a!r}")
     args: List[Arg] = [name, *first.args("")]
-    if cost is not None:
+    # 1 is rl's default: the common call sends two arguments fewer for Redis to parse
+    if cost is not None and not (type(cost) is int and cost == 1):
         args += ["COST", points(cost, "COST", 0, cost_high)]
     for a in also:
         args += ["ALSO", *a.args("ALSO ")]

@@ -16,6 +16,7 @@ How each strategy maps onto rl (all on one key per limit, ``LIMITS-rl:<key>``):
   weighs the previous window rounded up, so it never admits more than
   limits' formula (at most one point fewer).
 
+``COST 1``, rl's default, is left out (a hit of one sends two arguments fewer).
 ``get`` and ``get_expiry`` need the window length: they read it from the
 key limits makes (``.../<multiples>/<granularity>``), or from this storage's
 own earlier hits on the key.
@@ -95,7 +96,9 @@ class _Windows:
         # goes through the builder, which names what is wrong
         if type(limit) is int and type(expiry) is int and type(amount) is int \
                 and 1 <= limit <= COUNTER and 0 < expiry <= commands.MAX_SECONDS and 0 <= amount <= COUNTER:
-            args: Tuple[Arg, ...] = ("RL.WINDOW", f"{self.key_prefix}:{key}", limit, expiry, "COST", amount)
+            args: Tuple[Arg, ...] = ("RL.WINDOW", f"{self.key_prefix}:{key}", limit, expiry)
+            if amount != 1:  # 1 is rl's default COST
+                args += ("COST", amount)
             return args + (mode,) if mode else args
         return commands.window(commands.Window(self.key(key), limit, expiry), cost=amount, mode=mode).args
 
