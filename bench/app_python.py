@@ -23,12 +23,15 @@ the admitted path. Redis CPU per decision is measured two ways:
               which cost the same for every store that sends one command
               per decision
 
-Prints one line per run, the commands each target sent per decision (first
+and the app's own CPU per request (uvicorn's process, /proc/PID/stat: steadier
+than requests per second on a shared machine, as it does not depend on
+whether the app got a core). Prints one line per run, the commands each target sent per decision (first
 round), the medians per target and
 
   RATIO <target>_rps_vs_<peer> <x>         end-to-end throughput
   RATIO <target>_redis_cmd_vs_<peer> <x>   Redis command time per decision
   RATIO <target>_redis_cpu_vs_<peer> <x>   Redis server CPU per decision
+  RATIO <target>_app_cpu_vs_<peer> <x>     the app's CPU per request
                                            (each: the median over the rounds
                                            of the round's ratio)
   TARGET ...  throughput at least 1.0x the peer's and Redis command time
@@ -135,6 +138,12 @@ def decision_cost(before: Dict[str, Any], after: Dict[str, Any], n: int) -> Tupl
     return usec / n, (after["cpu"] - before["cpu"]) * 1e6 / n, " ".join(sorted(sent))
 
 
+def process_cpu(pid: int) -> float:
+    """A process's CPU seconds (user + system) from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def wrk(url: str, secs: int, conns: int) -> Dict[str, float]:
     out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{secs}s", "--latency", url],
                          capture_output=True, text=True, timeout=secs + 60).stdout
@@ -152,6 +161,8 @@ def main() -> int:
     rounds = int(os.environ.get("RL_BENCH_APP_ROUNDS", "5"))
     secs = int(os.environ.get("RL_BENCH_APP_SECS", "5"))
     conns = int(os.environ.get("RL_BENCH_APP_CONNECTIONS", "20"))
+    from redis.utils import HIREDIS_AVAILABLE
+    print(f"redis-py's reply parser (every target): {'hiredis' if HIREDIS_AVAILABLE else 'pure Python'}")
     server = RedisServer("redis")
     apps: Dict[str, App] = {}
     try:
@@ -164,9 +175,13 @@ def main() -> int:
             # the order rotates from round to round, as the machine's load drifts
             for kind in TARGETS[rnd % len(TARGETS):] + TARGETS[:rnd % len(TARGETS)]:
                 before = redis_info(server.port)
+                app0 = process_cpu(apps[kind].proc.pid)
                 res = wrk(f"{apps[kind].url}/hello", secs, conns)
+                app1 = process_cpu(apps[kind].proc.pid)
                 after = redis_info(server.port)
-                cmd_us, cpu_us, sent = decision_cost(before, after, max(int(res["requests"]), 1))
+                n = max(int(res["requests"]), 1)
+                cmd_us, cpu_us, sent = decision_cost(before, after, n)
+                res["app_cpu_us_per_request"] = (app1 - app0) * 1e6 / n
                 res["redis_us_per_decision"] = cmd_us
                 res["redis_cpu_us_per_decision"] = cpu_us
                 runs[kind].append(res)
@@ -174,13 +189,14 @@ def main() -> int:
                     print(f"commands {kind}: {sent} per decision (script-inner ones included here)")
                 print(f"round {rnd} {kind:20} {res['rps']:9.1f} req/s  p99 {res['p99_ms']:7.2f} ms  "
                       f"redis {cmd_us:6.2f} us/decision (command), {cpu_us:6.2f} us (server CPU)  "
-                      f"non-2xx {res['non2xx']}", flush=True)
+                      f"app CPU {res['app_cpu_us_per_request']:6.1f} us/request  non-2xx {res['non2xx']}", flush=True)
         med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
         for kind in TARGETS:
             m = med[kind]
             print(f"MEDIAN {kind:20} {m['rps']:9.1f} req/s  p99 {m['p99_ms']:7.2f} ms  "
                   f"redis {m['redis_us_per_decision']:6.2f} us/decision (command), "
-                  f"{m['redis_cpu_us_per_decision']:6.2f} us (server CPU)")
+                  f"{m['redis_cpu_us_per_decision']:6.2f} us (server CPU)  "
+                  f"app CPU {m['app_cpu_us_per_request']:6.1f} us/request")
         ok = True
         for kind, peer in PAIRS:
             # per round, against the peer's run of the same round: steadier
@@ -188,9 +204,11 @@ def main() -> int:
             def ratio(field: str) -> float:
                 return statistics.median(a[field] / b[field] for a, b in zip(runs[kind], runs[peer]))
             rps, cmd, cpu = ratio("rps"), ratio("redis_us_per_decision"), ratio("redis_cpu_us_per_decision")
+            app = ratio("app_cpu_us_per_request")
             print(f"RATIO {kind}_rps_vs_{peer} {rps:.2f}")
             print(f"RATIO {kind}_redis_cmd_vs_{peer} {cmd:.2f}")
             print(f"RATIO {kind}_redis_cpu_vs_{peer} {cpu:.2f}")
+            print(f"RATIO {kind}_app_cpu_vs_{peer} {app:.2f}")
             # what the peer's decisions cost Redis outside their command: a
             # store sending one command per decision costs at least that
             outside = med[peer]["redis_cpu_us_per_decision"] - med[peer]["redis_us_per_decision"]

@@ -6,7 +6,9 @@
 // p99 latency (medians over the rounds), Redis CPU per decision from
 // INFO commandstats (the commands' own time; a script's includes the
 // commands it calls) and from INFO cpu (the server's user + system time,
-// networking included). The ratios to rate-limit-redis are taken within
+// networking included), and the Express server's own CPU per request
+// (/proc/PID/stat: steadier than requests per second on a shared
+// machine, as it does not depend on whether the server got a core). The ratios to rate-limit-redis are taken within
 // each round (the variants run one after the other: a shared machine's
 // load changes less between them than across the run), then their median.
 // Then the targets: rl's Redis command time per decision at most 0.5x
@@ -15,7 +17,8 @@
 // the command (reading it, writing the reply, the event loop: the same
 // whatever the command is, so a floor under any such store's CPU). Environment:
 // RL_MODULE, REDIS_SERVER, ROUNDS (12), SECONDS (2), CONNECTIONS (32).
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { once } from "node:events";
 import http from "node:http";
 import { createServer, Socket } from "node:net";
@@ -32,6 +35,14 @@ const VARIANTS = ["rate-limit-redis", "rl-store", "rl-middleware"];
 /** The commands a decision sends (scripts count with the commands they call). */
 const TOP_LEVEL = /^(evalsha|eval|evalsha_ro|eval_ro|fcall|rl\.|cl\.)/;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const CLK_TCK = Number(execFileSync("getconf", ["CLK_TCK"]).toString().trim());
+
+/** A process's CPU seconds (user + system) from /proc/PID/stat. */
+function processCpu(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(f[11]) + Number(f[12])) / CLK_TCK; // utime, stime (fields 14 and 15)
+}
 
 async function freePort() {
   const s = createServer().listen(0, "127.0.0.1");
@@ -111,14 +122,16 @@ try {
     servers[v] = { proc: p, url: String(line) };
   }
   for (const v of VARIANTS) await load(servers[v].url); // warm-up (JIT, connections)
-  const results = Object.fromEntries(VARIANTS.map((v) => [v, { rps: [], p99: [], cmdUs: [], cpuUs: [] }]));
+  const results = Object.fromEntries(VARIANTS.map((v) => [v, { rps: [], p99: [], cmdUs: [], cpuUs: [], appUs: [] }]));
   for (let round = 0; round < ROUNDS; round++) {
     const order = VARIANTS.map((_, i) => VARIANTS[(i + round) % VARIANTS.length]);
     for (const v of order) {
       const before = await redisStats(redisPort);
+      const app0 = processCpu(servers[v].proc.pid);
       const t0 = Date.now();
       const r = await load(servers[v].url);
       const secs = (Date.now() - t0) / 1000;
+      const app1 = processCpu(servers[v].proc.pid);
       const after = await redisStats(redisPort);
       if (r.bad > 0) throw new Error(`${v}: ${r.bad} answers were not 200`);
       // top-level commands only: a script's own time includes the commands it calls
@@ -135,6 +148,7 @@ try {
       res.p99.push(pct(r.latencies, 0.99));
       res.cmdUs.push(usec / r.n);
       res.cpuUs.push(((after.cpu - before.cpu) * 1e6) / r.n);
+      res.appUs.push(((app1 - app0) * 1e6) / r.n);
       console.error(`round ${round + 1} ${v}: ${(r.n / secs).toFixed(0)} req/s`);
     }
   }
@@ -142,11 +156,11 @@ try {
   // per-round ratios to the peer, then their median
   const ratio = (v, field) => median(results[v][field].map((x, i) => x / peer[field][i]));
   console.log(`Express, GET /bench limited per client IP, ${ROUNDS} interleaved rounds of ${SECONDS} s, ${CONNECTIONS} connections; medians over the rounds (ratios: of each round's ratio)\n`);
-  console.log("| variant | req/s | p99 ms | Redis command µs/decision | Redis CPU µs/decision | throughput vs peer | command µs vs peer | CPU µs vs peer |");
-  console.log("|---|---|---|---|---|---|---|---|");
+  console.log("| variant | req/s | p99 ms | Redis command µs/decision | Redis CPU µs/decision | Express CPU µs/request | throughput vs peer | command µs vs peer | CPU µs vs peer | Express CPU vs peer |");
+  console.log("|---|---|---|---|---|---|---|---|---|---|");
   for (const v of VARIANTS) {
     const r = results[v];
-    console.log(`| ${v} | ${median(r.rps).toFixed(0)} | ${median(r.p99).toFixed(2)} | ${median(r.cmdUs).toFixed(2)} | ${median(r.cpuUs).toFixed(2)} | ${ratio(v, "rps").toFixed(2)} | ${ratio(v, "cmdUs").toFixed(2)} | ${ratio(v, "cpuUs").toFixed(2)} |`);
+    console.log(`| ${v} | ${median(r.rps).toFixed(0)} | ${median(r.p99).toFixed(2)} | ${median(r.cmdUs).toFixed(2)} | ${median(r.cpuUs).toFixed(2)} | ${median(r.appUs).toFixed(0)} | ${ratio(v, "rps").toFixed(2)} | ${ratio(v, "cmdUs").toFixed(2)} | ${ratio(v, "cpuUs").toFixed(2)} | ${ratio(v, "appUs").toFixed(2)} |`);
   }
   console.log("");
   const peerCpu = median(peer.cpuUs);

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
@@ -88,7 +89,9 @@ class RateLimitMiddleware:
         if isinstance(redis, str):
             if not redis.startswith(("redis://", "rediss://", "unix://")):
                 raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
-            redis = aioredis.Redis.from_url(redis, socket_timeout=timeout, socket_connect_timeout=timeout)
+            # socket_timeout None: every call has the deadline of _call, and
+            # redis-py's own (5 s by default) costs a task per command sent
+            redis = aioredis.Redis.from_url(redis, socket_timeout=None, socket_connect_timeout=timeout)
         elif not hasattr(redis, "execute_command"):
             raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
         self.app = app
@@ -136,8 +139,14 @@ class RateLimitMiddleware:
 
     # -- deciding ---------------------------------------------------------
 
-    async def _call(self, command: Command[Any]) -> Any:
-        return await asyncio.wait_for(self.rl.run(command), self.timeout)
+    if sys.version_info >= (3, 11):
+        async def _call(self, command: Command[Any]) -> Any:
+            # a deadline on this task: no task made per call, as wait_for does
+            async with asyncio.timeout(self.timeout):
+                return await self.rl.run(command)
+    else:
+        async def _call(self, command: Command[Any]) -> Any:
+            return await asyncio.wait_for(self.rl.run(command), self.timeout)
 
     async def _decide(self, route: Route, request: Request, params: Mapping[str, str],
                       rid: str) -> _Outcome:
@@ -157,7 +166,8 @@ class RateLimitMiddleware:
                         self.conf, policies, lease.name, lease.max, float(lease.ttl),
                         float(lease.expected), lease.status, got.retry_after_ms, path, rid, route.tier))
             cost = await cost_of(route.cost, request)
-            refunds: List[Command[Decision]] = []
+            # the groups charged so far, given back if a later one refuses
+            refunds: List[Tuple[Sequence[Any], List[str]]] = []
             bindings: List[Binding] = []
             penalty = route.penalty
             groups: Tuple[Sequence[Any], ...] = (route.rates, route.windows, route.quotas)
@@ -170,8 +180,8 @@ class RateLimitMiddleware:
                     b = items[smallest]
                     d = Decision(Status.THROTTLED, _capacity_of(b), 0, -1, -1, 0, None, smallest)
                 else:
-                    cmd, refund = _limiter_commands(items, keyed(items, request, params), cost, penalty)
-                    d = await self._call(cmd)
+                    keys = keyed(items, request, params)
+                    d = await self._call(_group_command(items, keys, cost=cost, penalty=penalty))
                     b = items[d.binding]
                 penalty = None
                 boxed = d.status is Status.BOXED
@@ -179,24 +189,24 @@ class RateLimitMiddleware:
                                   None if d.reset_ms < 0 else d.reset_ms, window_seconds(b),
                                   clamp=not isinstance(b, Rate), boxed=boxed)
                 if not d.allowed:
-                    await self._refund(refunds)
+                    await self._refund(refunds, cost)
                     await self._release(out)
                     return _refused(responses.limiter_refusal(
                         self.conf, policies, _limiter_view(route, b, cost), binding, d.box_level,
                         d.retry_after_ms, d.strikes_remaining, path, rid, route.tier))
                 bindings.append(binding)
                 if cost > 0:
-                    refunds.append(refund)
+                    refunds.append((items, keys))
         except BaseException:
             await self._release(out)
             raise
         out.headers = responses.admitted(self.conf, policies, _tightest(bindings)).headers
         return out
 
-    async def _refund(self, refunds: Sequence[Command[Decision]]) -> None:
-        for cmd in refunds:  # a later limiter refused: give back what earlier ones took
+    async def _refund(self, refunds: Sequence[Tuple[Sequence[Any], List[str]]], cost: int) -> None:
+        for items, keys in refunds:  # a later limiter refused: give back what earlier ones took
             try:
-                await self._call(cmd)
+                await self._call(_group_command(items, keys, refund=cost))
             except REDIS_FAILURES as err:
                 log.warning("rl: refund failed: %s", err)
 
@@ -372,22 +382,20 @@ def _quota_of(item: Any) -> int:
     return int(item.tokens) if isinstance(item, Rate) else int(item.limit)
 
 
-def _limiter_commands(items: Sequence[Any], keys: Sequence[str], cost: int,
-                      penalty: Optional[commands.Penalty]) -> Tuple[Command[Decision], Command[Decision]]:
+def _group_command(items: Sequence[Any], keys: Sequence[str], cost: int = 1,
+                   penalty: Optional[commands.Penalty] = None, refund: Optional[int] = None
+                   ) -> Command[Decision]:
     """The command of one group (rates, windows or quotas: the first and its
-    ALSO), and the refund that gives ``cost`` back."""
+    ALSO): charging ``cost``, or with ``refund`` giving those points back."""
     first = items[0]
     if isinstance(first, Rate):
         bs = [commands.Bucket(k, i.capacity, i.tokens, i.period) for i, k in zip(items, keys)]
-        return (commands.take(bs[0], *bs[1:], cost=cost, penalty=penalty),
-                commands.take(bs[0], *bs[1:], refund=max(cost, 1)))
+        return commands.take(bs[0], *bs[1:], cost=cost, penalty=penalty, refund=refund)
     if isinstance(first, Window):
         ws = [commands.Window(k, i.limit, i.window) for i, k in zip(items, keys)]
-        return (commands.window(ws[0], *ws[1:], cost=cost, mode=first.mode, penalty=penalty),
-                commands.window(ws[0], *ws[1:], mode=first.mode, refund=max(cost, 1)))
+        return commands.window(ws[0], *ws[1:], cost=cost, mode=first.mode, penalty=penalty, refund=refund)
     qs = [commands.Quota(k, i.limit, i.period) for i, k in zip(items, keys)]
-    return (commands.quota(qs[0], *qs[1:], cost=cost, penalty=penalty),
-            commands.quota(qs[0], *qs[1:], refund=max(cost, 1)))
+    return commands.quota(qs[0], *qs[1:], cost=cost, penalty=penalty, refund=refund)
 
 
 def _tightest(bindings: Sequence[Binding]) -> Optional[Binding]:
