@@ -131,7 +131,7 @@ def decision_cost(before: Dict[str, Any], after: Dict[str, Any], n: int) -> Tupl
     sent = []
     for name, (calls, us) in after["cmds"].items():
         c0, u0 = before["cmds"].get(name, (0, 0))
-        if calls > c0 and name != "info":
+        if (calls - c0) / n >= 0.005 and name != "info":
             sent.append(f"{name}={(calls - c0) / n:.2f}")
         if TOP_LEVEL.match(name):
             usec += us - u0
