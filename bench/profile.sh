@@ -26,6 +26,15 @@
 #              (compare with window)
 #   incr       INCR on random keys
 #   lua        the Lua baseline (bench/baseline.lua) via EVALSHA
+# The application stores' decisions (`make bench-app` measures them end to
+# end), each on stored keys with its peer, the script of the library's own
+# Redis backend, read from the installed package (npm run build in
+# sdk/node-server, .ci/deps-sdk):
+#   app_store         RlExpressStore's RL.WINDOW k 1000000000 60 FIXED
+#   app_rlr           rate-limit-redis's script (PTTL, INCR) via EVALSHA
+#   app_limits_store  the rl:// storage's RL.WINDOW k 10^15 60 FIXED with
+#                     limits' key for a fixed window
+#   app_limits        limits' fixed-window script (INCRBY) via EVALSHA
 # The peers (bench/peers.sh builds them into target/peers/):
 #   cell            redis-cell's CELL.THROTTLE k 2999 3000 60 1
 #   floor_take      FLOOR.TAKE with take's arguments, every key created
@@ -79,10 +88,12 @@ declare -A TARGET=(
 )
 # Ratios printed besides (no target).
 RATIOS="take/floor_take take_live/floor_live take_plain/floor_plain throttle/floor_throttle
-throttle/cell cell/floor_throttle window/floor_window lease/floor_lease take/lua take/incr"
+throttle/cell cell/floor_throttle window/floor_window lease/floor_lease take/lua take/incr
+app_store/app_rlr app_limits_store/app_limits"
 declare -A PEERS=(
     [take]=floor_take [take_live]=floor_live [take_plain]=floor_plain
     [throttle]="floor_throttle cell" [window]=floor_window [lease]=floor_lease
+    [app_store]=app_rlr [app_limits_store]=app_limits
 )
 ALL="incr lua take take_live take_also take_plain throttle window lease cell floor_take floor_live floor_plain floor_throttle floor_window floor_lease"
 TARGETED="take floor_take throttle floor_throttle cell window floor_window lease floor_lease"
@@ -176,6 +187,24 @@ cli() { redis-cli -h "$HOST" -p "$PORT" "$@"; }
 source "$ROOT/bench/pipe_keys.sh"
 SHA=$(cli SCRIPT LOAD "$(cat "$ROOT/bench/baseline.lua")")
 
+# peer_sha NAME: the SHA of an application peer's script, loaded from the
+# installed library (the script its Redis backend sends).
+peer_sha() {
+    local script
+    case $1 in
+    rlr) script=$(cd "$ROOT/sdk/node-server" && node --input-type=module -e '
+        const { RedisStore } = await import("rate-limit-redis");
+        const loads = [];
+        const store = new RedisStore({ sendCommand: (...a) => { if (a[0] === "SCRIPT") loads.push(a[2]); return Promise.resolve("0"); } });
+        await store.init({ windowMs: 60000 });
+        process.stdout.write(loads[0]);') ;;
+    limits) script=$(cat "$ROOT"/target/sdk-venv/lib/python3*/site-packages/limits/resources/redis/lua_scripts/incr_expire.lua) ;;
+    esac
+    [[ -n "$script" ]] || { echo "profile: the $1 script was not found (install the SDKs' dependencies)" >&2; exit 1; }
+    cli SCRIPT LOAD "$script"
+}
+LIMITS_KEY="LIMITER/{I}//hello/1000000000/1/minute"
+
 # stored PREPARE COMMAND: all KEYS keys made by PREPARE (pipe_keys) first,
 # so that every call of COMMAND finds its key stored.
 stored() {
@@ -212,6 +241,15 @@ workload() {
     incr) CMD="INCR bench:n:__rand_int__"; STAT=incr SO=- ;;
     lua)
         CMD="EVALSHA $SHA 4 lua:{__rand_int__}:b lua:{__rand_int__}:x lua:{__rand_int__}:s lua:{__rand_int__}:o 3000 3000 60 1 20 60 300 3600 86400 86400"
+        STAT=evalsha SO=- ;;
+    app_store) stored "RL.WINDOW erl:{I} 1000000000 60 FIXED" "RL.WINDOW erl:__rand_int__ 1000000000 60 FIXED"
+        STAT=rl.window ;;
+    app_rlr) local rlr; rlr=$(peer_sha rlr)
+        stored "EVALSHA $rlr 1 rlr:{I} 60000" "EVALSHA $rlr 1 rlr:__rand_int__ 60000"; STAT=evalsha SO=- ;;
+    app_limits_store) stored "RL.WINDOW LIMITS-rl:$LIMITS_KEY 1000000000000000 60 FIXED" \
+        "RL.WINDOW LIMITS-rl:${LIMITS_KEY/\{I\}/__rand_int__} 1000000000000000 60 FIXED"; STAT=rl.window ;;
+    app_limits) local lim; lim=$(peer_sha limits)
+        stored "EVALSHA $lim 1 LIMITS:$LIMITS_KEY 60 1" "EVALSHA $lim 1 LIMITS:${LIMITS_KEY/\{I\}/__rand_int__} 60 1"
         STAT=evalsha SO=- ;;
     cell) CMD="CELL.THROTTLE cl:{c:__rand_int__} 2999 3000 60 1"; STAT=cell.throttle SO=$CELL_SO ;;
     floor_*)
