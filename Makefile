@@ -265,7 +265,8 @@ bench: deps
 # each; not part of `make test`). Node: the same Express route with
 # express-rate-limit + rate-limit-redis, with rl's store, and with rl's
 # middleware, in interleaved rounds on one Redis (requests per second, p99,
-# Redis CPU per decision; sdk/node-server/bench/app.mjs).
+# Redis command time and CPU per decision, Express's CPU per request;
+# sdk/node-server/bench/app.mjs). Results: bench/RESULTS.md.
 bench-app: bench-app-node bench-app-python
 
 bench-app-node: deps build
@@ -293,7 +294,8 @@ bench-gateway-instructions: deps build
 # The application benchmark's Python half: slowapi with limits' Redis storage against slowapi with
 # rl's storage and rl's ASGI middleware, the same Starlette route under
 # uvicorn, interleaved wrk rounds, one redis-server (bench/app_python.py:
-# requests/s, p99, Redis CPU per decision, RATIO and TARGET lines).
+# requests/s, p99, Redis command time and CPU per decision, the app's CPU
+# per request, RATIO and TARGET lines).
 bench-app-python: deps build
 	RL_MODULE=$(MODULE) target/sdk-venv/bin/python bench/app_python.py
 
