@@ -119,7 +119,10 @@ local function event(_req, state, status)
         brand = brand, tier = state.tier_name or nil, status = status,
         policy = state.policy or nil, retry_after = state.retry_after, box_level = state.box_level,
         strikes_remaining = state.strikes_remaining or nil, redis_error = state.redis_error,
-        deny_cache = state.deny_cached,
+        deny_cache = state.deny_cached, cost = state.cost or nil,
+        -- a login's refusal: who was refused (a client id is no secret)
+        subject = state.ident and state.ident.attrs.subject or nil,
+        client_ip = state.ident and state.ident.attrs.ip or nil,
     }
 end
 

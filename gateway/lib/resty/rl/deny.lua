@@ -119,7 +119,7 @@ end
 -- is cached as boxed (fresh), else nil. A cached box, fresh or stale, is
 -- kept as e.known_box; a stale one marks the request (state.deny_stale).
 local function cached_box(conf, e, state)
-    local box = limiters.boxes(e.params) and _M.get(conf, e.key)
+    local box = limiters.boxes(e) and _M.get(conf, e.key)
     if not box then
         return nil
     end

@@ -83,7 +83,9 @@ function Engine:one_in_flight(state, e)
     local f = e.rule.one_in_flight
     local key = e.key .. ":attempt"
     phases.add_lease(state, { key = key, id = state.request_id })
-    local res, err = phases.acquire_waiting(self.conf, key, f.ttl, state.request_id, f.wait_ms)
+    -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+    local res, err = phases.acquire_waiting(state.route.store_conf or self.conf, key, f.ttl,
+        state.request_id, f.wait_ms)
     if not res then
         return nil, err
     end
@@ -135,9 +137,10 @@ local function strictest(entries)
 end
 
 -- The RateLimit binding of an admitted request: the rate entry with the
--- smallest share of its limit left (a distinct rule's members only when
--- no rate entry applies: they are not requests left).
-local function tightest(entries)
+-- smallest share of its limit left (with `by_remaining`, the fewest
+-- units left: the tier form's), a distinct rule's members only when no
+-- rate entry applies (they are not requests left).
+local function tightest(entries, by_remaining)
     if #entries == 1 then
         local e = entries[1]
         return e.outcome and e.outcome.binding and e.params.kind ~= "lease" and e or nil
@@ -148,7 +151,7 @@ local function tightest(entries)
         if b and e.params.kind == "distinct" then
             members = members or e
         elseif b and e.params.kind ~= "lease" then
-            local s = b.remaining / math.max(b.limit, 1)
+            local s = by_remaining and b.remaining or b.remaining / math.max(b.limit, 1)
             if not share or s < share then
                 best, share = e, s
             end
@@ -157,8 +160,12 @@ local function tightest(entries)
     return best or members
 end
 
--- The RateLimit-Policy items of entry `e`, as a field value.
+-- The RateLimit-Policy items of entry `e`, as a field value ("" for a
+-- rule with `policy_header = false`).
 local function entry_policy(e)
+    if e.rule.policy_header == false then
+        return ""
+    end
     return headers.policy(limiters.KINDS[e.params.kind].policies(e))
 end
 
@@ -221,7 +228,7 @@ function Engine:refuse_with(req, state, e, decision_as)
     local name = o.binding and o.binding.name or e.name
     local secs = o.retry_ms and headers.seconds(o.retry_ms) or nil
     state.policy, state.retry_after, state.box_level = name, secs, o.level ~= 0 and o.level or nil
-    state.strikes_remaining = o.strikes
+    state.strikes_remaining, state.cost = o.strikes, e.cost
     local kind, decision = a.type, "throttled"
     if o.state == "boxed" then
         kind, decision = "penalty-box-active", "boxed"
@@ -251,10 +258,13 @@ function Engine:refuse_with(req, state, e, decision_as)
     if o.state == "boxed" and not o.retry_ms then
         status = conf.manual_box_status
     end
+    decision = a.decisions and a.decisions[decision] or decision
+    -- a policy's own wording (the tier form's): {detail, tier, strikes}
+    local own = a.describe and a.describe(e, o, secs, name) or NONE
     local vars = {
-        status = status, type = kind, message = message(e, o, secs, name),
-        retry_after = secs or null, policy = name, tier = state.tier_name or null,
-        strikes = o.strikes or null,
+        status = status, type = kind, message = own.detail or message(e, o, secs, name),
+        retry_after = secs or null, policy = name, tier = own.tier or state.tier_name or null,
+        strikes = own.strikes or o.strikes or null,
         level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
         upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
         concurrency_limit = o.concurrency or null, instance = req.path(),
@@ -305,7 +315,11 @@ function Engine:redis_failed(req, state, err)
         closed = closed or mode == "closed"
     end
     if closed then
-        local wait, detail = phases.fail_closed(conf, state, false)
+        local wait, detail = phases.fail_closed(conf, state)
+        if conf.fail_closed_policy then
+            -- the static policies, but no live counter
+            self:rate_headers(state, nil)
+        end
         return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
             detail, wait)
     end
@@ -316,19 +330,11 @@ function Engine:redis_failed(req, state, err)
     for _, e in ipairs(state.entries or {}) do
         local p, mode = e.params, rules.resolve(e.rule.on_redis_failure, state.ident) or "local"
         if mode == "local" and (p.kind == "bucket" or p.kind == "window") and not e.probe then
-            local cap = math.max(math.floor((p.burst or p.limit) * conf.fallback_ratio), 1)
-            local rate = math.max(math.floor((p.rate or p.limit) * conf.fallback_ratio), 1)
-            local ok, _, remaining, wait_ms = fallback.take(conf,
-                { { name = e.key, rate = rate, burst = cap } }, p.period or p.window,
-                math.min(e.cost, cap))
-            e.name = e.name .. "-degraded"
-            e.outcome = { state = ok and "allowed" or "refused", retry_ms = wait_ms,
-                binding = { name = e.name, limit = cap, remaining = remaining,
-                            window = p.period or p.window, unit = e.rule.unit } }
+            fallback.decide_entry(conf, e)
         end
     end
     local win = strictest(state.entries or {})
-    self:rate_headers(state, win or tightest(state.entries or {}))
+    self:rate_headers(state, win or tightest(state.entries or {}, conf.binding_by_remaining))
     if win and win.rule.on_refusal.action ~= "soft" then
         return self:refuse_with(req, state, win, "degraded_throttled")
     elseif win then
@@ -444,7 +450,7 @@ end
 -- Redis no longer has is dropped.
 local function note_box(e, _, conf, state)
     local o = e.outcome
-    if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
+    if o.state == "boxed" and not o.cached and limiters.boxes(e) then
         deny.put(conf, e.key, o.level, o.retry_ms)
         state.boxed = state.boxed or {}
         state.boxed[#state.boxed + 1] = e
@@ -473,7 +479,7 @@ function Engine:access(req)
         -- never admitted unchecked (an unknown caller is never treated
         -- better than a known one of the lowest tier): 503 as a route
         -- failing closed (in shadow mode the rules of its other attributes apply)
-        local wait = phases.fail_closed(conf, state, false)
+        local wait = phases.fail_closed(conf, state)
         return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
             "The API key cannot be checked while the rate limiter is unavailable; retry in "
             .. wait .. " s.", wait)
@@ -486,11 +492,15 @@ function Engine:access(req)
             ident.revoked and "This API key is revoked."
             or ident.ambiguous_key and "Send one API key: the "
                 .. conf.identity.api_key.header .. " header came more than once."
-            or "Send valid credentials.")
+            or conf.identity.unauthenticated_detail or "Send valid credentials.")
     end
     -- the phase in three traces (one would be too long to compile)
     hotpath.split_trace()
     local why, arg = hotpath.first_of(conf.rules, add_entry, conf, req, state)
+    if arg == "subject" then
+        -- the login subject's request argument
+        arg = conf.subject_arg or "client_id"
+    end
     if why == "too_large" then
         return self:refuse_plain(req, state, 413, "body-too-large", "invalid",
             "The request body is too large for the gateway to read its argument " .. arg
@@ -549,7 +559,10 @@ function Engine:access(req)
     end
     hotpath.each(entries, note_box, conf, state)
     local win = strictest(entries)
-    self:rate_headers(state, win or tightest(entries))
+    local keep = win and win.rule.on_refusal.keep_charges
+    -- a refusal that keeps the other rules' charges shows them in RateLimit
+    self:rate_headers(state,
+        (not keep and win) or tightest(entries, conf.binding_by_remaining) or win)
     if win and win.rule.on_refusal.action == "soft" then
         local a = win.rule.on_refusal
         state.decision, state.policy = "soft_blocked", win.name
@@ -558,7 +571,7 @@ function Engine:access(req)
             state.headers[k] = v
         end
     elseif win then
-        limiters.compensate(conf, state, sent)
+        limiters.compensate(conf, state, sent, keep)
         return self:refuse_with(req, state, win)
     end
     state.admitted = true

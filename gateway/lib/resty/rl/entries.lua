@@ -119,6 +119,69 @@ local function scope_value(a, _, conf, req, ident, state, values)
     values[a] = v
 end
 
+-- The key of a compiled key template (resty.rl.rules) for a request:
+-- the key, or nil when an attribute has no value and no default, or nil,
+-- the error and the attribute.
+local function template_key(conf, t, req, ident, route)
+    local out = { conf.key_prefix, ":" }
+    for _, p in ipairs(t.parts) do
+        if type(p) == "string" then
+            out[#out + 1] = p
+        else
+            local v, err = identity.attr(conf, req, ident, p.attr, route)
+            if err then
+                return nil, err, p.attr
+            end
+            if v == nil then
+                if p.default == nil then
+                    return nil
+                end
+                out[#out + 1] = p.default
+            else
+                out[#out + 1] = policy.key_part(v)
+            end
+        end
+    end
+    return table.concat(out)
+end
+
+-- The keys of a rule whose key is a template: {key, also_keys} (nil
+-- when an attribute is missing; nil, error, attribute).
+local function template_keys(conf, rule, req, ident, route)
+    local key, err, attr = template_key(conf, rule.key_template, req, ident, route)
+    if not key then
+        return nil, err, attr
+    end
+    local also = rule.limiter.also
+    local also_keys = NONE
+    if also then
+        also_keys = {}
+        for i, a in ipairs(also) do
+            local k
+            k, err, attr = template_key(conf, a.key_template, req, ident, route)
+            if not k then
+                return nil, err, attr
+            end
+            also_keys[i] = k
+        end
+    end
+    return { key, also_keys }
+end
+
+-- Template keys made of an API key record's attributes, by rule and record.
+local record_keys = memo.new(10000, true)
+-- (the record's attributes are the caller's: no request, no route needed)
+local function record_template_keys(rule, _record, conf, ident)
+    return template_keys(conf, rule, nil, ident, nil)
+end
+
+-- The limiters of rules whose references name the caller's tier only,
+-- resolved once per rule and tier.
+local tier_limiters = memo.new(10000, true)
+local function tier_limiter(rule, _tier, ident)
+    return resolve_deep(rule.limiter, ident)
+end
+
 --- One entry (a rule applied to this request), nil when the rule does
 --- not apply (an attribute of its scope, its distinct member or its cost
 --- argument missing), or nil, "ambiguous" (or "invalid", "too_large"),
@@ -144,9 +207,19 @@ function _M.entry(conf, req, state, rule, ident)
         end
         tag_value = values[rule.tag]
     end
-    -- a limiter without reference is every caller's (entries only read it)
+    -- a limiter without reference is every caller's (entries only read it);
+    -- one naming only the tier is every caller's of that tier (without a
+    -- tenant override from the identity store)
     local static = rule.static_limiter
-    local params = static and rule.limiter or resolve_deep(rule.limiter, ident)
+    local params
+    if static then
+        params = rule.limiter
+    elseif rule.tier_limiter and ident.overrides.tenant == nil and ident.attrs.tier then
+        static = true
+        params = tier_limiters:get(rule, ident.attrs.tier, tier_limiter, ident)
+    else
+        params = resolve_deep(rule.limiter, ident)
+    end
     local cost = rule.cost
     if cost == "route" then
         cost = policy.cost(state.route, req)
@@ -165,21 +238,39 @@ function _M.entry(conf, req, state, rule, ident)
         cost = math.ceil(n * (rule.cost.scale or 1))
     end
     local tier = ident.attrs.tier or "none"
+    local keys
+    local kt = rule.key_template
+    if kt then
+        local kerr, karg
+        if kt.from_record and ident.record then
+            keys = record_keys:get(rule, ident.record, record_template_keys, conf, ident)
+        else
+            keys, kerr, karg = template_keys(conf, rule, req, ident, state.route)
+        end
+        if not keys then
+            return nil, kerr, karg
+        end
+    end
     -- failures and response bytes are probed now, charged after the response;
     -- the outcome is decided later (false until then: a field given here
     -- is not added to the table later, see resty.rl.phases.start)
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
                 name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
-                also_keys = params.also and {} or NONE,
+                also_keys = keys and keys[2] or params.also and {} or NONE,
                 member = values and values[rule.limiter.member], tier = tier, static = static,
-                key = memo.rule_key(conf, rule, tag_value, values, rule_key),
-                day_key = false, outcome = false }
+                key = keys and keys[1] or memo.rule_key(conf, rule, tag_value, values, rule_key),
+                day_key = false, outcome = false,
+                keys_id = kt and kt.from_record and ident.record and keys or false }
     -- a calendar quota counts each day's points too, for the usage dashboard
     -- (an ALSO key of the same command: resty.rl.limiters)
     if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
         e.day_key = _M.day_key(e.key, today_at(ngx.time()))
     end
-    if params.also then
+    if params.also and keys then
+        for i, a in ipairs(params.also) do
+            e.also_names[i] = memo.tier_name(a.name, tier)
+        end
+    elseif params.also then
         for i, a in ipairs(params.also) do
             local avals = { [rule.tag] = tag_value }
             for _, attr in ipairs(a.scope) do

@@ -212,6 +212,12 @@ end
 function _M.trust(list)
     local nets, exact = {}, {}
     for _, p in ipairs(list or {}) do
+        if p == "*" then
+            -- every address (the tier form's client_ip_header)
+            return function()
+                return true
+            end
+        end
         local addr, bits = p:match("^([^/]+)/(%d+)$")
         local n = ipv4(addr or p)
         if n then
@@ -307,7 +313,7 @@ function _M.resolve(conf, req)
     end
     local attrs = key_attrs(record)
     -- one constructor with every field (see resty.rl.phases.start)
-    local ident = { attrs = attrs, overrides = NONE, tier_data = NONE,
+    local ident = { attrs = attrs, overrides = NONE, tier_data = NONE, record = record or false,
                     authenticated = record ~= nil, revoked = refused == "revoked",
                     ambiguous_key = refused == "ambiguous", bad_key = refused ~= nil,
                     claims = false }

@@ -185,14 +185,17 @@ end
 --- key and cost say all of it: never changed by its users.
 function _M.command_of(e, cost)
     local kind = _M.KINDS[e.params.kind]
-    if not (e.static and kind.reply_ints and not e.params.also
-            and type(e.rule.cost) ~= "table") then
+    -- (ALSO keys are known from the main key only when both come from one
+    -- memo of a key template: e.keys_id)
+    local also_known = not e.params.also or (e.keys_id and not e.day_key)
+    if not (e.static and kind.reply_ints and also_known and type(e.rule.cost) ~= "table") then
         local cmd = kind.command(e, cost, false, nil)
         cmd.ints = kind.reply_ints
         return cmd
     end
-    -- (a quota's command names today's counter: one memo per key and day)
-    local by_cost = static_cmds:get(e.rule, e.day_key or e.key, new_by_cost)
+    -- (a quota's command names today's counter: one memo per key and day;
+    -- by limiter: a rule's limiter resolved per tier is one table per tier)
+    local by_cost = static_cmds:get(e.params, e.keys_id or e.day_key or e.key, new_by_cost)
     local cmd = by_cost[cost]
     if not cmd then
         cmd = store.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
@@ -317,10 +320,12 @@ _M.KINDS = {
 
 _M.KINDS.distinct = distinct.kind
 
---- True when a rule's key can be boxed (strikes with a box, or a trip):
---- its boxes go to the edge deny cache.
-function _M.boxes(p)
-    return p.strikes or p.trip
+--- True when the key of entry `e` can be boxed (strikes with a box, or a
+--- trip) and its rule keeps boxes in the edge deny cache (not with
+--- `deny_cache = false`).
+function _M.boxes(e)
+    local p = e.params
+    return (p.strikes or p.trip) and e.rule.deny_cache ~= false
 end
 
 --- The command recording the attempt of entry `e` (a rule counting
@@ -340,12 +345,14 @@ end
 --- pipelined round trip (only refused requests pay it): REFUND of their
 --- cost for buckets, windows and quotas (never above full), RL.LEASE
 --- RELEASE for the leases granted. The rules that refused keep their
---- charge (their strikes and boxes count). Not atomic with the first
+--- charge (their strikes and boxes count); with `keep_charges` (a
+--- refusal that is work done: the tier form's leases) only the leases
+--- are given back. Not atomic with the first
 --- round trip: in between, a concurrent request may see these points
 --- spent (it can be refused, never admitted beyond a bound). A failed
 --- round trip is counted as a Redis error; its leases are released
 --- again after the response.
-function _M.compensate(conf, state, sent)
+function _M.compensate(conf, state, sent, keep_charges)
     local cmds, released = {}, {}
     for _, e in ipairs(sent) do
         local o = e.outcome
@@ -353,7 +360,7 @@ function _M.compensate(conf, state, sent)
             if e.params.kind == "lease" then
                 cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", e.key, state.request_id }
                 released[e.key] = true
-            elseif not e.probe and e.cost > 0 then
+            elseif not keep_charges and not e.probe and e.cost > 0 then
                 cmds[#cmds + 1] = _M.KINDS[e.params.kind].command(e, e.cost, false, nil, true)
             end
         end

@@ -1,10 +1,7 @@
--- resty.rl.phases: the request plumbing both policy forms share (the tier
--- form, resty.rl.gateway; the rule engine, resty.rl.engine): the state of
+-- resty.rl.phases: the request plumbing of resty.rl.engine: the state of
 -- a request, refusals in shadow mode, a Redis failure counted and failing
 -- closed, the one-attempt lease of a login, the header filter, and the
--- log phase's counters, event line and after-response timer. What a form
--- decides stays in its own module; the order of the phases and what each
--- records in the state are the same.
+-- log phase's counters, event line and after-response timer.
 
 local policy = require "resty.rl.policy"
 local store = require "resty.rl.store"
@@ -40,8 +37,7 @@ end
 --- `ident` and list `entries` when given; the form adds the rest), kept in
 --- req.ctx().rl. Starts the edge deny cache's poller on first use.
 ---
---- One constructor with every field the allowed path of either form
---- sets, the ones not known yet `false` (each reader tests them for
+--- One constructor with every field the allowed path sets, the ones not known yet `false` (each reader tests them for
 --- truth; the event lines leave them out): a field added to a table
 --- later costs LuaJIT a call that resizes or rehashes it.
 function _M.start(conf, req, ident, entries)
@@ -86,13 +82,11 @@ function _M.redis_error(conf, state, err)
 end
 
 --- A route failing closed while Redis fails: the fields of its 503
---- (Retry-After; the RateLimit-Policy decided so far when `keep_policy`:
---- the static policies stay, there is no live RateLimit to give). Returns
---- the wait in seconds and the refusal's detail.
-function _M.fail_closed(conf, state, keep_policy)
+--- (Retry-After only: there is no live RateLimit to give). Returns the
+--- wait in seconds and the refusal's detail.
+function _M.fail_closed(conf, state)
     local wait = conf.fail_closed_retry_after
-    state.headers = { ["RateLimit-Policy"] = keep_policy and state.headers["RateLimit-Policy"] or nil,
-                      ["Retry-After"] = tostring(wait) }
+    state.headers = { ["Retry-After"] = tostring(wait) }
     state.retry_after = wait
     return wait, "The rate limiter is unavailable and this route fails closed; retry in "
         .. wait .. " s."

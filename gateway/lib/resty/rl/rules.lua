@@ -9,7 +9,6 @@
 -- tenant by the identity store), "tenant.<field>", "brand.<field>"
 -- (identity store overrides), or { ref = "...", default = v }.
 
-local config = require "resty.rl.config"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 local jws = require "resty.rl.jws"
@@ -35,6 +34,59 @@ local function seconds(v, zero_ok)
     end
     local ms = v * 1000
     return math.abs(ms - math.floor(ms + 0.5)) < 1e-6
+end
+
+-- Escapes Lua pattern magic characters.
+local function literal(s)
+    return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
+end
+
+--- Compiles a route template ("/v1/ledgers/{id}/entries") to an anchored
+--- Lua pattern; each {name} matches one non-empty path segment.
+function _M.template_pattern(template)
+    local parts = {}
+    local pos = 1
+    while true do
+        local s, e = template:find("{[%w_]+}", pos)
+        if not s then
+            parts[#parts + 1] = literal(template:sub(pos))
+            break
+        end
+        parts[#parts + 1] = literal(template:sub(pos, s - 1))
+        parts[#parts + 1] = "[^/]+"
+        pos = e + 1
+    end
+    return "^" .. table.concat(parts) .. "/?$"
+end
+
+-- Attributes an API key's record gives (a key naming only these is the
+-- same for every request of that record).
+local RECORD_ATTRS = { key_id = true, tenant = true, brand = true, user = true }
+
+--- A key template ("{t:<tenant>}:key:<key_id>", "...:<arg:ledger_id|->")
+--- compiled: {parts = literal strings and {attr, default} items, attrs =
+--- the attributes it reads, from_record = true when every attribute comes
+--- from the API key's record}. `<attr>` is replaced by the attribute's
+--- value (resty.rl.policy.key_part), `<attr|x>` by x when it has none; a
+--- key whose attribute has neither does not apply to the request.
+local function key_template(where, t)
+    check(type(t) == "string" and t ~= "", "%s: key must be a template string", where)
+    local parts, attrs, from_record, pos = {}, {}, true, 1
+    while true do
+        local s, e, inner = t:find("<([^<>]+)>", pos)
+        if not s then
+            parts[#parts + 1] = t:sub(pos)
+            break
+        end
+        parts[#parts + 1] = t:sub(pos, s - 1)
+        local attr, default = inner:match("^([^|]+)|(.*)$")
+        attr = attr or inner
+        parts[#parts + 1] = { attr = attr, default = default }
+        attrs[#attrs + 1] = attr
+        from_record = from_record and RECORD_ATTRS[attr] ~= nil and default == nil
+        pos = e + 1
+    end
+    return { parts = parts, attrs = attrs, from_record = from_record }
 end
 
 local REF_ROOTS = { tier = true, tenant = true, brand = true }
@@ -85,6 +137,23 @@ local function has_ref(v)
         end
     end
     return false
+end
+
+-- Does `v` hold references to the caller's tier only (values the same
+-- for every caller of a tier without a tenant override)?
+local function tier_refs_only(v)
+    if type(v) ~= "table" then
+        return true
+    end
+    if v.path then
+        return v.path[1] == "tier"
+    end
+    for _, x in pairs(v) do
+        if not tier_refs_only(x) then
+            return false
+        end
+    end
+    return true
 end
 
 --- Resolves `v` for a caller: a reference is looked up in the caller's
@@ -307,7 +376,7 @@ local function validate_rule(i, r, conf)
     if m.path then
         check(type(m.path) == "string" and m.path:sub(1, 1) == "/",
             "%s: match.path must be a template starting with /", where)
-        m.pattern = config.template_pattern(m.path)
+        m.pattern = _M.template_pattern(m.path)
     end
     if m.routes then
         local known = {}
@@ -324,6 +393,9 @@ local function validate_rule(i, r, conf)
     end
     r.scope = r.scope or { "key_id" }
     check_scope(where, r.scope)
+    if r.key ~= nil then
+        r.key_template = key_template(where, r.key)
+    end
     r.tag = r.tag or r.scope[1]
     local tag_in_scope = false
     for _, a in ipairs(r.scope) do
@@ -356,6 +428,10 @@ local function validate_rule(i, r, conf)
         check_scope(aw, a.scope or {})
         a.kind, a.period, a.mode = l.kind, a.period or (l.kind == "bucket" and 60 or nil), l.mode
         _M.KINDS[l.kind](aw, a, tiers)
+        if a.key ~= nil then
+            check(r.key_template, "%s: key needs the rule's own key", aw)
+            a.key_template = key_template(aw, a.key)
+        end
     end
     -- cost: a number, "route" (the matched route's cost) or {arg = name}
     r.cost = r.cost == nil and 1 or r.cost
@@ -402,6 +478,8 @@ local function validate_rule(i, r, conf)
     settle.validate(where, r, l, check)
     -- no reference: the engine shares the limiter between callers
     r.static_limiter = not has_ref(l)
+    -- references to the tier only: resolved once per tier (resty.rl.entries)
+    r.tier_limiter = not r.static_limiter and tier_refs_only(l)
     local f = r.one_in_flight
     if f then
         check(r.count == "failures", "%s: one_in_flight needs count = failures", where)
@@ -431,6 +509,13 @@ local function validate_rule(i, r, conf)
     end
     check(a.headers == nil or type(a.headers) == "table", "%s: on_refusal.headers must be a "
         .. "table", where)
+    -- the decision counted for a refusal state ({boxed = "locked_out"})
+    check(a.decisions == nil or type(a.decisions) == "table",
+        "%s: on_refusal.decisions must be a table", where)
+    -- a policy built in Lua may describe its refusals itself (the tier
+    -- form: resty.rl.tier_form): describe(e, outcome, secs, name) -> detail, tier
+    check(a.describe == nil or type(a.describe) == "function",
+        "%s: on_refusal.describe must be a function", where)
     if r.on_redis_failure ~= nil then
         r.on_redis_failure = _M.as_ref(r.on_redis_failure) or r.on_redis_failure
         check_opt(where, "on_redis_failure", r.on_redis_failure, tiers, function(v)

@@ -1,6 +1,6 @@
 -- resty.rl.usage: the usage dashboard of the calling API key, never
--- another's (a rule policy's rules scoped by the key's attributes; the
--- tier form's key and tenant buckets).
+-- another's (the rules scoped by the key's attributes; for the tier form
+-- its key and tenant buckets).
 --
 --   GET /_rl/usage      JSON: live requests per second, burst used and
 --                       left, the monthly quota used and its limit, the
@@ -61,9 +61,9 @@ local ADMITTED = { allowed = true, degraded_allowed = true, soft_blocked = true,
 -- not the key's own and is not shown.
 local KEY_ATTRS = { key_id = true, tenant = true, tier = true, brand = true, user = true }
 
--- The API key header: a rule policy's identity.api_key, the tier form's identity.
+-- The API key header (identity.api_key; the tier form's is translated there).
 local function key_header(conf)
-    return conf.rules and conf.identity.api_key.header or conf.identity.header
+    return conf.identity.api_key.header
 end
 
 local function dict(conf)
@@ -83,8 +83,7 @@ end
 --- when admitted, one more when refused; no Redis).
 function _M.count(conf, state)
     local d, ident = dict(conf), state.ident
-    -- a rule policy's identity has attrs; the tier form's is flat
-    local key_id = d and ident and (ident.attrs and ident.attrs.key_id or ident.key_id)
+    local key_id = d and ident and ident.attrs.key_id
     if type(key_id) ~= "string" then
         return
     end
@@ -329,19 +328,10 @@ end
 --- the adapter handed to the identity has no other header),
 --- or nil, status, problem kind, detail.
 function _M.caller(conf, req)
-    local tier_form = not conf.rules
     local hname = key_header(conf)
     local key = policy.credential(req, hname)
     if not key then
         return nil, 401, "unauthenticated", "Send your API key, once, in " .. hname .. "."
-    end
-    if tier_form then
-        -- the static key table of the tier form
-        local id = conf.identity.keys[key]
-        if not id then
-            return nil, 401, "unauthenticated", "Unknown API key."
-        end
-        return { attrs = { key_id = id.key_id, tenant = id.tenant, tier = id.tier } }
     end
     local function only_the_key(name)
         if name:lower() == hname:lower() then
@@ -363,13 +353,14 @@ function _M.caller(conf, req)
     return ident
 end
 
--- The entries of a rule policy's caller: its rules scoped by key
--- attributes only, as resty.rl.engine builds them (probe cost aside).
+-- The entries of a caller: its rules scoped by key attributes only, as
+-- resty.rl.engine builds them (probe cost aside); not those left out of
+-- RateLimit-Policy (`policy_header = false`: the tier form's leases).
 local function rule_entries(gw, req, ident)
     local conf, entries = gw.conf, {}
     local state = { route = conf.default_route }
     for _, rule in ipairs(conf.rules) do
-        local own = true
+        local own = rule.policy_header ~= false
         for _, a in ipairs(rule.scope) do
             own = own and KEY_ATTRS[a] ~= nil
         end
@@ -389,29 +380,13 @@ local function rule_entries(gw, req, ident)
     return entries
 end
 
--- The entry of a tier-form caller: its key bucket with the tenant's in
--- ALSO (resty.rl.store.take), the penalty box on the key.
-local function tier_entries(conf, ident)
-    local a = ident.attrs
-    local tier = conf.tiers[a.tier]
-    local key, tenant_key = policy.bucket_keys(conf, { tenant = a.tenant, key_id = a.key_id })
-    return { {
-        key = key, name = a.tier .. "-key", rule = { unit = "points", count = "requests" },
-        also_keys = { tenant_key }, also_names = { a.tier .. "-tenant" },
-        params = { kind = "bucket", burst = tier.key.burst, rate = tier.key.rate,
-                   period = tier.period, strikes = tier.strikes,
-                   also = { { burst = tier.tenant.burst, rate = tier.tenant.rate,
-                              period = tier.period } } },
-    } }
-end
-
 --- The usage report of the caller `ident` under gateway `gw` (a rule
---- policy's engine or the tier form), or nil, error.
+--- policy's engine), or nil, error.
 function _M.report(gw, req, ident)
     local conf = gw.conf
     local cmds, entries = {}, {}
     local today = ngx.time()
-    for _, e in ipairs(conf.rules and rule_entries(gw, req, ident) or tier_entries(conf, ident)) do
+    for _, e in ipairs(rule_entries(gw, req, ident)) do
         local start, days
         if e.day_key then
             start, days = period_days(e.params.period, today)
