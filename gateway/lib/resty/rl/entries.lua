@@ -175,6 +175,16 @@ local function record_template_keys(rule, _record, conf, ident)
     return template_keys(conf, rule, nil, ident, nil)
 end
 
+-- The ALSO policy names of a rule for a tier (a list shared by its entries).
+local also_names = memo.new(10000, true)
+local function names_of_also(rule, tier)
+    local out = {}
+    for i, a in ipairs(rule.limiter.also) do
+        out[i] = memo.tier_name(a.name, tier)
+    end
+    return out
+end
+
 -- The limiters of rules whose references name the caller's tier only,
 -- resolved once per rule and tier.
 local tier_limiters = memo.new(10000, true)
@@ -255,7 +265,10 @@ function _M.entry(conf, req, state, rule, ident)
     -- the outcome is decided later (false until then: a field given here
     -- is not added to the table later, see resty.rl.phases.start)
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = memo.tier_name(rule.name, tier), also_names = params.also and {} or NONE,
+                name = memo.tier_name(rule.name, tier),
+                -- (with a key template: the names of the rule and tier, shared, never written)
+                also_names = params.also and (keys and also_names:get(rule, tier, names_of_also)
+                    or {}) or NONE,
                 also_keys = keys and keys[2] or params.also and {} or NONE,
                 member = values and values[rule.limiter.member], tier = tier, static = static,
                 key = keys and keys[1] or memo.rule_key(conf, rule, tag_value, values, rule_key),
@@ -266,11 +279,7 @@ function _M.entry(conf, req, state, rule, ident)
     if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
         e.day_key = _M.day_key(e.key, today_at(ngx.time()))
     end
-    if params.also and keys then
-        for i, a in ipairs(params.also) do
-            e.also_names[i] = memo.tier_name(a.name, tier)
-        end
-    elseif params.also then
+    if params.also and not keys then
         for i, a in ipairs(params.also) do
             local avals = { [rule.tag] = tag_value }
             for _, attr in ipairs(a.scope) do

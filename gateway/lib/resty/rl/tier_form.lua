@@ -23,6 +23,15 @@ local _M = {}
 
 local DAY = 86400
 
+-- A tier of the sample: `key` and `tenant` points a minute (rate and
+-- burst), strikes in 60 s, boxes of 300 s, 1 h and `level3` s (0: manual),
+-- lease maxima.
+local function sample_tier(key, tenant, strikes, level3, concurrency)
+    return { key = { rate = key, burst = key }, tenant = { rate = tenant, burst = tenant },
+             period = 60, strikes = { threshold = strikes, window = 60 },
+             box = { 300, 3600, level3 }, offenses_ttl = DAY, concurrency = concurrency }
+end
+
 --- The tier form's sample policy: what a configuration without `rules`
 --- takes for the options it does not give (tiers and routes replace the
 --- sample's whole tables when given; identity and auth merge).
@@ -34,34 +43,10 @@ _M.SAMPLE = {
         keys = {},
     },
     tiers = {
-        sandbox = {
-            key = { rate = 300, burst = 300 },
-            tenant = { rate = 600, burst = 600 },
-            period = 60,
-            strikes = { threshold = 20, window = 60 },
-            box = { 300, 3600, DAY },
-            offenses_ttl = DAY,
-            concurrency = { reconcile = 1, export = 1 },
-        },
-        growth = {
-            key = { rate = 3000, burst = 3000 },
-            tenant = { rate = 6000, burst = 6000 },
-            period = 60,
-            strikes = { threshold = 20, window = 60 },
-            box = { 300, 3600, DAY },
-            offenses_ttl = DAY,
-            concurrency = { reconcile = 2, export = 1 },
-        },
-        enterprise = {
-            key = { rate = 12000, burst = 12000 },
-            tenant = { rate = 60000, burst = 60000 },
-            period = 60,
-            strikes = { threshold = 100, window = 60 },
-            -- level 3 is never automatic: a manual box, released by review
-            box = { 300, 3600, 0 },
-            offenses_ttl = DAY,
-            concurrency = { reconcile = 8, export = 3 },
-        },
+        sandbox = sample_tier(300, 600, 20, DAY, { reconcile = 1, export = 1 }),
+        growth = sample_tier(3000, 6000, 20, DAY, { reconcile = 2, export = 1 }),
+        -- level 3 is never automatic: a manual box, released by review
+        enterprise = sample_tier(12000, 60000, 100, 0, { reconcile = 8, export = 3 }),
     },
     -- Routes: matched in order by method and template ({name} matches one
     -- path segment). The template, never the raw URL, names the route in
@@ -183,6 +168,13 @@ end
 --- Adds to `conf` (a validated tier-form configuration) the rule policy
 --- that decides it, and the options the engine reads of it.
 function _M.translate(conf)
+    -- a schema-filled empty record (Kong: null fields) is none
+    for opt, field in pairs({ settle = "from", allowance = "size" }) do
+        local v = conf[opt]
+        if type(v) == "table" and (v[field] == nil or v[field] == ngx.null) then
+            conf[opt] = nil
+        end
+    end
     local rate_routes, auth_routes, leases = {}, {}, {}
     local names = {}
     for _, r in ipairs(conf.routes) do
