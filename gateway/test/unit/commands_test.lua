@@ -4,16 +4,17 @@
 -- a refused request, and the commands of the tier form's rules
 -- (resty.rl.tier_form).
 --
--- resty.rl.store sends through resty.rl.redis.run: `recorded` puts a
+-- resty.rl.commands sends through resty.rl.redis.run: `recorded` puts a
 -- recorder in its place for the duration of one call, which keeps the
 -- commands and answers each with a fixed reply (no Redis here; the
 -- end-to-end tests send the same commands to the module).
 local T = require "unit"
 local config = require "resty.rl.config"
-local entries = require "resty.rl.entries"
+local matching = require "resty.rl.matching"
 local limiters = require "resty.rl.limiters"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local redis = require "resty.rl.redis"
+local connection = require "resty.rl.connection"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 
@@ -81,7 +82,7 @@ end
 local function entry(conf, req, attrs)
     local ident = { attrs = attrs or { key_id = "k1", tenant = "acme", tier = "pro" },
                     tier_data = conf.tiers.pro, overrides = {}, claims = false }
-    return entries.entry(conf, req or request(), { route = conf.routes[1] }, conf.rules[1], ident)
+    return matching.entry(conf, req or request(), { route = conf.routes[1] }, conf.rules[1], ident)
 end
 
 -- The command of a rule's entry (`cost`, `record`, `refund`).
@@ -243,7 +244,7 @@ T.test("a static command is encoded once and shared by the requests of its key",
     local e = entry(conf)
     local cmd = limiters.command_of(e, 1)
     T.eq(args(cmd), { "RL.WINDOW", "u:{key_id:k1}:s", "5", "30", "COST", "1" })
-    T.eq(cmd.resp, "*6\r\n" .. redis.encode(args(cmd)))
+    T.eq(cmd.resp, "*6\r\n" .. connection.encode(args(cmd)))
     T.eq(cmd.ints, 8)
     T.ok(limiters.command_of(entry(conf), 1) == cmd, "the same command for the next request")
     T.ok(limiters.command_of(e, 2) ~= cmd, "another for another cost")
@@ -306,7 +307,7 @@ T.test("a refused request gives back what the admitted rules took", function()
                     tier_data = conf.tiers.pro, overrides = {}, claims = false }
     local sent = {}
     for i, r in ipairs(conf.rules) do
-        sent[i] = entries.entry(conf, request(), { route = conf.routes[1] }, r, ident)
+        sent[i] = matching.entry(conf, request(), { route = conf.routes[1] }, r, ident)
         sent[i].cost = 3
     end
     sent[1].outcome, sent[2].outcome = { state = "allowed" }, { state = "allowed" }
@@ -342,7 +343,7 @@ local function tier_entry(name, tier, attrs)
     local a = attrs or { key_id = "k1", tenant = "acme", tier = tier }
     local ident = { attrs = a, tier_data = SAMPLE.tiers[tier] or {}, overrides = {},
                     claims = false, record = not attrs and RECORDS[tier] or false }
-    return entries.entry(SAMPLE, request(), { route = SAMPLE.routes[4] }, rule, ident)
+    return matching.entry(SAMPLE, request(), { route = SAMPLE.routes[4] }, rule, ident)
 end
 
 T.cases("the tier form's RL.TAKE", {
@@ -357,7 +358,7 @@ T.cases("the tier form's RL.TAKE", {
 }, function(c)
     local cmd = limiters.command_of(tier_entry("{tier}-key", c.tier), c.cost)
     T.eq(args(cmd), c.want)
-    T.eq(cmd.resp, "*" .. #c.want .. "\r\n" .. redis.encode(c.want))
+    T.eq(cmd.resp, "*" .. #c.want .. "\r\n" .. connection.encode(c.want))
     T.eq(cmd.ints, 8)
 end)
 
@@ -389,14 +390,14 @@ end)
 
 T.test("leases: acquired with the request id", function()
     local conf = config.build()
-    local cmds, d = recorded(function() return store.acquire(conf, "L", 2, 300, "req-9") end,
+    local cmds, d = recorded(function() return commands.acquire(conf, "L", 2, 300, "req-9") end,
         { 1, "req-9", 1, 2, 0 })
     T.eq(cmds, { { "RL.LEASE", "ACQUIRE", "L", 2, 300, "ID", "req-9" } })
     T.eq(d.granted, true)
 end)
 
 T.test("encoded: arguments as strings and the RESP request", function()
-    local cmd = store.encoded({ "RL.TAKE", "k", 10, 0.5, "" }, 8)
+    local cmd = commands.encoded({ "RL.TAKE", "k", 10, 0.5, "" }, 8)
     T.eq(args(cmd), { "RL.TAKE", "k", "10", "0.5", "" })
     T.eq(cmd.resp, "*5\r\n$7\r\nRL.TAKE\r\n$1\r\nk\r\n$2\r\n10\r\n$3\r\n0.5\r\n$0\r\n\r\n")
     T.eq(cmd.ints, 8)

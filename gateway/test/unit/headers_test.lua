@@ -51,7 +51,7 @@ local POLICIES = { { name = "free", quota = 10, window = 60 } }
 
 -- The fields the engine sets for binding `b` (a window or quota: `t` at
 -- most its window) under policies POLICIES; a reset of -1 as
--- resty.rl.store.decode gives it (none).
+-- resty.rl.commands.decode gives it (none).
 local function fields(conf, b)
     local out = { ["RateLimit-Policy"] = headers.policy(POLICIES) }
     local binding = { clamp = b.window ~= nil }

@@ -2,11 +2,11 @@
 -- templates) and how a key routes in a cluster: resty.rl.cluster's hash
 -- slots and slot maps, resty.rl.redis's helpers.
 local T = require "unit"
-local policy = require "resty.rl.policy"
+local request = require "resty.rl.request"
 local config = require "resty.rl.config"
-local entries = require "resty.rl.entries"
+local matching = require "resty.rl.matching"
 local cluster = require "resty.rl.cluster"
-local redis = require "resty.rl.redis"
+local connection = require "resty.rl.connection"
 
 T.cases("a value fit for a key", {
     { name = "plain and short: kept", v = "acme-1.eu_west:9@x", want = "acme-1.eu_west:9@x" },
@@ -17,7 +17,7 @@ T.cases("a value fit for a key", {
     { name = "65 bytes: hashed", v = string.rep("a", 65), want = ngx.md5(string.rep("a", 65)) },
     { name = "empty: hashed", v = "", want = ngx.md5("") },
 }, function(c)
-    T.eq(policy.key_part(c.v), c.want)
+    T.eq(request.key_part(c.v), c.want)
 end)
 
 -- The key of the tier form's rule `name` (resty.rl.tier_form) for a
@@ -30,7 +30,7 @@ local function tier_key(name, tier, attrs, query)
                           body_arg = function() return nil end }
             local ident = { attrs = attrs, tier_data = SAMPLE.tiers[tier] or {},
                             overrides = {}, claims = false, record = false }
-            local e = entries.entry(SAMPLE, req, { route = SAMPLE.routes[1] }, rule, ident)
+            local e = matching.entry(SAMPLE, req, { route = SAMPLE.routes[1] }, rule, ident)
             return e.key, e
         end
     end
@@ -117,13 +117,13 @@ T.cases("the key a command routes by", {
       want = "k" },
     { name = "in lower case too", cmd = { "rl.lease", "RELEASE", "k", "id" }, want = "k" },
 }, function(c)
-    T.eq(redis.key_of(c.cmd), c.want)
+    T.eq(connection.key_of(c.cmd), c.want)
 end)
 
 T.test("helpers: a flat map, an address", function()
-    T.eq(redis.flat_map({ "a", 1, "b", "x", "odd" }), { a = 1, b = "x" })
-    T.eq({ redis.addr("127.0.0.1:6379") }, { "127.0.0.1", 6379 })
-    T.eq({ redis.addr("[::1]:7000") }, { "[::1]", 7000 })
-    T.eq({ redis.addr("no-port") }, {})
-    T.eq(redis.encode({ "GET", 5, "" }), "$3\r\nGET\r\n$1\r\n5\r\n$0\r\n\r\n")
+    T.eq(connection.flat_map({ "a", 1, "b", "x", "odd" }), { a = 1, b = "x" })
+    T.eq({ connection.addr("127.0.0.1:6379") }, { "127.0.0.1", 6379 })
+    T.eq({ connection.addr("[::1]:7000") }, { "[::1]", 7000 })
+    T.eq({ connection.addr("no-port") }, {})
+    T.eq(connection.encode({ "GET", 5, "" }), "$3\r\nGET\r\n$1\r\n5\r\n$0\r\n\r\n")
 end)

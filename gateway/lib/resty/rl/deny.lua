@@ -23,7 +23,7 @@
 -- de-duplication marks (one alert per box).
 
 local cjson = require "cjson.safe"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local limiters = require "resty.rl.limiters"
 
 local _M = {}
@@ -191,7 +191,7 @@ local function poll(premature, conf)
         return
     end
     local d = dict(conf)
-    local res = store.pipeline(conf, { { "GET", _M.version_key(conf) } })
+    local res = commands.pipeline(conf, { { "GET", _M.version_key(conf) } })
     if not d or not res then
         return
     end

@@ -1,8 +1,9 @@
--- resty.rl.engine: a rule policy applied to requests (configurations with
--- `rules`; resty.rl.gateway hands them here). Per request:
+-- resty.rl.engine: a rule policy applied to requests (every
+-- configuration: the tier form is translated into one, resty.rl.tier_form;
+-- resty.rl.gateway hands them here). Per request:
 --   1. the route and the caller (resty.rl.identity);
 --   2. every rule that matches and whose scope the caller has (its entry:
---      resty.rl.entries);
+--      resty.rl.matching);
 --   3. the edge deny cache: a rule key known to be boxed answers at once
 --      (the strictest box of the request: resty.rl.deny.strictest_entry);
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
@@ -14,8 +15,9 @@
 --   5. the strictest outcome wins (of several boxes the highest level,
 --      then the latest end; then a refusal without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
---      answers (reject, quota, challenge) or marks the request (soft);
---   6. after the response (log phase, in a timer, resty.rl.after): failures
+--      answers (reject, quota, challenge: resty.rl.answer) or marks the
+--      request (soft);
+--   6. after the response (log phase, in a timer, resty.rl.log_phase): failures
 --      recorded, leases released, level-2/3 box alerts added to the alert
 --      stream, distinct members recorded, quota threshold events appended.
 -- Rules with `allowance` spend their node's points without Redis in step 4
@@ -23,19 +25,18 @@
 -- (resty.rl.settle).
 
 local identity = require "resty.rl.identity"
-local rules = require "resty.rl.rules"
+local refs = require "resty.rl.refs"
 local limiters = require "resty.rl.limiters"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local headers = require "resty.rl.headers"
-local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
 local deny = require "resty.rl.deny"
-local after = require "resty.rl.after"
+local answer = require "resty.rl.answer"
+local log_phase = require "resty.rl.log_phase"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 local phases = require "resty.rl.phases"
-local memo = require "resty.rl.memo"
-local entries_of = require "resty.rl.entries"
+local matching = require "resty.rl.matching"
 local hotpath = require "resty.rl.hotpath"
 
 local _M = {}
@@ -43,7 +44,6 @@ local _M = {}
 local Engine = {}
 Engine.__index = Engine
 
-local null = ngx.null
 -- An empty table, never written (an option not given, a list that
 -- stays empty).
 local NONE = {}
@@ -67,7 +67,7 @@ function _M.new(conf)
         needs.one_in_flight = needs.one_in_flight or rule.one_in_flight ~= nil
         needs.delays = needs.delays or rule.limiter.delay ~= nil
         needs.settles = needs.settles or rule.settle ~= nil
-        needs.log = needs.log or after.works_after(rule)
+        needs.log = needs.log or log_phase.works_after(rule)
     end
     return setmetatable({ conf = conf, soft_rules = soft, needs = needs,
                           upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
@@ -99,199 +99,6 @@ function Engine:one_in_flight(state, e)
                          binding = { name = e.name, limit = 1, remaining = 0 } } }
 end
 
--- Ranks a hard refusal: a box without end first, then the longest wait.
-local function severity(o)
-    return o.retry_ms or math.huge
-end
-
---- The strictest outcome of `entries` (a hard refusal, else a soft block,
---- else nil when everything was admitted). Among boxes the strictest box
---- (resty.rl.deny.stricter: the highest level, then the latest end, as
---- the edge deny cache answers); between it and the other refusals, the
---- one without end, then the longest wait.
-local function strictest(entries)
-    if #entries == 1 then
-        -- one entry, without a loop (resty.rl.hotpath)
-        local o = entries[1].outcome
-        return o and (o.state == "refused" or o.state == "boxed") and entries[1] or nil
-    end
-    local box, hard, soft
-    for _, e in ipairs(entries) do
-        local o = e.outcome
-        if o and (o.state == "refused" or o.state == "boxed") then
-            if e.rule.on_refusal.action == "soft" then
-                soft = soft or e
-            elseif o.state == "boxed" then
-                if not box or deny.stricter(o, box.outcome) then
-                    box = e
-                end
-            elseif not hard or severity(o) > severity(hard.outcome) then
-                hard = e
-            end
-        end
-    end
-    if box and (not hard or severity(box.outcome) >= severity(hard.outcome)) then
-        return box
-    end
-    return hard or box or soft
-end
-
--- The RateLimit binding of an admitted request: the rate entry with the
--- smallest share of its limit left (with `by_remaining`, the fewest
--- units left: the tier form's), a distinct rule's members only when no
--- rate entry applies (they are not requests left).
-local function tightest(entries, by_remaining)
-    if #entries == 1 then
-        local e = entries[1]
-        return e.outcome and e.outcome.binding and e.params.kind ~= "lease" and e or nil
-    end
-    local best, share, members
-    for _, e in ipairs(entries) do
-        local b = e.outcome and e.outcome.binding
-        if b and e.params.kind == "distinct" then
-            members = members or e
-        elseif b and e.params.kind ~= "lease" then
-            local s = by_remaining and b.remaining or b.remaining / math.max(b.limit, 1)
-            if not share or s < share then
-                best, share = e, s
-            end
-        end
-    end
-    return best or members
-end
-
--- The RateLimit-Policy items of entry `e`, as a field value ("" for a
--- rule with `policy_header = false`).
-local function entry_policy(e)
-    if e.rule.policy_header == false then
-        return ""
-    end
-    return headers.policy(limiters.KINDS[e.params.kind].policies(e))
-end
-
--- Sets RateLimit-Policy (every entry that applied) and RateLimit.
-function Engine:rate_headers(state, binding_entry)
-    local entries = state.entries
-    if #entries == 1 then
-        -- one entry (the common case): its value, without a list
-        local v = memo.policy_field(entries[1], entry_policy)
-        if v ~= "" then
-            state.headers["RateLimit-Policy"] = v
-        end
-    else
-        local fields = {}
-        for _, e in ipairs(entries) do
-            local v = memo.policy_field(e, entry_policy)
-            if v ~= "" then
-                fields[#fields + 1] = v
-            end
-        end
-        if #fields > 0 then
-            state.headers["RateLimit-Policy"] = #fields == 1 and fields[1]
-                or table.concat(fields, ", ")
-        end
-    end
-    local b = binding_entry and binding_entry.outcome and binding_entry.outcome.binding
-    if b then
-        state.binding = b
-        state.binding_entry = binding_entry
-        headers.ratelimit_field(state.headers, self.conf, b)
-    end
-end
-
--- The `detail`/`message` of a refusal by `name` (the binding policy).
-local function message(e, o, secs, name)
-    local a = e.rule.on_refusal
-    if a.message then
-        return a.message
-    end
-    if o.state == "boxed" then
-        return string.format("%s: locked (level %d) after repeated refusals; %s.", name,
-            o.level or 0, secs and ("retry in " .. secs .. " s") or "until a manual review")
-    end
-    if e.params.kind == "lease" then
-        return string.format("%s: at most %d concurrent request(s); retry in %d s.", name,
-            e.params.max, secs or 1)
-    end
-    return string.format("%s: %d %s per %s s exhausted (this request: %d); %s.", name,
-        o.binding.limit, e.rule.unit, tostring(o.binding.window), e.cost,
-        secs and ("retry in " .. secs .. " s") or "it never fits")
-end
-
---- Answers the winning refusal `e` (or lets it through in shadow mode),
---- counted as `decision_as` when given. The body, the event line and
---- RateLimit name the same policy: the bucket that refused (an `also`
---- bucket, such as the tenant's, is named as itself).
-function Engine:refuse_with(req, state, e, decision_as)
-    local conf = self.conf
-    local o, a = e.outcome, e.rule.on_refusal
-    local name = o.binding and o.binding.name or e.name
-    local secs = o.retry_ms and headers.seconds(o.retry_ms) or nil
-    state.policy, state.retry_after, state.box_level = name, secs, o.level ~= 0 and o.level or nil
-    state.strikes_remaining, state.cost = o.strikes, e.cost
-    local kind, decision = a.type, "throttled"
-    if o.state == "boxed" then
-        kind, decision = "penalty-box-active", "boxed"
-        state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
-        local len = e.params.box and e.params.box[o.level]
-            or e.params.trip and e.params.trip.duration or 0
-        headers.retry_after(state.headers, o.retry_ms, len >= conf.http_date_after)
-    else
-        if e.params.kind == "lease" then
-            kind, decision = "concurrency-limit-exceeded", "conflict"
-        elseif a.action == "quota" then
-            decision = "quota_exceeded"
-        elseif a.action == "challenge" then
-            decision = "challenged"
-        end
-        -- A warning once strikes count (an early retry), not on a refusal
-        -- that only announces its Retry-After.
-        if o.strikes and e.params.strikes and o.strikes < e.params.strikes.threshold then
-            state.headers["X-Penalty-Box-Status"] = "Warning"
-        end
-        headers.retry_after(state.headers, o.retry_ms, false)
-    end
-    for k, v in pairs(a.headers or {}) do
-        state.headers[k] = v
-    end
-    local status = a.status
-    if o.state == "boxed" and not o.retry_ms then
-        status = conf.manual_box_status
-    end
-    decision = a.decisions and a.decisions[decision] or decision
-    -- a policy's own wording (the tier form's): {detail, tier, strikes}
-    local own = a.describe and a.describe(e, o, secs, name) or NONE
-    local vars = {
-        status = status, type = kind, message = own.detail or message(e, o, secs, name),
-        retry_after = secs or null, policy = name, tier = own.tier or state.tier_name or null,
-        strikes = own.strikes or o.strikes or null,
-        level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
-        upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
-        concurrency_limit = o.concurrency or null, instance = req.path(),
-        request_id = state.request_id, error = a.error or null, degraded = state.degraded or null,
-        ends_at = (o.state == "boxed" and o.retry_ms)
-            and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
-    }
-    if not phases.refusing(conf, state, status, decision_as or decision) then
-        return
-    end
-    local ctype, body = problem.render(conf, vars, o.state == "boxed", a.fields)
-    return phases.exit(req, state, status, ctype, body)
-end
-
--- A refusal that is not a rule's (401, 400, the fail-closed 503): a
--- problem body; `retry_after` the seconds of its Retry-After, if any (the
--- body says the same).
-function Engine:refuse_plain(req, state, status, kind, decision, detail, retry_after)
-    if not phases.refusing(self.conf, state, status, decision) then
-        return
-    end
-    local ctype, body = problem.render(self.conf, { status = status, type = kind,
-        message = detail, instance = req.path(), request_id = state.request_id,
-        tier = state.tier_name or null, retry_after = retry_after or null }, false)
-    return phases.exit(req, state, status, ctype, body)
-end
-
 --- Redis failed: a box the edge deny cache knows (stale: not confirmed
 --- lately) answers; else fail closed (503) when a rule says so (or the
 --- route is critical and the rule does not say otherwise); else each
@@ -304,13 +111,13 @@ function Engine:redis_failed(req, state, err)
     local known = state.deny_stale and deny.strictest_known(state.entries)
     if known then
         state.deny_cached = true
-        self:rate_headers(state, known)
-        return self:refuse_with(req, state, known)
+        answer.rate_headers(conf, state, known)
+        return answer.refuse_with(conf, req, state, known)
     end
     local entries = state.entries or {}
     local closed = state.route.critical and #entries == 0
     for _, e in ipairs(entries) do
-        local mode = rules.resolve(e.rule.on_redis_failure, state.ident)
+        local mode = refs.resolve(e.rule.on_redis_failure, state.ident)
             or (state.route.critical and "closed" or "local")
         closed = closed or mode == "closed"
     end
@@ -318,25 +125,26 @@ function Engine:redis_failed(req, state, err)
         local wait, detail = phases.fail_closed(conf, state)
         if conf.fail_closed_policy then
             -- the static policies, but no live counter
-            self:rate_headers(state, nil)
+            answer.rate_headers(conf, state, nil)
         end
-        return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
-            detail, wait)
+        return answer.refuse_plain(conf, req, state, 503, "rate-limiter-unavailable",
+            "failed_closed", detail, wait)
     end
     state.decision = "degraded_allowed"
     -- decided here, without Redis: the response (and a refusal's body) says so
     state.degraded = headers.DEGRADED_VALUE
     headers.degraded(state.headers)
     for _, e in ipairs(state.entries or {}) do
-        local p, mode = e.params, rules.resolve(e.rule.on_redis_failure, state.ident) or "local"
+        local p, mode = e.params, refs.resolve(e.rule.on_redis_failure, state.ident) or "local"
         if mode == "local" and (p.kind == "bucket" or p.kind == "window") and not e.probe then
             fallback.decide_entry(conf, e)
         end
     end
-    local win = strictest(state.entries or {})
-    self:rate_headers(state, win or tightest(state.entries or {}, conf.binding_by_remaining))
+    local win = answer.strictest(state.entries or {})
+    answer.rate_headers(conf, state,
+        win or answer.tightest(state.entries or {}, conf.binding_by_remaining))
     if win and win.rule.on_refusal.action ~= "soft" then
-        return self:refuse_with(req, state, win, "degraded_throttled")
+        return answer.refuse_with(conf, req, state, win, "degraded_throttled")
     elseif win then
         local a = win.rule.on_refusal
         req.set_upstream_header(a.mark_header, a.mark_value)
@@ -352,7 +160,7 @@ function Engine:tell_upstream(req, ident)
         return
     end
     for name, v in pairs(self.conf.upstream_headers) do
-        local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
+        local x = type(v) == "string" and ident.attrs[v:sub(6)] or refs.resolve(v, ident)
         req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
     end
 end
@@ -382,12 +190,12 @@ end
 -- state.entries); "ambiguous" (or "invalid", "too_large") and the
 -- argument's name when an argument it needs has no single valid value.
 local function add_entry(rule, _, conf, req, state)
-    local matched, merr, marg = entries_of.matches(rule, state.route, req)
+    local matched, merr, marg = matching.matches(rule, state.route, req)
     if merr then
         return merr, marg
     end
     if matched then
-        local e, why, arg = entries_of.entry(conf, req, state, rule, state.ident)
+        local e, why, arg = matching.entry(conf, req, state, rule, state.ident)
         if why then
             return why, arg
         end
@@ -480,15 +288,15 @@ function Engine:access(req)
         -- better than a known one of the lowest tier): 503 as a route
         -- failing closed (in shadow mode the rules of its other attributes apply)
         local wait = phases.fail_closed(conf, state)
-        return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
-            "The API key cannot be checked while the rate limiter is unavailable; retry in "
-            .. wait .. " s.", wait)
+        return answer.refuse_plain(conf, req, state, 503, "rate-limiter-unavailable",
+            "failed_closed", "The API key cannot be checked while the rate limiter is "
+            .. "unavailable; retry in " .. wait .. " s.", wait)
     end
     local route = state.route
     hotpath.each(self.soft_rules, strip_mark, req)
     if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
         and not ident.store_failed) then
-        return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
+        return answer.refuse_plain(conf, req, state, 401, "unauthenticated", "unauthenticated",
             ident.revoked and "This API key is revoked."
             or ident.ambiguous_key and "Send one API key: the "
                 .. conf.identity.api_key.header .. " header came more than once."
@@ -502,11 +310,11 @@ function Engine:access(req)
         arg = conf.subject_arg or "client_id"
     end
     if why == "too_large" then
-        return self:refuse_plain(req, state, 413, "body-too-large", "invalid",
+        return answer.refuse_plain(conf, req, state, 413, "body-too-large", "invalid",
             "The request body is too large for the gateway to read its argument " .. arg
             .. ", on which a rate limit depends; send a smaller body.")
     elseif why then
-        return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
+        return answer.refuse_plain(conf, req, state, 400, "ambiguous-argument", "invalid",
             "The argument " .. arg .. " is missing a single valid value (repeated, "
             .. "different in the query string and the body, not a number, or in a JSON "
             .. "body that does not decode).")
@@ -516,8 +324,8 @@ function Engine:access(req)
     local cached = deny.strictest_entry(conf, entries, state)
     if cached then
         state.deny_cached = true
-        self:rate_headers(state, cached)
-        return self:refuse_with(req, state, cached)
+        answer.rate_headers(conf, state, cached)
+        return answer.refuse_with(conf, req, state, cached)
     end
     local needs = self.needs
     if needs.one_in_flight then
@@ -528,8 +336,8 @@ function Engine:access(req)
                     return self:redis_failed(req, state, ferr)
                 end
                 if busy then
-                    self:rate_headers(state, busy)
-                    return self:refuse_with(req, state, busy)
+                    answer.rate_headers(conf, state, busy)
+                    return answer.refuse_with(conf, req, state, busy)
                 end
             end
         end
@@ -540,7 +348,7 @@ function Engine:access(req)
     if #cmds > 0 then
         -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
         local res
-        res, err = store.pipeline(route.store_conf or conf, cmds)
+        res, err = commands.pipeline(route.store_conf or conf, cmds)
         if not res then
             return self:redis_failed(req, state, err)
         end
@@ -558,11 +366,11 @@ function Engine:access(req)
         end
     end
     hotpath.each(entries, note_box, conf, state)
-    local win = strictest(entries)
+    local win = answer.strictest(entries)
     local keep = win and win.rule.on_refusal.keep_charges
     -- a refusal that keeps the other rules' charges shows them in RateLimit
-    self:rate_headers(state,
-        (not keep and win) or tightest(entries, conf.binding_by_remaining) or win)
+    answer.rate_headers(conf, state,
+        (not keep and win) or answer.tightest(entries, conf.binding_by_remaining) or win)
     if win and win.rule.on_refusal.action == "soft" then
         local a = win.rule.on_refusal
         state.decision, state.policy = "soft_blocked", win.name
@@ -572,7 +380,7 @@ function Engine:access(req)
         end
     elseif win then
         limiters.compensate(conf, state, sent, keep)
-        return self:refuse_with(req, state, win)
+        return answer.refuse_with(conf, req, state, win)
     end
     state.admitted = true
     if self.upstream_headers then
@@ -607,7 +415,7 @@ function Engine:record_probes(state, sent)
     for i, e in ipairs(record) do
         rc[i] = limiters.failure_offence_command(e)
     end
-    local res, err = store.pipeline(state.route.store_conf or self.conf, rc)
+    local res, err = commands.pipeline(state.route.store_conf or self.conf, rc)
     if not res then
         return nil, err
     end
@@ -652,9 +460,9 @@ function Engine:body_filter(req)
 end
 
 --- Log phase: counters, one structured line per refusal, and the work
---- after the response (resty.rl.after).
+--- after the response (resty.rl.log_phase).
 function Engine:log(req)
-    return after.log(self.conf, req, self.needs.log)
+    return log_phase.log(self.conf, req, self.needs.log)
 end
 
 return _M

@@ -28,12 +28,12 @@
 -- is translated into a rule policy when it is built (resty.rl.config,
 -- resty.rl.tier_form), and resty.rl.engine decides every request.
 
+-- Everything the library may need is loaded with these, with the front
+-- end (in init_by_lua, by nginx's master): the workers run as another
+-- user, who may not read the library's directory (a checkout in root's
+-- home). No module requires another inside a function.
 local config = require "resty.rl.config"
 local engine = require "resty.rl.engine"
--- Everything the library may need is loaded now, with the front end (in
--- init_by_lua, by nginx's master): the workers run as another user, who
--- may not read the library's directory (a checkout in root's home).
-require "resty.rl.cluster"
 
 local _M = {}
 

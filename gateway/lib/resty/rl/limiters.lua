@@ -25,15 +25,25 @@
 --   retry_ms (nil: no time to come back), level, strikes, binding =
 --   {name, limit, remaining, reset_ms, window}}.
 
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local distinct = require "resty.rl.distinct"
-local entries = require "resty.rl.entries"
 
 local _M = {}
 
-local DAY_LIMIT = entries.DAY_LIMIT
+--- The limit of a per-day counter: the module's largest, so that it never
+--- refuses nor binds (the quota's own key always has fewer points left);
+--- a string: a Lua number this large would be sent as "1e+15".
+_M.DAY_LIMIT = "1000000000000000"
+
+--- The per-day counter of quota key `key` for UTC date `date`
+--- (YYYY-MM-DD): the key with a suffix (the same hash slot).
+function _M.day_key(key, date)
+    return key .. ":day=" .. date
+end
+
+local DAY_LIMIT = _M.DAY_LIMIT
 
 local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
 
@@ -116,7 +126,7 @@ end
 
 -- A rate outcome from a decoded 8-integer reply.
 local function rate_outcome(e, raw)
-    local d = store.decode(raw)
+    local d = commands.decode(raw)
     if not d then
         return nil, bad_reply(raw)
     end
@@ -172,7 +182,7 @@ end
 
 -- The commands of entries whose command their rule's key and cost say
 -- all of (a static limiter without ALSO, a cost from the configuration),
--- by rule, key and cost: made and encoded once (resty.rl.store.encoded),
+-- by rule, key and cost: made and encoded once (resty.rl.commands.encoded),
 -- as the tier form's are. Bounded: past the memo's size it starts over.
 local static_cmds = memo.new(10000, true)
 local function new_by_cost()
@@ -198,7 +208,7 @@ function _M.command_of(e, cost)
     local by_cost = static_cmds:get(e.params, e.keys_id or e.day_key or e.key, new_by_cost)
     local cmd = by_cost[cost]
     if not cmd then
-        cmd = store.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
+        cmd = commands.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
         by_cost[cost] = cmd
     end
     return cmd
@@ -274,7 +284,7 @@ _M.KINDS = {
             local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
             also(args, e, { "limit", "period" })
             if e.day_key then
-                -- today's points (resty.rl.entries.day_key): never binding
+                -- today's points (resty.rl.limiters.day_key): never binding
                 local n = #args
                 args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
                     DAY_LIMIT, p.period
@@ -300,7 +310,7 @@ _M.KINDS = {
         -- expires first was taken first: elapsed = ttl - its time left),
         -- never the ttl; at least 1 s, at most the earliest expiry.
         outcome = function(e, raw)
-            local d = store.decode_lease(raw)
+            local d = commands.decode_lease(raw)
             if not d then
                 return nil, bad_reply(raw)
             end
@@ -365,7 +375,7 @@ function _M.compensate(conf, state, sent, keep_charges)
             end
         end
     end
-    local res, err = store.pipeline_ok(conf, cmds)
+    local res, err = commands.pipeline_ok(conf, cmds)
     if not res then
         metrics.redis_error(conf, err)
         state.redis_error = "refund: " .. tostring(err)

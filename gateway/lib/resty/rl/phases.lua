@@ -3,12 +3,10 @@
 -- closed, the one-attempt lease of a login, the header filter, and the
 -- log phase's counters, event line and after-response timer.
 
-local policy = require "resty.rl.policy"
-local store = require "resty.rl.store"
+local request = require "resty.rl.request"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
-local usage = require "resty.rl.usage"
-local cjson = require "cjson.safe"
 local hotpath = require "resty.rl.hotpath"
 local new_table = hotpath.new_table
 
@@ -43,7 +41,7 @@ end
 function _M.start(conf, req, ident, entries)
     deny.ensure_poller(conf)
     -- without routes every request has the default route: no path to read
-    local route = conf.routes[1] and policy.match_route(conf, req.method(), req.path())
+    local route = conf.routes[1] and request.match_route(conf, req.method(), req.path())
         or conf.default_route
     local state = { route = route, headers = new_table(0, 2), leases = _M.NO_LEASES,
                     decision = "allowed", ident = ident or false,
@@ -100,7 +98,7 @@ end
 function _M.acquire_waiting(conf, key, ttl, id, wait_ms)
     local waited = 0
     while true do
-        local res, err = store.acquire(conf, key, 1, ttl, id)
+        local res, err = commands.acquire(conf, key, 1, ttl, id)
         if not res or res.granted or waited >= wait_ms then
             return res, err
         end
@@ -128,28 +126,6 @@ function _M.send_headers(req, state)
     for k, v in pairs(h) do
         req.set_header(k, v)
     end
-end
-
--- Decisions without an event line.
-local QUIET = { allowed = true, degraded_allowed = true }
-
---- Log phase, common part: the decision counters (resty.rl.metrics,
---- resty.rl.usage) and, for a refused (or, in shadow mode, would-be
---- refused) request, one `rl_event` JSON line with the fields
---- `event(req, state, status)` gives. Returns the state and the response
---- status, or nil when the request has no state (an internal redirect).
-function _M.log(conf, req, event)
-    local state = req.ctx().rl
-    if not state then
-        return nil
-    end
-    local status = req.status()
-    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
-    usage.count(conf, state)
-    if not QUIET[state.decision] then
-        req.warn("rl_event " .. (cjson.encode(event(req, state, status)) or "{}"):gsub("\\/", "/"))
-    end
-    return state, status
 end
 
 --- After-response work that failed on Redis: counted, and warned of

@@ -29,10 +29,11 @@
 --     capped per key and node (usage.reports_per_second, one more incr).
 
 local identity = require "resty.rl.identity"
-local entries_of = require "resty.rl.entries"
-local policy = require "resty.rl.policy"
+local matching = require "resty.rl.matching"
+local limiters = require "resty.rl.limiters"
+local request = require "resty.rl.request"
 local problem = require "resty.rl.problem"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local cjson = require "cjson.safe"
@@ -164,7 +165,7 @@ local function probes(e, days)
     end
     if e.day_key then
         for _, date in ipairs(days) do
-            cmds[#cmds + 1] = { "RL.QUOTA", entries_of.day_key(e.key, date), entries_of.DAY_LIMIT,
+            cmds[#cmds + 1] = { "RL.QUOTA", limiters.day_key(e.key, date), limiters.DAY_LIMIT,
                                 p.period, "COST", 0 }
         end
     end
@@ -193,7 +194,7 @@ end
 local function day_counts(days, res, first)
     local out = {}
     for i, date in ipairs(days) do
-        local d = store.decode(res[first + i - 1])
+        local d = commands.decode(res[first + i - 1])
         if not d then
             return nil, "unexpected reply to a day's probe"
         end
@@ -214,7 +215,7 @@ local function policy_report(e, k, raw, now)
         out.left = math.max(out.limit - out.used, 0)
         return out
     end
-    local d = store.decode(raw)
+    local d = commands.decode(raw)
     if not d then
         return nil, "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
     end
@@ -329,7 +330,7 @@ end
 --- or nil, status, problem kind, detail.
 function _M.caller(conf, req)
     local hname = key_header(conf)
-    local key = policy.credential(req, hname)
+    local key = request.credential(req, hname)
     if not key then
         return nil, 401, "unauthenticated", "Send your API key, once, in " .. hname .. "."
     end
@@ -370,7 +371,7 @@ local function rule_entries(gw, req, ident)
             end
         end
         -- the cost does not matter to a probe: never read it from this request
-        local e = own and entries_of.entry(gw.conf, req, state,
+        local e = own and matching.entry(gw.conf, req, state,
             setmetatable({ cost = 1 }, { __index = rule }), ident)
         if e then
             e.rule = rule
@@ -398,7 +399,7 @@ function _M.report(gw, req, ident)
             cmds[#cmds + 1] = cmd
         end
     end
-    local res, err = store.pipeline(conf, cmds)
+    local res, err = commands.pipeline(conf, cmds)
     if not res then
         return nil, err
     end

@@ -1,4 +1,4 @@
--- resty.rl.policy: what a request says that the policy reads: its
+-- resty.rl.request: what a request says that the policy reads: its
 -- arguments (query string and body, which must agree), headers and
 -- credential, the login subject, its route and its cost, and the form of
 -- a value in a Redis key.

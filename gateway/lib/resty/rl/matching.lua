@@ -1,11 +1,12 @@
--- resty.rl.entries: the rules of a rule policy applied to one request
+-- resty.rl.matching: the rules of a rule policy applied to one request
 -- (resty.rl.engine, step 2): whether a rule matches the request, and its
 -- entry: the rule's limiter for the caller (references resolved), the
 -- cost, the names with the caller's tier, and the Redis keys of its scope.
 
 local identity = require "resty.rl.identity"
-local rules = require "resty.rl.rules"
-local policy = require "resty.rl.policy"
+local refs = require "resty.rl.refs"
+local limiters = require "resty.rl.limiters"
+local request = require "resty.rl.request"
 local memo = require "resty.rl.memo"
 local hotpath = require "resty.rl.hotpath"
 
@@ -13,17 +14,6 @@ local _M = {}
 
 -- An empty table, never written (an option not given).
 local NONE = {}
-
---- The limit of a per-day counter: the module's largest, so that it never
---- refuses nor binds (the quota's own key always has fewer points left);
---- a string: a Lua number this large would be sent as "1e+15".
-_M.DAY_LIMIT = "1000000000000000"
-
---- The per-day counter of quota key `key` for UTC date `date`
---- (YYYY-MM-DD): the key with a suffix (the same hash slot).
-function _M.day_key(key, date)
-    return key .. ":day=" .. date
-end
 
 -- Today's UTC date, made again when the day changes.
 local today, today_until = "", -1
@@ -69,13 +59,42 @@ function _M.matches(rule, route, req)
         return false
     end
     -- (no loop without headers or arguments to match: resty.rl.hotpath)
-    if m.header and not all_present(m.header, policy.header, req) then
+    if m.header and not all_present(m.header, request.header, req) then
         return false
     end
     if m.arg then
-        return all_present(m.arg, policy.arg, req)
+        return all_present(m.arg, request.arg, req)
     end
     return true
+end
+
+local tier_names = memo.new(10000)
+local function with_tier(name, tier)
+    return name:find("{tier}", 1, true) and (name:gsub("{tier}", tier)) or name
+end
+
+-- A name of the configuration with the caller's tier for `{tier}`
+-- (names and tiers come from the configuration: a bounded set).
+local function tier_name(name, tier)
+    return tier_names:get(name, tier, with_tier)
+end
+
+-- Rule keys of one-attribute scopes, by rule and value (the hot keys).
+local one_attr_keys = memo.new(10000, true)
+local function one_attr_key(rule, v, conf, build)
+    return build(conf, rule.tag, { [rule.tag] = v }, rule.name, rule.scope)
+end
+
+-- The Redis key of `rule` for the scope `values` (nil when the scope is
+-- the tag attribute alone) whose tag attribute is `tag_value`, made by
+-- `build(conf, tag_attr, values, name, scope)`; kept when the scope is
+-- the tag attribute alone (one value names the key).
+local function memo_rule_key(conf, rule, tag_value, values, build)
+    local scope = rule.scope
+    if #scope ~= 1 or scope[1] ~= rule.tag then
+        return build(conf, rule.tag, values, rule.name, scope)
+    end
+    return one_attr_keys:get(rule, tag_value, one_attr_key, conf, build)
 end
 
 -- Resolves every reference inside `v` for the caller.
@@ -84,7 +103,7 @@ local function resolve_deep(v, ident)
         return v
     end
     if v.path then
-        return resolve_deep(rules.resolve(v, ident), ident)
+        return resolve_deep(refs.resolve(v, ident), ident)
     end
     local out = {}
     for k, x in pairs(v) do
@@ -96,11 +115,11 @@ end
 -- The Redis key of `name` for the scope values: one hash tag per value
 -- of the rule's tag attribute, so that a rule's ALSO keys share a slot.
 local function rule_key(conf, tag_attr, values, name, scope)
-    local parts = { conf.key_prefix, ":{", tag_attr, ":", policy.key_part(values[tag_attr]),
+    local parts = { conf.key_prefix, ":{", tag_attr, ":", request.key_part(values[tag_attr]),
                     "}:", (name:gsub("[{}]", "")) }
     for _, a in ipairs(scope) do
         if a ~= tag_attr then
-            parts[#parts + 1] = ":" .. a .. "=" .. policy.key_part(values[a])
+            parts[#parts + 1] = ":" .. a .. "=" .. request.key_part(values[a])
         end
     end
     return table.concat(parts)
@@ -138,7 +157,7 @@ local function template_key(conf, t, req, ident, route)
                 end
                 out[#out + 1] = p.default
             else
-                out[#out + 1] = policy.key_part(v)
+                out[#out + 1] = request.key_part(v)
             end
         end
     end
@@ -180,7 +199,7 @@ local also_names = memo.new(10000, true)
 local function names_of_also(rule, tier)
     local out = {}
     for i, a in ipairs(rule.limiter.also) do
-        out[i] = memo.tier_name(a.name, tier)
+        out[i] = tier_name(a.name, tier)
     end
     return out
 end
@@ -232,9 +251,9 @@ function _M.entry(conf, req, state, rule, ident)
     end
     local cost = rule.cost
     if cost == "route" then
-        cost = policy.cost(state.route, req)
+        cost = request.cost(state.route, req)
     elseif type(cost) == "table" then
-        local v, err = policy.arg(req, cost.arg)
+        local v, err = request.arg(req, cost.arg)
         if err then
             return nil, err, cost.arg
         end
@@ -265,19 +284,19 @@ function _M.entry(conf, req, state, rule, ident)
     -- the outcome is decided later (false until then: a field given here
     -- is not added to the table later, see resty.rl.phases.start)
     local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = memo.tier_name(rule.name, tier),
+                name = tier_name(rule.name, tier),
                 -- (with a key template: the names of the rule and tier, shared, never written)
                 also_names = params.also and (keys and also_names:get(rule, tier, names_of_also)
                     or {}) or NONE,
                 also_keys = keys and keys[2] or params.also and {} or NONE,
                 member = values and values[rule.limiter.member], tier = tier, static = static,
-                key = keys and keys[1] or memo.rule_key(conf, rule, tag_value, values, rule_key),
+                key = keys and keys[1] or memo_rule_key(conf, rule, tag_value, values, rule_key),
                 day_key = false, outcome = false,
                 keys_id = kt and kt.from_record and ident.record and keys or false }
     -- a calendar quota counts each day's points too, for the usage dashboard
     -- (an ALSO key of the same command: resty.rl.limiters)
     if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
-        e.day_key = _M.day_key(e.key, today_at(ngx.time()))
+        e.day_key = limiters.day_key(e.key, today_at(ngx.time()))
     end
     if params.also and not keys then
         for i, a in ipairs(params.also) do
@@ -289,7 +308,7 @@ function _M.entry(conf, req, state, rule, ident)
                 end
                 avals[attr] = v
             end
-            e.also_names[i] = memo.tier_name(a.name, tier)
+            e.also_names[i] = tier_name(a.name, tier)
             e.also_keys[i] = rule_key(conf, rule.tag, avals, a.name, a.scope)
         end
     end

@@ -1,10 +1,11 @@
--- resty.rl.store: the rl commands over lua-resty-redis.
+-- resty.rl.commands: the rl commands over lua-resty-redis.
 --
 -- Every call goes through resty.rl.redis (the mode: single, sentinel,
 -- cluster; pooling and the time budget of one call). Any error, a timeout
 -- included, returns nil and a message.
 
 local transport = require "resty.rl.redis"
+local connection = require "resty.rl.connection"
 
 local _M = {}
 
@@ -96,7 +97,7 @@ function _M.encoded(cmd, ints)
     for i, v in ipairs(cmd) do
         cmd[i] = tostring(v)
     end
-    cmd.resp = "*" .. #cmd .. "\r\n" .. transport.encode(cmd)
+    cmd.resp = "*" .. #cmd .. "\r\n" .. connection.encode(cmd)
     cmd.ints = ints
     return cmd
 end
