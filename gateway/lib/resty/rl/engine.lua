@@ -48,6 +48,19 @@ Engine.__index = Engine
 -- stays empty).
 local NONE = {}
 
+-- The rules of `list` that may match requests of `route` (those without
+-- match.routes, or naming it).
+local function rules_of_route(list, route)
+    local out = {}
+    for _, rule in ipairs(list) do
+        local set = rule.match.route_set
+        if not set or set[route.name] then
+            out[#out + 1] = rule
+        end
+    end
+    return out
+end
+
 --- An engine for a compiled rule policy (resty.rl.config.build).
 function _M.new(conf)
     if conf.trusted_proxies then
@@ -57,19 +70,24 @@ function _M.new(conf)
     -- a client sends is removed first)
     local soft = {}
     -- the steps some rules need, left out of every request when none does
-    local needs = { probes = false, one_in_flight = false, delays = false, settles = false,
-                    log = false }
+    local needs = { delays = false, settles = false }
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then
             soft[#soft + 1] = rule
         end
-        needs.probes = needs.probes or rule.count ~= "requests"
-        needs.one_in_flight = needs.one_in_flight or rule.one_in_flight ~= nil
         needs.delays = needs.delays or rule.limiter.delay ~= nil
         needs.settles = needs.settles or rule.settle ~= nil
-        needs.log = needs.log or log_phase.works_after(rule)
+        -- (a request with an entry of such a rule does the step: state.steps)
+        rule.works_after = log_phase.works_after(rule)
     end
-    return setmetatable({ conf = conf, soft_rules = soft, needs = needs,
+    -- per route, the rules that may match it (match.routes): a request
+    -- walks only those (one rule: no loop, resty.rl.hotpath)
+    local route_rules = {}
+    for _, route in ipairs(conf.routes) do
+        route_rules[route] = rules_of_route(conf.rules, route)
+    end
+    route_rules[conf.default_route] = rules_of_route(conf.rules, conf.default_route)
+    return setmetatable({ conf = conf, soft_rules = soft, needs = needs, route_rules = route_rules,
                           upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
 end
 
@@ -199,8 +217,20 @@ local function add_entry(rule, _, conf, req, state)
         if why then
             return why, arg
         end
+        if not e then
+            -- an attribute of its scope missing: the rule does not apply
+            return
+        end
         local list = state.entries
         list[#list + 1] = e
+        -- the steps only some rules need, for this request
+        if e.probe or rule.one_in_flight or rule.works_after then
+            local steps = state.steps or {}
+            state.steps = steps
+            steps.probes = steps.probes or e.probe
+            steps.one_in_flight = steps.one_in_flight or rule.one_in_flight ~= nil
+            steps.log = steps.log or rule.works_after
+        end
     end
 end
 
@@ -304,7 +334,8 @@ function Engine:access(req)
     end
     -- the phase in three traces (one would be too long to compile)
     hotpath.split_trace()
-    local why, arg = hotpath.first_of(conf.rules, add_entry, conf, req, state)
+    local why, arg = hotpath.first_of(self.route_rules[route] or conf.rules, add_entry, conf, req,
+        state)
     if arg == "subject" then
         -- the login subject's request argument
         arg = conf.subject_arg or "client_id"
@@ -328,7 +359,8 @@ function Engine:access(req)
         return answer.refuse_with(conf, req, state, cached)
     end
     local needs = self.needs
-    if needs.one_in_flight then
+    local steps = state.steps or NONE
+    if steps.one_in_flight then
         for _, e in ipairs(entries) do
             if e.rule.one_in_flight then
                 local busy, ferr = self:one_in_flight(state, e)
@@ -358,7 +390,7 @@ function Engine:access(req)
             limiters.compensate(conf, state, sent)
             return self:redis_failed(req, state, bad)
         end
-        if needs.probes then
+        if steps.probes then
             local done, perr = self:record_probes(state, sent)
             if not done then
                 return self:redis_failed(req, state, perr)
@@ -462,7 +494,7 @@ end
 --- Log phase: counters, one structured line per refusal, and the work
 --- after the response (resty.rl.log_phase).
 function Engine:log(req)
-    return log_phase.log(self.conf, req, self.needs.log)
+    return log_phase.log(self.conf, req)
 end
 
 return _M

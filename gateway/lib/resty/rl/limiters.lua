@@ -217,8 +217,14 @@ end
 --- The capacity every bucket of an entry has (a cost above it never fits).
 function _M.capacity(e)
     local p = e.params
-    local cap = p.burst or p.limit
-    for _, a in ipairs(p.also or {}) do
+    local cap, also = p.burst or p.limit, p.also
+    if not also then
+        return cap
+    elseif #also == 1 then
+        -- one ALSO bucket (a tenant's): without a loop (resty.rl.hotpath)
+        return math.min(cap, also[1].burst or also[1].limit)
+    end
+    for _, a in ipairs(also) do
         cap = math.min(cap, a.burst or a.limit)
     end
     return cap

@@ -159,13 +159,14 @@ function _M.works_after(rule)
 end
 
 --- Log phase of a rule policy: counters, one structured line per
---- refusal, and the work after the response (in a timer). Without rules
---- that work here (`log_rules`: resty.rl.log_phase.works_after of one of the
---- policy's rules), a request without leases or boxes has nothing more to
---- do once counted.
-function _M.log(conf, req, log_rules)
+--- refusal, and the work after the response (in a timer). Without an
+--- entry of a rule that works here (works_after: the engine's
+--- state.steps.log), a request without leases or boxes has nothing more
+--- to do once counted.
+function _M.log(conf, req)
     local state, status = count_and_log(conf, req, event)
-    if not state or not log_rules and #state.leases == 0 and not state.boxed then
+    if not state or not (state.steps and state.steps.log) and #state.leases == 0
+        and not state.boxed then
         return
     end
     local cmds, egress = {}, {}

@@ -47,7 +47,8 @@ function _M.start(conf, req, ident, entries)
                     decision = "allowed", ident = ident or false,
                     tier_name = ident and ident.attrs.tier or false, entries = entries,
                     request_id_of = req.request_id, binding = false, binding_entry = false,
-                    admitted = false, cost = false, policy = false, strikes_remaining = false }
+                    admitted = false, cost = false, policy = false, strikes_remaining = false,
+                    steps = false }
     req.ctx().rl = state
     return state
 end
