@@ -180,6 +180,23 @@ local function also(args, e, fields)
     return args
 end
 
+-- The options a kind's command names, in order, for its key and each ALSO key.
+local BUCKET_FIELDS = { "burst", "rate", "period" }
+local WINDOW_FIELDS = { "limit", "window" }
+local QUOTA_FIELDS = { "limit", "period" }
+
+-- `name key <fields> COST|REFUND cost [ALSO key <fields>]...` of entry `e`.
+local function rate_args(name, e, fields, cost, refund)
+    local p = e.params
+    local args = { name, e.key }
+    for _, f in ipairs(fields) do
+        args[#args + 1] = p[f]
+    end
+    args[#args + 1] = refund and "REFUND" or "COST"
+    args[#args + 1] = cost
+    return also(args, e, fields)
+end
+
 -- The commands of entries whose command their rule's key and cost say
 -- all of (a static limiter without ALSO, a cost from the configuration),
 -- by rule, key and cost: made and encoded once (resty.rl.commands.encoded),
@@ -243,67 +260,54 @@ function _M.lease_retry_ms(ttl, expected, earliest_left)
     return math.min(retry, math.max(earliest_left, 1000))
 end
 
+-- A kind that counts (bucket, window, quota): its command builder, the
+-- rate policies and outcome, an 8-integer reply.
+local function rate_kind(command)
+    return { command = command, policies = rate_policies, outcome = rate_outcome, reply_ints = 8 }
+end
+
 _M.KINDS = {
-    bucket = {
-        command = function(e, cost, _record, _request_id, refund)
-            local p = e.params
-            local args = { "RL.TAKE", e.key, p.burst, p.rate, p.period,
-                           refund and "REFUND" or "COST", cost }
-            also(args, e, { "burst", "rate", "period" })
-            if refund then
-                return args
-            end
-            penalty(args, p, e.probe)
-            reserves(args, p)
-            if p.delay then
-                args[#args + 1] = "DELAY"
-                args[#args + 1] = p.delay
-            end
+    bucket = rate_kind(function(e, cost, _record, _request_id, refund)
+        local p = e.params
+        local args = rate_args("RL.TAKE", e, BUCKET_FIELDS, cost, refund)
+        if refund then
             return args
-        end,
-        policies = rate_policies,
-        outcome = rate_outcome,
-        reply_ints = 8,
-    },
-    window = {
-        command = function(e, cost, record, _request_id, refund)
-            local p = e.params
-            local args = { "RL.WINDOW", e.key, p.limit, p.window, refund and "REFUND" or "COST", cost }
-            also(args, e, { "limit", "window" })
-            if p.mode == "exact" then
-                args[#args + 1] = "EXACT"
-            elseif p.mode == "fixed" then
-                args[#args + 1] = "FIXED"
-            end
-            if refund then
-                return args
-            end
-            return penalty(args, p, e.probe and not record)
-        end,
-        policies = rate_policies,
-        outcome = rate_outcome,
-        reply_ints = 8,
-    },
-    quota = {
-        command = function(e, cost, _record, _request_id, refund)
-            local p = e.params
-            local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
-            also(args, e, { "limit", "period" })
-            if e.day_key then
-                -- today's points (resty.rl.limiters.day_key): never binding
-                local n = #args
-                args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
-                    DAY_LIMIT, p.period
-            end
-            if refund then
-                return args
-            end
-            return penalty(args, p, e.probe)
-        end,
-        policies = rate_policies,
-        outcome = rate_outcome,
-        reply_ints = 8,
-    },
+        end
+        penalty(args, p, e.probe)
+        reserves(args, p)
+        if p.delay then
+            args[#args + 1] = "DELAY"
+            args[#args + 1] = p.delay
+        end
+        return args
+    end),
+    window = rate_kind(function(e, cost, record, _request_id, refund)
+        local p = e.params
+        local args = rate_args("RL.WINDOW", e, WINDOW_FIELDS, cost, refund)
+        if p.mode == "exact" then
+            args[#args + 1] = "EXACT"
+        elseif p.mode == "fixed" then
+            args[#args + 1] = "FIXED"
+        end
+        if refund then
+            return args
+        end
+        return penalty(args, p, e.probe and not record)
+    end),
+    quota = rate_kind(function(e, cost, _record, _request_id, refund)
+        local p = e.params
+        local args = rate_args("RL.QUOTA", e, QUOTA_FIELDS, cost, refund)
+        if e.day_key then
+            -- today's points (resty.rl.limiters.day_key): never binding
+            local n = #args
+            args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
+                DAY_LIMIT, p.period
+        end
+        if refund then
+            return args
+        end
+        return penalty(args, p, e.probe)
+    end),
     lease = {
         command = function(e, _cost, _record, request_id)
             return { "RL.LEASE", "ACQUIRE", e.key, e.params.max, e.params.ttl, "ID", request_id }

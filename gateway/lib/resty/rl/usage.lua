@@ -324,6 +324,11 @@ local function refuse(conf, req, status, kind, detail)
         problem.CONTENT_TYPE)
 end
 
+-- The 404 of the usage endpoints with `usage = false` (`what`: report, dashboard).
+local function switched_off(conf, req, what)
+    return refuse(conf, req, 404, "not-found", "No usage " .. what .. " on this gateway.")
+end
+
 --- The caller, authenticated by its API key alone (JWTs and auth-layer
 --- headers are not read: this location may not sit behind that layer;
 --- the adapter handed to the identity has no other header),
@@ -484,7 +489,7 @@ end
 function _M.serve(gw, req)
     local conf = gw.conf
     if not conf.usage then
-        return refuse(conf, req, 404, "not-found", "No usage report on this gateway.")
+        return switched_off(conf, req, "report")
     end
     if req.method() ~= "GET" and req.method() ~= "HEAD" then
         return refuse(conf, req, 405, "method-not-allowed", "GET only.")
@@ -537,7 +542,7 @@ end
 function _M.dashboard(gw, req)
     local conf = gw.conf
     if not conf.usage then
-        return refuse(conf, req, 404, "not-found", "No usage dashboard on this gateway.")
+        return switched_off(conf, req, "dashboard")
     end
     -- the header name as a JS string literal (a replacement string: % doubled)
     local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")
