@@ -87,7 +87,13 @@ function _M.new(conf)
         route_rules[route] = rules_of_route(conf.rules, route)
     end
     route_rules[conf.default_route] = rules_of_route(conf.rules, conf.default_route)
+    -- the most entries a request can have (room made for them at once)
+    local most = 1
+    for _, list in pairs(route_rules) do
+        most = math.max(most, #list)
+    end
     return setmetatable({ conf = conf, soft_rules = soft, needs = needs, route_rules = route_rules,
+                          most_entries = most,
                           upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
 end
 
@@ -309,7 +315,7 @@ function Engine:access(req)
         ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
-    local state = phases.start(conf, req, ident, hotpath.new_table(#conf.rules, 0))
+    local state = phases.start(conf, req, ident, hotpath.new_table(self.most_entries, 0))
     -- the request id is read on first use (most requests need none)
     setmetatable(state, lazy_request_id)
     if store_failed then

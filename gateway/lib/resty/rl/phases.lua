@@ -35,9 +35,12 @@ end
 --- `ident` and list `entries` when given; the form adds the rest), kept in
 --- req.ctx().rl. Starts the edge deny cache's poller on first use.
 ---
---- One constructor with every field the allowed path sets, the ones not known yet `false` (each reader tests them for
---- truth; the event lines leave them out): a field added to a table
---- later costs LuaJIT a call that resizes or rehashes it.
+--- One constructor with every field the allowed path sets (at most 16:
+--- LuaJIT sizes the table's hash part to the next power of two), the
+--- ones not known yet `false` (each reader tests them for truth; the
+--- event lines leave them out): a field added to a table later costs
+--- LuaJIT a call that resizes or rehashes it. A refusal's fields (its
+--- policy, cost, strikes) are added when it is decided.
 function _M.start(conf, req, ident, entries)
     deny.ensure_poller(conf)
     -- without routes every request has the default route: no path to read
@@ -47,8 +50,7 @@ function _M.start(conf, req, ident, entries)
                     decision = "allowed", ident = ident or false,
                     tier_name = ident and ident.attrs.tier or false, entries = entries,
                     request_id_of = req.request_id, binding = false, binding_entry = false,
-                    admitted = false, cost = false, policy = false, strikes_remaining = false,
-                    steps = false }
+                    admitted = false, cmds = false, sent = false, steps = false }
     req.ctx().rl = state
     return state
 end
