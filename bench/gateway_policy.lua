@@ -2,13 +2,13 @@
 -- (gateway/nginx/policy.lua) as shipped, with every tier's budgets raised
 -- so far that a benchmark run never exhausts them: every request takes
 -- the allowed path (RL.TAKE with the tenant bucket, strikes and boxes).
-local config = require "resty.rl.config"
+local tier_form = require "resty.rl.tier_form"
 
 local policy = dofile(os.getenv("RL_BENCH_GATEWAY_DIR") .. "/nginx/policy.lua")
 local BUDGET = 1e9
 
 local tiers = {}
-for name, t in pairs(config.defaults.tiers) do
+for name, t in pairs(tier_form.SAMPLE.tiers) do
     local copy = {}
     for k, v in pairs(t) do
         copy[k] = v

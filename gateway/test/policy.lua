@@ -2,6 +2,15 @@
 -- policy's routes, strike thresholds, boxes and concurrency, with small
 -- budgets so that a test reaches its limits in a few requests. Returns a
 -- function: overrides (top-level options) -> configuration.
+
+-- A tier: {rate, burst} a minute per key and per tenant, the strikes
+-- threshold (in 60 s), the level-3 box (0: manual), the lease maxima.
+local function tier(key, tenant, strikes, level3, concurrency)
+    return { key = { rate = key[1], burst = key[2] },
+             tenant = { rate = tenant[1], burst = tenant[2] }, period = 60, strikes = { threshold = strikes, window = 60 },
+             box = { 300, 3600, level3 }, offenses_ttl = 86400, concurrency = concurrency }
+end
+
 return function(overrides)
     local p = {
         -- a generous budget: the tests run on a loaded 2-core machine
@@ -24,27 +33,12 @@ return function(overrides)
         tiers = {
             -- 1 point per minute: no refill to speak of during a test; every
             -- burst holds the dearest request (50 points)
-            sandbox = {
-                key = { rate = 1, burst = 50 }, tenant = { rate = 600, burst = 600 }, period = 60,
-                strikes = { threshold = 20, window = 60 }, box = { 300, 3600, 86400 },
-                offenses_ttl = 86400, concurrency = { reconcile = 1, export = 1 },
-            },
-            growth = {
-                key = { rate = 1, burst = 100 }, tenant = { rate = 1, burst = 150 }, period = 60,
-                strikes = { threshold = 20, window = 60 }, box = { 300, 3600, 86400 },
-                offenses_ttl = 86400, concurrency = { reconcile = 2, export = 1 },
-            },
-            enterprise = {
-                key = { rate = 1, burst = 50 }, tenant = { rate = 600, burst = 600 }, period = 60,
-                strikes = { threshold = 100, window = 60 }, box = { 300, 3600, 0 },
-                offenses_ttl = 86400, concurrency = { reconcile = 8, export = 3 },
-            },
+            sandbox = tier({ 1, 50 }, { 600, 600 }, 20, 86400, { reconcile = 1, export = 1 }),
+            growth = tier({ 1, 100 }, { 1, 150 }, 20, 86400, { reconcile = 2, export = 1 }),
+            enterprise = tier({ 1, 50 }, { 600, 600 }, 100, 0, { reconcile = 8, export = 3 }),
             -- the load test: 100 points/s per key, 150/s per tenant
-            load = {
-                key = { rate = 6000, burst = 50 }, tenant = { rate = 9000, burst = 75 }, period = 60,
-                strikes = { threshold = 1000000000, window = 60 }, box = { 300, 3600, 86400 },
-                offenses_ttl = 86400, concurrency = { reconcile = 1, export = 1 },
-            },
+            load = tier({ 6000, 50 }, { 9000, 75 }, 1000000000, 86400,
+                { reconcile = 1, export = 1 }),
         },
     }
     for k, v in pairs(overrides or {}) do

@@ -88,7 +88,7 @@ function _M.serve()
         local replies = cjson.decode(body() or "[]") or {}
         local out = {}
         for i, r in ipairs(replies) do
-            out[i] = require("resty.rl.redis").int_array(r, tonumber(args.n)) or cjson.null
+            out[i] = require("resty.rl.connection").int_array(r, tonumber(args.n)) or cjson.null
         end
         ngx.say(cjson.encode(out))
         return

@@ -1,21 +1,22 @@
 -- The module commands the gateway sends, argument by argument: each
 -- limiter kind's command for a rule, key and cost (resty.rl.limiters,
 -- resty.rl.distinct, resty.rl.allowance, resty.rl.settle), the refunds of
--- a refused request, and the tier form's commands (resty.rl.store).
+-- a refused request, and the commands of the tier form's rules
+-- (resty.rl.tier_form).
 --
--- resty.rl.store sends through resty.rl.redis.run: `recorded` puts a
+-- resty.rl.commands sends through resty.rl.redis.run: `recorded` puts a
 -- recorder in its place for the duration of one call, which keeps the
 -- commands and answers each with a fixed reply (no Redis here; the
 -- end-to-end tests send the same commands to the module).
 local T = require "unit"
 local config = require "resty.rl.config"
-local entries = require "resty.rl.entries"
+local matching = require "resty.rl.matching"
 local limiters = require "resty.rl.limiters"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local redis = require "resty.rl.redis"
+local connection = require "resty.rl.connection"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
-local policy = require "resty.rl.policy"
 
 local ALLOWED = { 1, 10, 9, 6000, -1, 0, -1, 0 }
 
@@ -81,7 +82,7 @@ end
 local function entry(conf, req, attrs)
     local ident = { attrs = attrs or { key_id = "k1", tenant = "acme", tier = "pro" },
                     tier_data = conf.tiers.pro, overrides = {}, claims = false }
-    return entries.entry(conf, req or request(), { route = conf.routes[1] }, conf.rules[1], ident)
+    return matching.entry(conf, req or request(), { route = conf.routes[1] }, conf.rules[1], ident)
 end
 
 -- The command of a rule's entry (`cost`, `record`, `refund`).
@@ -243,15 +244,16 @@ T.test("a static command is encoded once and shared by the requests of its key",
     local e = entry(conf)
     local cmd = limiters.command_of(e, 1)
     T.eq(args(cmd), { "RL.WINDOW", "u:{key_id:k1}:s", "5", "30", "COST", "1" })
-    T.eq(cmd.resp, "*6\r\n" .. redis.encode(args(cmd)))
+    T.eq(cmd.resp, "*6\r\n" .. connection.encode(args(cmd)))
     T.eq(cmd.ints, 8)
     T.ok(limiters.command_of(entry(conf), 1) == cmd, "the same command for the next request")
     T.ok(limiters.command_of(e, 2) ~= cmd, "another for another cost")
 end)
 
 T.test("a command with a reference is made per request", function()
-    local conf = compile({ { name = "q", limiter = { kind = "quota", limit = "tier.monthly",
-                                                     period = "DAY" } } })
+    -- (a reference to the tier only is resolved once per tier: a tenant's)
+    local conf = compile({ { name = "q", limiter = { kind = "quota",
+        limit = { ref = "tenant.monthly", default = 500 }, period = "DAY" } } })
     local cmd = limiters.command_of(entry(conf), 1)
     T.eq(args(cmd), { "RL.QUOTA", "u:{key_id:k1}:q", 500, "DAY", "COST", 1 })
     T.eq(cmd.ints, 8)
@@ -305,7 +307,7 @@ T.test("a refused request gives back what the admitted rules took", function()
                     tier_data = conf.tiers.pro, overrides = {}, claims = false }
     local sent = {}
     for i, r in ipairs(conf.rules) do
-        sent[i] = entries.entry(conf, request(), { route = conf.routes[1] }, r, ident)
+        sent[i] = matching.entry(conf, request(), { route = conf.routes[1] }, r, ident)
         sent[i].cost = 3
     end
     sent[1].outcome, sent[2].outcome = { state = "allowed" }, { state = "allowed" }
@@ -324,90 +326,78 @@ T.test("a refused request gives back what the admitted rules took", function()
 end)
 
 -- The tier form: the configuration's defaults (the sample tiers).
-local TIERS = config.build().tiers
+
+-- The tier form's rules (resty.rl.tier_form) for key k1 of tenant acme:
+-- the entry of rule `name` on `tier`, its API key record shared by the
+-- requests of the key.
+local SAMPLE = config.build()
+local RECORDS = {}
+local function tier_entry(name, tier, attrs)
+    local rule
+    for _, r in ipairs(SAMPLE.rules) do
+        if r.name == name then
+            rule = r
+        end
+    end
+    RECORDS[tier] = RECORDS[tier] or { tenant = "acme", key_id = "k1", tier = tier }
+    local a = attrs or { key_id = "k1", tenant = "acme", tier = tier }
+    local ident = { attrs = a, tier_data = SAMPLE.tiers[tier] or {}, overrides = {},
+                    claims = false, record = not attrs and RECORDS[tier] or false }
+    return matching.entry(SAMPLE, request(), { route = SAMPLE.routes[4] }, rule, ident)
+end
 
 T.cases("the tier form's RL.TAKE", {
-    { name = "growth, cost 1: the defaults are not sent", tier = "growth", cost = 1,
-      want = { "RL.TAKE", "rl:{t:acme}:key:k1", "3000", "3000", "60", "ALSO", "rl:{t:acme}:tenant",
-               "6000", "6000", "60", "STRIKES", "20", "60" } },
-    { name = "growth, cost 10", tier = "growth", cost = 10,
-      want = { "RL.TAKE", "rl:{t:acme}:key:k1", "3000", "3000", "60", "COST", "10",
-               "ALSO", "rl:{t:acme}:tenant", "6000", "6000", "60", "STRIKES", "20", "60" } },
+    { name = "growth, cost 1", tier = "growth", cost = 1,
+      want = { "RL.TAKE", "rl:{t:acme}:key:k1", "3000", "3000", "60", "COST", "1",
+               "ALSO", "rl:{t:acme}:tenant", "6000", "6000", "60", "STRIKES", "20", "60",
+               "BOX", "300", "3600", "86400", "OFFENSES", "86400" } },
     { name = "enterprise: a manual third box", tier = "enterprise", cost = 25,
       want = { "RL.TAKE", "rl:{t:acme}:key:k1", "12000", "12000", "60", "COST", "25",
                "ALSO", "rl:{t:acme}:tenant", "60000", "60000", "60", "STRIKES", "100", "60",
-               "BOX", "300", "3600", "0" } },
-    { name = "offenses kept a week", tier = "custom", cost = 1,
-      want = { "RL.TAKE", "rl:{t:acme}:key:k1", "5", "1", "1", "ALSO", "rl:{t:acme}:tenant",
-               "9", "2", "1", "STRIKES", "3", "10", "OFFENSES", "604800" } },
+               "BOX", "300", "3600", "0", "OFFENSES", "86400" } },
 }, function(c)
-    local conf = config.build()
-    local tier = TIERS[c.tier] or { key = { rate = 1, burst = 5 }, tenant = { rate = 2, burst = 9 },
-        period = 1, strikes = { threshold = 3, window = 10 }, box = { 300, 3600, 86400 },
-        offenses_ttl = 604800 }
-    local key, tenant_key = policy.bucket_keys(conf, { tenant = "acme", key_id = "k1" })
-    local cmds, d = recorded(function()
-        return store.take(conf, key, tenant_key, tier, c.cost)
-    end)
-    T.eq(#cmds, 1)
-    T.eq(args(cmds[1]), c.want)
-    T.eq(cmds[1].resp, "*" .. #c.want .. "\r\n" .. redis.encode(c.want))
-    T.eq(cmds[1].ints, 8)
-    T.eq(d.remaining, 9, "the reply decoded")
+    local cmd = limiters.command_of(tier_entry("{tier}-key", c.tier), c.cost)
+    T.eq(args(cmd), c.want)
+    T.eq(cmd.resp, "*" .. #c.want .. "\r\n" .. connection.encode(c.want))
+    T.eq(cmd.ints, 8)
 end)
 
 T.test("the tier form's RL.TAKE is made once per key and cost", function()
-    local conf = config.build()
-    local tier = TIERS.growth
-    local first = recorded(function() store.take(conf, "a", "b", tier, 1) end)
-    local again = recorded(function() store.take(conf, "a", "b", tier, 1) end)
-    T.ok(first[1] == again[1], "the same command")
-end)
-
-T.cases("a reply that is not the limiter's is an error", {
-    { name = "an error reply", reply = { false, "ERR unknown command" },
-      err = "ERR unknown command" },
-    { name = "seven integers", reply = { 1, 10, 9, 6000, -1, 0, -1 }, err = "unexpected reply" },
-}, function(c)
-    local _, d, err = recorded(function()
-        return store.take(config.build(), "a", "b", TIERS.growth, 1)
-    end, c.reply)
-    T.eq(d, nil)
-    T.eq(err, c.err)
+    local first = limiters.command_of(tier_entry("{tier}-key", "growth"), 1)
+    T.ok(limiters.command_of(tier_entry("{tier}-key", "growth"), 1) == first, "the same command")
+    T.ok(limiters.command_of(tier_entry("{tier}-key", "growth"), 10) ~= first, "by cost")
 end)
 
 T.cases("the token endpoint's failure windows", {
-    { name = "a probe writes nothing", cost = 0,
-      want = { { "RL.WINDOW", "s", 5, 900, "COST", 0 }, { "RL.WINDOW", "i", 20, 900, "COST", 0 } } },
-    { name = "a failure recorded trips the box at once", cost = 1,
-      want = { { "RL.WINDOW", "s", 5, 900, "COST", 1, "STRIKES", 1, 900, "EVERY",
-                 "BOX", 900, 3600, 86400 },
-               { "RL.WINDOW", "i", 20, 900, "COST", 1, "STRIKES", 1, 900, "EVERY",
-                 "BOX", 900, 3600, 86400 } } },
+    { name = "a probe writes nothing", record = false,
+      want = { { "RL.WINDOW", "rl:{auth:sub:alice}", "5", "900", "COST", "0" },
+               { "RL.WINDOW", "rl:{auth:ip:10.0.0.1}", "20", "900", "COST", "0" } } },
+    { name = "a failure recorded trips the box at once", record = true,
+      want = { { "RL.WINDOW", "rl:{auth:sub:alice}", 5, 900, "COST", 1, "STRIKES", 1, 900,
+                 "EVERY", "BOX", 900, 3600, 86400 },
+               { "RL.WINDOW", "rl:{auth:ip:10.0.0.1}", 20, 900, "COST", 1, "STRIKES", 1, 900,
+                 "EVERY", "BOX", 900, 3600, 86400 } } },
 }, function(c)
-    local conf = config.build()
-    local cmds, out = recorded(function()
-        return store.auth_windows(conf, { { "s", conf.auth.subject }, { "i", conf.auth.ip } },
-            c.cost)
-    end)
-    T.eq(cmds, c.want)
-    T.eq(#out, 2, "both replies decoded")
+    local attrs = { subject = "alice", ip = "10.0.0.1" }
+    local got = {}
+    for i, name in ipairs({ "auth-subject", "auth-ip" }) do
+        local e = tier_entry(name, "none", attrs)
+        got[i] = args(c.record and limiters.KINDS.window.command(e, 1, true)
+            or limiters.command_of(e, 0))
+    end
+    T.eq(got, c.want)
 end)
 
-T.test("leases: acquired with the request id, released by key and id", function()
+T.test("leases: acquired with the request id", function()
     local conf = config.build()
-    local cmds, d = recorded(function() return store.acquire(conf, "L", 2, 300, "req-9") end,
+    local cmds, d = recorded(function() return commands.acquire(conf, "L", 2, 300, "req-9") end,
         { 1, "req-9", 1, 2, 0 })
     T.eq(cmds, { { "RL.LEASE", "ACQUIRE", "L", 2, 300, "ID", "req-9" } })
     T.eq(d.granted, true)
-    cmds = recorded(function()
-        return store.release(conf, { { key = "L", id = "req-9" }, { key = "M", id = "req-9" } })
-    end, 1)
-    T.eq(cmds, { { "RL.LEASE", "RELEASE", "L", "req-9" }, { "RL.LEASE", "RELEASE", "M", "req-9" } })
 end)
 
 T.test("encoded: arguments as strings and the RESP request", function()
-    local cmd = store.encoded({ "RL.TAKE", "k", 10, 0.5, "" }, 8)
+    local cmd = commands.encoded({ "RL.TAKE", "k", 10, 0.5, "" }, 8)
     T.eq(args(cmd), { "RL.TAKE", "k", "10", "0.5", "" })
     T.eq(cmd.resp, "*5\r\n$7\r\nRL.TAKE\r\n$1\r\nk\r\n$2\r\n10\r\n$3\r\n0.5\r\n$0\r\n\r\n")
     T.eq(cmd.ints, 8)

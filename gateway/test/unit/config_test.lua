@@ -43,7 +43,7 @@ T.test("the defaults build: the sample tiers, routes and auth rules", function()
     T.eq(conf.routes[2].range, { from_arg = "from", to_arg = "to", max_days = 90, cost = 50 })
     T.eq(conf.default_route.name, "other")
     T.eq(conf.auth.fail_set, { [401] = true, [403] = true })
-    T.eq(conf.rules, nil, "the tier form has no rules")
+    T.eq(conf.rules[1].name, "{tier}-key", "the tier form runs as a rule policy")
 end)
 
 T.test("the base configuration of the bad-option cases builds", function()
@@ -247,3 +247,27 @@ T.cases("a bad tier-form option is named", {
     { name = "auth.attempt_wait_ms", mod = function(u) u.auth = { attempt_wait_ms = -1 } end,
       err = "auth.attempt_wait_ms must be >= 0" },
 }, refused)
+
+T.test("the tier form runs as rules: settle and allowance too", function()
+    local conf = config.build(tier_form())
+    local names = {}
+    for _, r in ipairs(conf.rules) do
+        names[#names + 1] = r.name
+    end
+    T.eq(names, { "{tier}-key", "busy" }, "no token endpoint among its routes")
+    T.eq(conf.rules[1].key, "{t:<tenant>}:key:<key_id>", "the tier form's key names")
+    T.eq(conf.rules[1].limiter.also[1].key, "{t:<tenant>}:tenant")
+    local u = tier_form()
+    u.settle = { from = "header", header = "X-Cost" }
+    u.allowance = { size = 10 }
+    conf = config.build(u)
+    T.eq(conf.rules[1].settle.from, "header", "the key's bucket is settled")
+    T.eq(conf.rules[1].limiter.also, nil, "the tenant's bucket is a rule of its own")
+    T.eq({ conf.rules[2].name, conf.rules[2].key, conf.rules[2].allowance.size },
+        { "{tier}-tenant", "{t:<tenant>}:tenant", 10 })
+    u = tier_form()
+    u.allowance = { size = 0 }
+    local ok, err = pcall(config.build, u)
+    T.eq(ok, false)
+    T.ok(tostring(err):find("allowance.size must be an integer >= 1", 1, true), err)
+end)

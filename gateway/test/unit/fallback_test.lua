@@ -17,10 +17,26 @@ local function at_times(fn)
     end
 end
 
+-- The scaled budgets an entry (bucket `p`, tenant bucket `also`) gets on
+-- the local limiter.
+local function scaled(p, also)
+    local e = { key = "k", name = "n", cost = 1, rule = { unit = "points" },
+                params = { kind = "bucket", rate = p.rate, burst = p.burst, period = 60,
+                           also = also and { { rate = also.rate, burst = also.burst,
+                                               period = 60 } } },
+                also_keys = { "t" }, also_names = { "m" } }
+    fallback.decide_entry({ fallback_ratio = 0.25, fallback_entries = 10 }, e)
+    return { rate = e.params.rate, burst = e.params.burst }, e
+end
+
 T.test("the local limiter's budget is a fraction of the tier's, at least 1", function()
-    local conf = { fallback_ratio = 0.25 }
-    T.eq(fallback.scaled(conf, { rate = 3000, burst = 100 }), { rate = 750, burst = 25 })
-    T.eq(fallback.scaled(conf, { rate = 1, burst = 3 }), { rate = 1, burst = 1 })
+    T.eq(scaled({ rate = 3000, burst = 100 }), { rate = 750, burst = 25 })
+    T.eq(scaled({ rate = 1, burst = 3 }), { rate = 1, burst = 1 })
+    local _, e = scaled({ rate = 3000, burst = 100 }, { rate = 6000, burst = 200 })
+    T.eq({ e.params.also[1].rate, e.params.also[1].burst }, { 1500, 50 }, "the tenant's too")
+    T.eq({ e.name, e.also_names[1] }, { "n-degraded", "m-degraded" })
+    T.eq(e.outcome.binding, { name = "n-degraded", limit = 25, remaining = 24, reset_ms = 80,
+                              window = 60, unit = "points" })
 end)
 
 T.test("the local limiter: a burst, a refill, the binding bucket", function()

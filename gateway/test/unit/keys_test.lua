@@ -1,12 +1,12 @@
--- Redis key names (the tier form's, which rlctl reads) and how a key
--- routes in a cluster: resty.rl.policy's key names, resty.rl.cluster's
--- hash slots and slot maps, resty.rl.redis's helpers.
+-- Redis key names (the tier form's, which rlctl reads: its rules' key
+-- templates) and how a key routes in a cluster: resty.rl.cluster's hash
+-- slots and slot maps, resty.rl.redis's helpers.
 local T = require "unit"
-local policy = require "resty.rl.policy"
+local request = require "resty.rl.request"
+local config = require "resty.rl.config"
+local matching = require "resty.rl.matching"
 local cluster = require "resty.rl.cluster"
-local redis = require "resty.rl.redis"
-
-local CONF = { key_prefix = "rl" }
+local connection = require "resty.rl.connection"
 
 T.cases("a value fit for a key", {
     { name = "plain and short: kept", v = "acme-1.eu_west:9@x", want = "acme-1.eu_west:9@x" },
@@ -17,21 +17,47 @@ T.cases("a value fit for a key", {
     { name = "65 bytes: hashed", v = string.rep("a", 65), want = ngx.md5(string.rep("a", 65)) },
     { name = "empty: hashed", v = "", want = ngx.md5("") },
 }, function(c)
-    T.eq(policy.key_part(c.v), c.want)
+    T.eq(request.key_part(c.v), c.want)
 end)
 
+-- The key of the tier form's rule `name` (resty.rl.tier_form) for a
+-- caller of `tier` with attributes `attrs`; the entry too.
+local SAMPLE = config.build()
+local function tier_key(name, tier, attrs, query)
+    for _, rule in ipairs(SAMPLE.rules) do
+        if rule.name == name then
+            local req = { query_arg = function(n) return (query or {})[n] end,
+                          body_arg = function() return nil end }
+            local ident = { attrs = attrs, tier_data = SAMPLE.tiers[tier] or {},
+                            overrides = {}, claims = false, record = false }
+            local e = matching.entry(SAMPLE, req, { route = SAMPLE.routes[1] }, rule, ident)
+            return e.key, e
+        end
+    end
+end
+
 T.test("the tier form's keys: one hash tag per tenant", function()
-    local key, tenant = policy.bucket_keys(CONF, { tenant = "acme", key_id = "g1" })
+    local function who()
+        return { tenant = "acme", key_id = "g1", tier = "growth" }
+    end
+    local key, e = tier_key("{tier}-key", "growth", who())
+    local tenant = e.also_keys[1]
     T.eq(key, "rl:{t:acme}:key:g1")
     T.eq(tenant, "rl:{t:acme}:tenant")
     T.eq(cluster.keyslot(key), cluster.keyslot(tenant), "one slot")
-    T.eq(policy.lease_key(CONF, { tenant = "acme" }, { scope = "tenant", name = "export" }),
-        "rl:{t:acme}:lease:export")
-    T.eq({ policy.auth_keys(CONF, "alice", "10.0.0.1") },
-        { "rl:{auth:sub:alice}", "rl:{auth:sub:alice}:attempt", "rl:{auth:ip:10.0.0.1}" })
-    T.eq({ policy.auth_keys(CONF, nil, nil) }, { nil, nil, "rl:{auth:ip:-}" })
-    T.eq(policy.lease_max({ name = "export" }, { concurrency = { export = 3 } }), 3)
-    T.eq(policy.lease_max({ name = "export", max = 1 }, { concurrency = { export = 3 } }), 1)
+    T.eq(tier_key("export", "growth", who()), "rl:{t:acme}:lease:export")
+    T.eq(tier_key("reconcile-ledger", "growth", who(), { ledger_id = "L1" }),
+        "rl:{t:acme}:lease:reconcile-ledger:L1")
+    T.eq(tier_key("reconcile-ledger", "growth", who()), "rl:{t:acme}:lease:reconcile-ledger:-",
+        "no argument: one shared lock")
+    T.eq(tier_key("auth-subject", "none", { subject = "alice" }), "rl:{auth:sub:alice}")
+    T.eq(tier_key("auth-ip", "none", { ip = "10.0.0.1" }), "rl:{auth:ip:10.0.0.1}")
+    local _, ent = tier_key("export", "enterprise", { tenant = "acme", key_id = "e1",
+                                                       tier = "enterprise" })
+    T.eq(ent.params.max, 3, "the tier's concurrency")
+    local _, fixed = tier_key("reconcile-ledger", "enterprise", { tenant = "acme", key_id = "e1",
+                                                                   tier = "enterprise" })
+    T.eq(fixed.params.max, 1, "the lease's own max")
 end)
 
 T.cases("hash slots as Redis computes them", {
@@ -91,13 +117,13 @@ T.cases("the key a command routes by", {
       want = "k" },
     { name = "in lower case too", cmd = { "rl.lease", "RELEASE", "k", "id" }, want = "k" },
 }, function(c)
-    T.eq(redis.key_of(c.cmd), c.want)
+    T.eq(connection.key_of(c.cmd), c.want)
 end)
 
 T.test("helpers: a flat map, an address", function()
-    T.eq(redis.flat_map({ "a", 1, "b", "x", "odd" }), { a = 1, b = "x" })
-    T.eq({ redis.addr("127.0.0.1:6379") }, { "127.0.0.1", 6379 })
-    T.eq({ redis.addr("[::1]:7000") }, { "[::1]", 7000 })
-    T.eq({ redis.addr("no-port") }, {})
-    T.eq(redis.encode({ "GET", 5, "" }), "$3\r\nGET\r\n$1\r\n5\r\n$0\r\n\r\n")
+    T.eq(connection.flat_map({ "a", 1, "b", "x", "odd" }), { a = 1, b = "x" })
+    T.eq({ connection.addr("127.0.0.1:6379") }, { "127.0.0.1", 6379 })
+    T.eq({ connection.addr("[::1]:7000") }, { "[::1]", 7000 })
+    T.eq({ connection.addr("no-port") }, {})
+    T.eq(connection.encode({ "GET", 5, "" }), "$3\r\nGET\r\n$1\r\n5\r\n$0\r\n\r\n")
 end)

@@ -30,7 +30,7 @@ T.test("the schema's defaults build the sample policy", function()
     T.eq(conf.redis.port, 6379)
     T.ok(conf.tiers.growth and conf.tiers.enterprise, "the sample tiers")
     T.eq(conf.routes[1].name, "POST /v1/ledgers/reconcile")
-    T.eq(conf.rules, nil)
+    T.eq(conf.rules[1].name, "{tier}-key", "translated into a rule policy")
 end)
 
 local RULES = { rules = { { name = "a", limiter = { kind = "window", limit = 5, window = 60 } } } }

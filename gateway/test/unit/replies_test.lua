@@ -1,10 +1,10 @@
 -- Limiter replies read and decoded: resty.rl.redis's byte-level reader of
 -- integer arrays (int_array, and send's reads off a socket), the 8-integer
--- decoder and the lease decoder (resty.rl.store), and the outcomes the
+-- decoder and the lease decoder (resty.rl.commands), and the outcomes the
 -- limiter kinds make of them (resty.rl.limiters, resty.rl.distinct).
 local T = require "unit"
-local redis = require "resty.rl.redis"
-local store = require "resty.rl.store"
+local connection = require "resty.rl.connection"
+local commands = require "resty.rl.commands"
 local limiters = require "resty.rl.limiters"
 
 local null = ngx.null
@@ -26,24 +26,24 @@ local REPLIES = {
 }
 
 T.cases("a whole reply gives its integers", REPLIES, function(c)
-    T.eq(redis.int_array(c.resp, 8), c.ints, "with n = 8")
-    T.eq(redis.int_array(c.resp), c.ints, "as many as it says")
-    T.eq(redis.int_array(c.resp, 7), nil, "with n = 7")
+    T.eq(connection.int_array(c.resp, 8), c.ints, "with n = 8")
+    T.eq(connection.int_array(c.resp), c.ints, "as many as it says")
+    T.eq(connection.int_array(c.resp, 7), nil, "with n = 7")
 end)
 
 T.cases("every prefix of a reply (not complete yet) gives nothing", REPLIES, function(c)
     for i = 0, #c.resp - 1 do
-        T.eq(redis.int_array(c.resp:sub(1, i), 8), nil, "the first " .. i .. " bytes")
+        T.eq(connection.int_array(c.resp:sub(1, i), 8), nil, "the first " .. i .. " bytes")
     end
 end)
 
 T.cases("a mangled reply gives nothing", REPLIES, function(c)
-    T.eq(redis.int_array(c.resp .. ":1\r\n", 8), nil, "one element too many")
-    T.eq(redis.int_array(c.resp .. ":1\r\n"), nil, "one element more than it says")
-    T.eq(redis.int_array((c.resp:gsub("^%*8", "*7")), 8), nil, "*7 with 8 elements")
-    T.eq(redis.int_array((c.resp:gsub("^%*8", "*9")), 8), nil, "*9 with 8 elements")
-    T.eq(redis.int_array(c.resp .. "x", 8), nil, "a byte after the end")
-    T.eq(redis.int_array((c.resp:gsub("\r\n$", "\n")), 8), nil, "the last CR missing")
+    T.eq(connection.int_array(c.resp .. ":1\r\n", 8), nil, "one element too many")
+    T.eq(connection.int_array(c.resp .. ":1\r\n"), nil, "one element more than it says")
+    T.eq(connection.int_array((c.resp:gsub("^%*8", "*7")), 8), nil, "*7 with 8 elements")
+    T.eq(connection.int_array((c.resp:gsub("^%*8", "*9")), 8), nil, "*9 with 8 elements")
+    T.eq(connection.int_array(c.resp .. "x", 8), nil, "a byte after the end")
+    T.eq(connection.int_array((c.resp:gsub("\r\n$", "\n")), 8), nil, "the last CR missing")
     -- each digit after "*8" turned into a letter, each ":" into "+"
     -- (a simple string), each CR and each LF into a space
     local swaps = { ["%d"] = "x", [":"] = "+", ["\r"] = " ", ["\n"] = " " }
@@ -51,7 +51,7 @@ T.cases("a mangled reply gives nothing", REPLIES, function(c)
         for class, by in pairs(swaps) do
             if c.resp:sub(i, i):match(class) then
                 local bad = c.resp:sub(1, i - 1) .. by .. c.resp:sub(i + 1)
-                T.eq(redis.int_array(bad, 8), nil, T.show(bad))
+                T.eq(connection.int_array(bad, 8), nil, T.show(bad))
             end
         end
     end
@@ -71,7 +71,7 @@ T.cases("other shapes give nothing", {
     { name = "more than 64 integers", buf = "*65\r\n" .. string.rep(":1\r\n", 65) },
     { name = "a nested array", buf = "*1\r\n*1\r\n:1\r\n" },
 }, function(c)
-    T.eq(redis.int_array(c.buf), nil)
+    T.eq(connection.int_array(c.buf), nil)
 end)
 
 T.cases("edge values", {
@@ -87,12 +87,12 @@ T.cases("edge values", {
     { name = "a large integer", buf = "*2\r\n:9007199254740992\r\n:-1099511627776\r\n",
       want = { 9007199254740992, -1099511627776 } },
 }, function(c)
-    T.eq(redis.int_array(c.buf, c.n), c.want)
+    T.eq(connection.int_array(c.buf, c.n), c.want)
 end)
 
 -- A socket that answers `chunks` one per receiveany (then a timeout), and
 -- records what was sent; a connection over it that records its close.
-local function connection(chunks)
+local function fake_connection(chunks)
     local sock = { sent = {}, reads = 0 }
     function sock:send(data)
         self.sent[#self.sent + 1] = data
@@ -125,22 +125,22 @@ end
 local ALLOWED = REPLIES[1]
 
 T.test("send: a limiter command alone is sent as encoded and read in one piece", function()
-    local cmd = store.encoded({ "RL.TAKE", "rl:{k}", 10, 1, 60 }, 8)
-    local red, sock = connection({ ALLOWED.resp })
-    T.eq(redis.send(red, { cmd }), { ALLOWED.ints })
+    local cmd = commands.encoded({ "RL.TAKE", "rl:{k}", 10, 1, 60 }, 8)
+    local red, sock = fake_connection({ ALLOWED.resp })
+    T.eq(connection.send(red, { cmd }), { ALLOWED.ints })
     T.eq(sock.sent, { "*5\r\n$7\r\nRL.TAKE\r\n$6\r\nrl:{k}\r\n$2\r\n10\r\n$1\r\n1\r\n$2\r\n60\r\n" })
     T.eq(sock.reads, 1)
     T.ok(not red.closed, "kept open (back into the pool)")
 end)
 
 T.cases("send: a reply cut across reads is put together", REPLIES, function(c)
-    local cmd = store.encoded({ "RL.TAKE", "k", 10, 1, 60 }, 8)
+    local cmd = commands.encoded({ "RL.TAKE", "k", 10, 1, 60 }, 8)
     for cut = 1, #c.resp - 1 do
-        local red = connection({ c.resp:sub(1, cut), c.resp:sub(cut + 1) })
-        T.eq(redis.send(red, { cmd }), { c.ints }, "cut at byte " .. cut)
+        local red = fake_connection({ c.resp:sub(1, cut), c.resp:sub(cut + 1) })
+        T.eq(connection.send(red, { cmd }), { c.ints }, "cut at byte " .. cut)
     end
-    local red = connection(pieces(c.resp, 5))
-    T.eq(redis.send(red, { cmd }), { c.ints }, "in pieces of 5 bytes")
+    local red = fake_connection(pieces(c.resp, 5))
+    T.eq(connection.send(red, { cmd }), { c.ints }, "in pieces of 5 bytes")
 end)
 
 T.cases("send: failures close the connection", {
@@ -159,9 +159,9 @@ T.cases("send: failures close the connection", {
     { name = "reads are bounded (16)", chunks = pieces(ALLOWED.resp, 1),
       err = "unexpected reply", closed = true },
 }, function(c)
-    local cmd = store.encoded({ "RL.TAKE", "k", 10, 1, 60 }, 8)
-    local red = connection(c.chunks)
-    local res, err = redis.send(red, { cmd })
+    local cmd = commands.encoded({ "RL.TAKE", "k", 10, 1, 60 }, 8)
+    local red = fake_connection(c.chunks)
+    local res, err = connection.send(red, { cmd })
     T.eq(res, c.want, "the replies")
     T.eq(err, c.err, "the error")
     T.eq(red.closed, c.closed, "closed")
@@ -185,7 +185,7 @@ T.cases("decode: the 8-integer reply as named fields", {
     { name = "a string", res = "OK", want = nil },
     { name = "nothing", res = nil, want = nil },
 }, function(c)
-    T.eq(store.decode(c.res), c.want)
+    T.eq(commands.decode(c.res), c.want)
 end)
 
 T.cases("decode_lease: RL.LEASE ACQUIRE's reply", {
@@ -200,10 +200,10 @@ T.cases("decode_lease: RL.LEASE ACQUIRE's reply", {
     { name = "an error reply", res = { false, "ERR max" }, want = nil },
     { name = "nothing", res = nil, want = nil },
 }, function(c)
-    T.eq(store.decode_lease(c.res), c.want)
+    T.eq(commands.decode_lease(c.res), c.want)
 end)
 
--- An entry of a rule policy as resty.rl.entries makes it (the fields an
+-- An entry of a rule policy as resty.rl.matching makes it (the fields an
 -- outcome reads).
 local function entry(params, over)
     local e = { params = params, name = "free", also_names = { "free-tenant" },

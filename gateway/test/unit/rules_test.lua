@@ -4,6 +4,7 @@
 local T = require "unit"
 local config = require "resty.rl.config"
 local rules = require "resty.rl.rules"
+local refs = require "resty.rl.refs"
 local gateway = require "resty.rl.gateway"
 
 local GW = T.gateway_dir
@@ -192,7 +193,7 @@ T.cases("references", {
     { name = "a number", v = 5, want = nil },
     { name = "a table without ref", v = { default = 5 }, want = nil },
 }, function(c)
-    T.eq(rules.as_ref(c.v), c.want)
+    T.eq(refs.as_ref(c.v), c.want)
 end)
 
 T.test("a limiter with a reference is compiled, and not shared", function()
@@ -203,9 +204,9 @@ T.test("a limiter with a reference is compiled, and not shared", function()
 end)
 
 local TIER = { rate = 10, monthly = 1000, nested = { cap = 3 } }
-local REF_RATE, REF_NESTED = rules.as_ref("tier.rate"), rules.as_ref("tier.nested.cap")
-local REF_BRAND = rules.as_ref({ ref = "brand.max", default = 5 })
-local REF_TENANT = rules.as_ref({ ref = "tenant.plan", default = "basic" })
+local REF_RATE, REF_NESTED = refs.as_ref("tier.rate"), refs.as_ref("tier.nested.cap")
+local REF_BRAND = refs.as_ref({ ref = "brand.max", default = 5 })
+local REF_TENANT = refs.as_ref({ ref = "tenant.plan", default = "basic" })
 
 T.cases("resolve per caller", {
     { name = "not a reference", v = 7, ident = {}, want = 7 },
@@ -234,16 +235,16 @@ T.cases("resolve per caller", {
     { name = "a string reference without override", v = REF_TENANT, ident = {},
       want = "basic" },
 }, function(c)
-    T.eq(rules.resolve(c.v, c.ident), c.want)
+    T.eq(refs.resolve(c.v, c.ident), c.want)
 end)
 
 T.test("each_value: one value per tier, or the default of a runtime reference", function()
     local tiers = { a = { rate = 1 }, b = { rate = 2 }, c = {} }
-    local got = rules.each_value(rules.as_ref({ ref = "tier.rate", default = 9 }), tiers)
+    local got = refs.each_value(refs.as_ref({ ref = "tier.rate", default = 9 }), tiers)
     table.sort(got, function(x, y) return x[2] < y[2] end)
     T.eq(got, { { 1, " (tier a)" }, { 2, " (tier b)" }, { 9, " (tier c)" } })
-    T.eq(rules.each_value(REF_BRAND, tiers), { { 5, " (default)" } })
-    T.eq(rules.each_value(4, tiers), { { 4, "" } })
+    T.eq(refs.each_value(REF_BRAND, tiers), { { 5, " (default)" } })
+    T.eq(refs.each_value(4, tiers), { { 4, "" } })
 end)
 
 T.test("upstream headers: references and attributes", function()

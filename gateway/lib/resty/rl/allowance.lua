@@ -21,7 +21,7 @@
 -- negative is undone by the party that made it, so the points taken out
 -- never exceed the points put in.
 
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 
 local _M = {}
@@ -142,7 +142,7 @@ local function fetch_ahead(premature, conf, e)
     local d = ngx.shared[e.rule.allowance.dict]
     if not premature then
         local p = e.params
-        local res, err = store.pipeline_ok(conf, { { "RL.TAKE", e.key, p.burst, p.rate, p.period,
+        local res, err = commands.pipeline_ok(conf, { { "RL.TAKE", e.key, p.burst, p.rate, p.period,
             "COST", e.rule.allowance.size, "PARTIAL", "MIN", 1 } })
         local r = res and res[1]
         if type(r) == "table" and r[1] == 1 and type(r[9]) == "number" and r[9] > 0 then
@@ -260,7 +260,7 @@ local function sweep(conf, d, all)
     if #cmds == 0 then
         return
     end
-    local res, err = store.pipeline_ok(conf, cmds)
+    local res, err = commands.pipeline_ok(conf, cmds)
     if not res then
         metrics.redis_error(conf, err)
         ngx.log(ngx.WARN, "rl: allowances not returned: ", tostring(err))

@@ -21,7 +21,7 @@
 -- Redirections are counted in the metrics dict (resty.rl.metrics).
 
 local bit = require "bit"
-local transport = require "resty.rl.redis"
+local transport = require "resty.rl.connection"
 local metrics = require "resty.rl.metrics"
 
 local band, bxor, lshift, rshift = bit.band, bit.bxor, bit.lshift, bit.rshift

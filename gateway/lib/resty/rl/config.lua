@@ -2,15 +2,18 @@
 --
 -- A gateway is configured with one Lua table (the nginx front end passes it
 -- to resty.rl.gateway.new, the Kong plugin gets it from its schema). Every
--- option has a default here, so a configuration only states what differs.
--- gateway/REFERENCE.md documents each option.
+-- general option has a default here, so a configuration only states what
+-- differs. A configuration is a rule policy (`rules`, resty.rl.rules) or
+-- the tier form (resty.rl.tier_form: its sample fills what it leaves out,
+-- and it is translated into a rule policy). gateway/REFERENCE.md
+-- documents each option.
+
+local rules = require "resty.rl.rules"
+local tier_form = require "resty.rl.tier_form"
 
 local _M = {}
 
-local DAY = 86400
-
---- The default policy: the three tiers, the route table and the auth rules
---- of the sample (sandbox, growth, enterprise).
+--- The general options of every configuration, with their defaults.
 _M.defaults = {
     -- Redis with the rl module. timeout_ms is the budget of one call
     -- (connect, send and read each); a slower reply counts as a failure.
@@ -69,92 +72,11 @@ _M.defaults = {
     -- no counters); at most reports_per_second usage reports per key and
     -- node; `usage = false` turns the endpoints and counters off.
     usage = { dict = "rl_usage", reports_per_second = 10 },
-    -- Who is calling: the API key header and a key -> identity table.
-    -- `key_id` names the key in Redis keys and logs (never the key itself).
-    identity = {
-        header = "X-Api-Key",
-        keys = {},
-    },
     -- Header with the client address when behind a trusted proxy
     -- (nil: the connection's address).
     client_ip_header = nil,
-    tiers = {
-        sandbox = {
-            key = { rate = 300, burst = 300 },
-            tenant = { rate = 600, burst = 600 },
-            period = 60,
-            strikes = { threshold = 20, window = 60 },
-            box = { 300, 3600, DAY },
-            offenses_ttl = DAY,
-            concurrency = { reconcile = 1, export = 1 },
-        },
-        growth = {
-            key = { rate = 3000, burst = 3000 },
-            tenant = { rate = 6000, burst = 6000 },
-            period = 60,
-            strikes = { threshold = 20, window = 60 },
-            box = { 300, 3600, DAY },
-            offenses_ttl = DAY,
-            concurrency = { reconcile = 2, export = 1 },
-        },
-        enterprise = {
-            key = { rate = 12000, burst = 12000 },
-            tenant = { rate = 60000, burst = 60000 },
-            period = 60,
-            strikes = { threshold = 100, window = 60 },
-            -- level 3 is never automatic: a manual box, released by review
-            box = { 300, 3600, 0 },
-            offenses_ttl = DAY,
-            concurrency = { reconcile = 8, export = 3 },
-        },
-    },
-    -- Routes: matched in order by method and template ({name} matches one
-    -- path segment). The template, never the raw URL, names the route in
-    -- keys, headers, logs and metrics.
-    routes = {
-        {
-            method = "POST", template = "/v1/ledgers/reconcile", cost = 10, critical = true,
-            leases = {
-                -- one reconcile per ledger; a second one gets 409 Conflict
-                { name = "reconcile-ledger", scope = "arg", arg = "ledger_id", max = 1,
-                  status = 409, ttl = 300, expected = 5 },
-                -- per tenant: tier.concurrency.reconcile
-                { name = "reconcile", scope = "tenant", status = 429, ttl = 300, expected = 5 },
-            },
-        },
-        {
-            method = "GET", template = "/v1/reports/audit-export", cost = 25, critical = true,
-            -- a range (arguments from/to, YYYY-MM-DD) beyond 90 days costs 50
-            range = { from_arg = "from", to_arg = "to", max_days = 90, cost = 50 },
-            leases = {
-                { name = "export", scope = "tenant", status = 429, ttl = 600, expected = 30 },
-            },
-        },
-        { method = "POST", template = "/v1/auth/token", auth = true, critical = true },
-        { method = "GET", template = "/v1/ledgers", cost = 1 },
-        { method = "GET", template = "/v1/ledgers/{id}", cost = 1 },
-        { method = "GET", template = "/v1/ledgers/{id}/entries", cost = 1 },
-        { method = "POST", template = "/v1/ledgers/{id}/entries", cost = 1 },
-    },
     -- A request that matches no route: its name and cost.
     default_route = { template = "other", cost = 1, critical = false },
-    -- The token endpoint: only failed attempts count (upstream status in
-    -- fail_statuses), per subject and per client IP, in a sliding window;
-    -- the failure that does not fit locks the subject or IP out.
-    auth = {
-        subject_arg = "client_id",
-        fail_statuses = { 401, 403 },
-        subject = { limit = 5, window = 900 },
-        ip = { limit = 20, window = 900 },
-        box = { 900, 3600, DAY },
-        -- one attempt in flight per subject: the lease's ttl (it is given
-        -- back after the response; the ttl bounds a release that never
-        -- comes), how long an attempt waits for the previous one's lease,
-        -- and the Retry-After of an attempt that waited in vain
-        attempt_ttl = 30,
-        attempt_wait_ms = 500,
-        busy_retry_after = 1,
-    },
 }
 
 local function deep_copy(v)
@@ -210,28 +132,9 @@ local function seconds(v)
     return math.abs(ms - math.floor(ms + 0.5)) < 1e-6
 end
 
--- Escapes Lua pattern magic characters.
-local function literal(s)
-    return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
-end
-
---- Compiles a route template ("/v1/ledgers/{id}/entries") to an anchored
---- Lua pattern; each {name} matches one non-empty path segment.
-function _M.template_pattern(template)
-    local parts = {}
-    local pos = 1
-    while true do
-        local s, e = template:find("{[%w_]+}", pos)
-        if not s then
-            parts[#parts + 1] = literal(template:sub(pos))
-            break
-        end
-        parts[#parts + 1] = literal(template:sub(pos, s - 1))
-        parts[#parts + 1] = "[^/]+"
-        pos = e + 1
-    end
-    return "^" .. table.concat(parts) .. "/?$"
-end
+--- Compiles a route template to an anchored Lua pattern
+--- (resty.rl.rules.template_pattern).
+_M.template_pattern = rules.template_pattern
 
 local function validate_tier(name, t)
     for _, which in ipairs({ "key", "tenant" }) do
@@ -279,7 +182,7 @@ local function validate_route(i, r, tiers)
     check(r.timeout_ms == nil or type(r.timeout_ms) == "number" and r.timeout_ms > 0,
         "routes[%d] (%s): timeout_ms must be > 0", i, r.template)
     r.name = (r.method or "ANY") .. " " .. r.template
-    r.pattern = _M.template_pattern(r.template)
+    r.pattern = rules.template_pattern(r.template)
     r.critical = r.critical and true or false
     for j, l in ipairs(r.leases or {}) do
         check(type(l.name) == "string", "routes[%d].leases[%d]: name missing", i, j)
@@ -382,14 +285,12 @@ local function route_budgets(conf)
 end
 
 --- A rule policy (a configuration with `rules`): the general options over
---- the defaults, the user's tiers and routes only (the sample tiers and
---- routes are those of the tier form), then resty.rl.rules.
-function _M.build_rules(conf, user)
+--- the defaults, then resty.rl.rules.
+local function build_rules(conf)
     validate_general(conf)
-    conf.tiers = deep_copy(user.tiers or {})
-    conf.routes = deep_copy(user.routes or {})
-    conf.identity = deep_copy(user.identity or {})
-    conf.auth = nil
+    conf.tiers = conf.tiers or {}
+    conf.routes = conf.routes or {}
+    conf.identity = conf.identity or {}
     for name, t in pairs(conf.tiers) do
         check(type(name) == "string" and name:match("^[%w_%-]+$"),
             "tier name %q: letters, digits, - and _ only", tostring(name))
@@ -403,26 +304,30 @@ function _M.build_rules(conf, user)
     end
     conf.default_route.name = conf.default_route.template
     conf.default_route.critical = conf.default_route.critical and true or false
-    return route_budgets(require("resty.rl.rules").compile(conf))
+    return route_budgets(rules.compile(conf))
 end
 
 --- Builds a complete, validated configuration from `user` (a partial
 --- table, possibly nil) over the defaults. Raises an error naming the
---- offending option. Tiers, routes and identity keys given by the user
---- replace the defaults' whole tables when given.
+--- offending option. A tier-form configuration takes the sample's tiers,
+--- routes, identity and auth rules for those it leaves out (tiers and
+--- routes replace the sample's whole tables when given) and is
+--- translated into a rule policy (resty.rl.tier_form).
 function _M.build(user)
     user = user or {}
     local conf = merge(_M.defaults, user)
-    -- lists and tables of entries replace rather than merge
-    if user.tiers ~= nil and user.tiers ~= ngx.null then
-        conf.tiers = deep_copy(user.tiers)
-    end
-    if user.routes ~= nil and user.routes ~= ngx.null then
-        conf.routes = deep_copy(user.routes)
-    end
     check(type(conf.redis.host) == "string", "redis.host must be a string")
     if user.rules ~= nil then
-        return _M.build_rules(conf, user)
+        return build_rules(conf)
+    end
+    -- the tier form: the sample's tables for those not given
+    for _, k in ipairs({ "identity", "auth" }) do
+        conf[k] = merge(tier_form.SAMPLE[k], user[k])
+    end
+    for _, k in ipairs({ "tiers", "routes" }) do
+        if conf[k] == nil then
+            conf[k] = deep_copy(tier_form.SAMPLE[k])
+        end
     end
     validate_general(conf)
     check(next(conf.tiers) ~= nil, "at least one tier is needed")
@@ -465,7 +370,7 @@ function _M.build(user)
         fail[s] = true
     end
     a.fail_set = fail
-    return route_budgets(conf)
+    return route_budgets(rules.compile(tier_form.translate(conf)))
 end
 
 return _M

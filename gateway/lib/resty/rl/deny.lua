@@ -23,7 +23,7 @@
 -- de-duplication marks (one alert per box).
 
 local cjson = require "cjson.safe"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local limiters = require "resty.rl.limiters"
 
 local _M = {}
@@ -119,7 +119,7 @@ end
 -- is cached as boxed (fresh), else nil. A cached box, fresh or stale, is
 -- kept as e.known_box; a stale one marks the request (state.deny_stale).
 local function cached_box(conf, e, state)
-    local box = limiters.boxes(e.params) and _M.get(conf, e.key)
+    local box = limiters.boxes(e) and _M.get(conf, e.key)
     if not box then
         return nil
     end
@@ -191,7 +191,7 @@ local function poll(premature, conf)
         return
     end
     local d = dict(conf)
-    local res = store.pipeline(conf, { { "GET", _M.version_key(conf) } })
+    local res = commands.pipeline(conf, { { "GET", _M.version_key(conf) } })
     if not d or not res then
         return
     end

@@ -17,7 +17,7 @@
 -- an already active box answers without a new offense (so concurrent
 -- failures trip once).
 
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 
 local _M = {}
 
@@ -52,7 +52,7 @@ local STATES = { [1] = "allowed", [0] = "refused", [-1] = "boxed" }
 --- or nil and an error. A probe of a rule with `min_events` is never
 --- refused for the count alone (only the trip, after a failure, acts).
 local function outcome(e, raw)
-    local d = store.decode(raw)
+    local d = commands.decode(raw)
     if not d then
         return nil, "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
     end
@@ -127,18 +127,18 @@ function _M.record_failures(conf, entries)
         end
         at[i] = #cmds
     end
-    local res, err = store.pipeline(conf, cmds)
+    local res, err = commands.pipeline(conf, cmds)
     if not res then
         return nil, err
     end
     local boxed, trips, tripping = {}, {}, {}
     for i, e in ipairs(entries) do
-        local d = store.decode(res[at[i]])
+        local d = commands.decode(res[at[i]])
         if d and d.status == -1 then
             boxed[#boxed + 1] = e
             e.outcome = { state = "boxed", level = d.box_level, retry_ms = d.retry_after_ms }
         elseif d and d.status == 0 and e.params.min_events and e.params.trip then
-            local ev = store.decode(res[at[i] - 1])
+            local ev = commands.decode(res[at[i] - 1])
             -- the event window refuses: min_events - 1 were counted already
             if ev and ev.status == 0 then
                 trips[#trips + 1] = distinct_cmd(e, trip(e.params))
@@ -152,12 +152,12 @@ function _M.record_failures(conf, entries)
     if #trips == 0 then
         return boxed
     end
-    res, err = store.pipeline(conf, trips)
+    res, err = commands.pipeline(conf, trips)
     if not res then
         return nil, err
     end
     for j, e in ipairs(tripping) do
-        local d = store.decode(res[j])
+        local d = commands.decode(res[j])
         if d and d.status == -1 then
             boxed[#boxed + 1] = e
             e.outcome = { state = "boxed", level = d.box_level, retry_ms = d.retry_after_ms }

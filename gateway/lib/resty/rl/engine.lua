@@ -1,8 +1,9 @@
--- resty.rl.engine: a rule policy applied to requests (configurations with
--- `rules`; resty.rl.gateway hands them here). Per request:
+-- resty.rl.engine: a rule policy applied to requests (every
+-- configuration: the tier form is translated into one, resty.rl.tier_form;
+-- resty.rl.gateway hands them here). Per request:
 --   1. the route and the caller (resty.rl.identity);
 --   2. every rule that matches and whose scope the caller has (its entry:
---      resty.rl.entries);
+--      resty.rl.matching);
 --   3. the edge deny cache: a rule key known to be boxed answers at once
 --      (the strictest box of the request: resty.rl.deny.strictest_entry);
 --   4. one round trip with every rule's command (RL.TAKE, RL.WINDOW,
@@ -14,8 +15,9 @@
 --   5. the strictest outcome wins (of several boxes the highest level,
 --      then the latest end; then a refusal without end, then the longest
 --      Retry-After; a soft block only when nothing refuses); its action
---      answers (reject, quota, challenge) or marks the request (soft);
---   6. after the response (log phase, in a timer, resty.rl.after): failures
+--      answers (reject, quota, challenge: resty.rl.answer) or marks the
+--      request (soft);
+--   6. after the response (log phase, in a timer, resty.rl.log_phase): failures
 --      recorded, leases released, level-2/3 box alerts added to the alert
 --      stream, distinct members recorded, quota threshold events appended.
 -- Rules with `allowance` spend their node's points without Redis in step 4
@@ -23,19 +25,18 @@
 -- (resty.rl.settle).
 
 local identity = require "resty.rl.identity"
-local rules = require "resty.rl.rules"
+local refs = require "resty.rl.refs"
 local limiters = require "resty.rl.limiters"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local headers = require "resty.rl.headers"
-local problem = require "resty.rl.problem"
 local fallback = require "resty.rl.fallback"
 local deny = require "resty.rl.deny"
-local after = require "resty.rl.after"
+local answer = require "resty.rl.answer"
+local log_phase = require "resty.rl.log_phase"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 local phases = require "resty.rl.phases"
-local memo = require "resty.rl.memo"
-local entries_of = require "resty.rl.entries"
+local matching = require "resty.rl.matching"
 local hotpath = require "resty.rl.hotpath"
 
 local _M = {}
@@ -43,10 +44,22 @@ local _M = {}
 local Engine = {}
 Engine.__index = Engine
 
-local null = ngx.null
 -- An empty table, never written (an option not given, a list that
 -- stays empty).
 local NONE = {}
+
+-- The rules of `list` that may match requests of `route` (those without
+-- match.routes, or naming it).
+local function rules_of_route(list, route)
+    local out = {}
+    for _, rule in ipairs(list) do
+        local set = rule.match.route_set
+        if not set or set[route.name] then
+            out[#out + 1] = rule
+        end
+    end
+    return out
+end
 
 --- An engine for a compiled rule policy (resty.rl.config.build).
 function _M.new(conf)
@@ -57,19 +70,30 @@ function _M.new(conf)
     -- a client sends is removed first)
     local soft = {}
     -- the steps some rules need, left out of every request when none does
-    local needs = { probes = false, one_in_flight = false, delays = false, settles = false,
-                    log = false }
+    local needs = { delays = false, settles = false }
     for _, rule in ipairs(conf.rules) do
         if rule.on_refusal.action == "soft" then
             soft[#soft + 1] = rule
         end
-        needs.probes = needs.probes or rule.count ~= "requests"
-        needs.one_in_flight = needs.one_in_flight or rule.one_in_flight ~= nil
         needs.delays = needs.delays or rule.limiter.delay ~= nil
         needs.settles = needs.settles or rule.settle ~= nil
-        needs.log = needs.log or after.works_after(rule)
+        -- (a request with an entry of such a rule does the step: state.steps)
+        rule.works_after = log_phase.works_after(rule)
     end
-    return setmetatable({ conf = conf, soft_rules = soft, needs = needs,
+    -- per route, the rules that may match it (match.routes): a request
+    -- walks only those (one rule: no loop, resty.rl.hotpath)
+    local route_rules = {}
+    for _, route in ipairs(conf.routes) do
+        route_rules[route] = rules_of_route(conf.rules, route)
+    end
+    route_rules[conf.default_route] = rules_of_route(conf.rules, conf.default_route)
+    -- the most entries a request can have (room made for them at once)
+    local most = 1
+    for _, list in pairs(route_rules) do
+        most = math.max(most, #list)
+    end
+    return setmetatable({ conf = conf, soft_rules = soft, needs = needs, route_rules = route_rules,
+                          most_entries = most,
                           upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
 end
 
@@ -83,7 +107,9 @@ function Engine:one_in_flight(state, e)
     local f = e.rule.one_in_flight
     local key = e.key .. ":attempt"
     phases.add_lease(state, { key = key, id = state.request_id })
-    local res, err = phases.acquire_waiting(self.conf, key, f.ttl, state.request_id, f.wait_ms)
+    -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+    local res, err = phases.acquire_waiting(state.route.store_conf or self.conf, key, f.ttl,
+        state.request_id, f.wait_ms)
     if not res then
         return nil, err
     end
@@ -95,191 +121,6 @@ function Engine:one_in_flight(state, e)
     return { rule = e.rule, name = e.name, params = { kind = "lease", max = 1 }, cost = e.cost,
              outcome = { state = "refused", retry_ms = f.retry_after * 1000, concurrency = 1,
                          binding = { name = e.name, limit = 1, remaining = 0 } } }
-end
-
--- Ranks a hard refusal: a box without end first, then the longest wait.
-local function severity(o)
-    return o.retry_ms or math.huge
-end
-
---- The strictest outcome of `entries` (a hard refusal, else a soft block,
---- else nil when everything was admitted). Among boxes the strictest box
---- (resty.rl.deny.stricter: the highest level, then the latest end, as
---- the edge deny cache answers); between it and the other refusals, the
---- one without end, then the longest wait.
-local function strictest(entries)
-    if #entries == 1 then
-        -- one entry, without a loop (resty.rl.hotpath)
-        local o = entries[1].outcome
-        return o and (o.state == "refused" or o.state == "boxed") and entries[1] or nil
-    end
-    local box, hard, soft
-    for _, e in ipairs(entries) do
-        local o = e.outcome
-        if o and (o.state == "refused" or o.state == "boxed") then
-            if e.rule.on_refusal.action == "soft" then
-                soft = soft or e
-            elseif o.state == "boxed" then
-                if not box or deny.stricter(o, box.outcome) then
-                    box = e
-                end
-            elseif not hard or severity(o) > severity(hard.outcome) then
-                hard = e
-            end
-        end
-    end
-    if box and (not hard or severity(box.outcome) >= severity(hard.outcome)) then
-        return box
-    end
-    return hard or box or soft
-end
-
--- The RateLimit binding of an admitted request: the rate entry with the
--- smallest share of its limit left (a distinct rule's members only when
--- no rate entry applies: they are not requests left).
-local function tightest(entries)
-    if #entries == 1 then
-        local e = entries[1]
-        return e.outcome and e.outcome.binding and e.params.kind ~= "lease" and e or nil
-    end
-    local best, share, members
-    for _, e in ipairs(entries) do
-        local b = e.outcome and e.outcome.binding
-        if b and e.params.kind == "distinct" then
-            members = members or e
-        elseif b and e.params.kind ~= "lease" then
-            local s = b.remaining / math.max(b.limit, 1)
-            if not share or s < share then
-                best, share = e, s
-            end
-        end
-    end
-    return best or members
-end
-
--- The RateLimit-Policy items of entry `e`, as a field value.
-local function entry_policy(e)
-    return headers.policy(limiters.KINDS[e.params.kind].policies(e))
-end
-
--- Sets RateLimit-Policy (every entry that applied) and RateLimit.
-function Engine:rate_headers(state, binding_entry)
-    local entries = state.entries
-    if #entries == 1 then
-        -- one entry (the common case): its value, without a list
-        local v = memo.policy_field(entries[1], entry_policy)
-        if v ~= "" then
-            state.headers["RateLimit-Policy"] = v
-        end
-    else
-        local fields = {}
-        for _, e in ipairs(entries) do
-            local v = memo.policy_field(e, entry_policy)
-            if v ~= "" then
-                fields[#fields + 1] = v
-            end
-        end
-        if #fields > 0 then
-            state.headers["RateLimit-Policy"] = #fields == 1 and fields[1]
-                or table.concat(fields, ", ")
-        end
-    end
-    local b = binding_entry and binding_entry.outcome and binding_entry.outcome.binding
-    if b then
-        state.binding = b
-        state.binding_entry = binding_entry
-        headers.ratelimit_field(state.headers, self.conf, b)
-    end
-end
-
--- The `detail`/`message` of a refusal by `name` (the binding policy).
-local function message(e, o, secs, name)
-    local a = e.rule.on_refusal
-    if a.message then
-        return a.message
-    end
-    if o.state == "boxed" then
-        return string.format("%s: locked (level %d) after repeated refusals; %s.", name,
-            o.level or 0, secs and ("retry in " .. secs .. " s") or "until a manual review")
-    end
-    if e.params.kind == "lease" then
-        return string.format("%s: at most %d concurrent request(s); retry in %d s.", name,
-            e.params.max, secs or 1)
-    end
-    return string.format("%s: %d %s per %s s exhausted (this request: %d); %s.", name,
-        o.binding.limit, e.rule.unit, tostring(o.binding.window), e.cost,
-        secs and ("retry in " .. secs .. " s") or "it never fits")
-end
-
---- Answers the winning refusal `e` (or lets it through in shadow mode),
---- counted as `decision_as` when given. The body, the event line and
---- RateLimit name the same policy: the bucket that refused (an `also`
---- bucket, such as the tenant's, is named as itself).
-function Engine:refuse_with(req, state, e, decision_as)
-    local conf = self.conf
-    local o, a = e.outcome, e.rule.on_refusal
-    local name = o.binding and o.binding.name or e.name
-    local secs = o.retry_ms and headers.seconds(o.retry_ms) or nil
-    state.policy, state.retry_after, state.box_level = name, secs, o.level ~= 0 and o.level or nil
-    state.strikes_remaining = o.strikes
-    local kind, decision = a.type, "throttled"
-    if o.state == "boxed" then
-        kind, decision = "penalty-box-active", "boxed"
-        state.headers["X-Penalty-Box-Status"] = "Active-Lockout"
-        local len = e.params.box and e.params.box[o.level]
-            or e.params.trip and e.params.trip.duration or 0
-        headers.retry_after(state.headers, o.retry_ms, len >= conf.http_date_after)
-    else
-        if e.params.kind == "lease" then
-            kind, decision = "concurrency-limit-exceeded", "conflict"
-        elseif a.action == "quota" then
-            decision = "quota_exceeded"
-        elseif a.action == "challenge" then
-            decision = "challenged"
-        end
-        -- A warning once strikes count (an early retry), not on a refusal
-        -- that only announces its Retry-After.
-        if o.strikes and e.params.strikes and o.strikes < e.params.strikes.threshold then
-            state.headers["X-Penalty-Box-Status"] = "Warning"
-        end
-        headers.retry_after(state.headers, o.retry_ms, false)
-    end
-    for k, v in pairs(a.headers or {}) do
-        state.headers[k] = v
-    end
-    local status = a.status
-    if o.state == "boxed" and not o.retry_ms then
-        status = conf.manual_box_status
-    end
-    local vars = {
-        status = status, type = kind, message = message(e, o, secs, name),
-        retry_after = secs or null, policy = name, tier = state.tier_name or null,
-        strikes = o.strikes or null,
-        level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
-        upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
-        concurrency_limit = o.concurrency or null, instance = req.path(),
-        request_id = state.request_id, error = a.error or null, degraded = state.degraded or null,
-        ends_at = (o.state == "boxed" and o.retry_ms)
-            and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
-    }
-    if not phases.refusing(conf, state, status, decision_as or decision) then
-        return
-    end
-    local ctype, body = problem.render(conf, vars, o.state == "boxed", a.fields)
-    return phases.exit(req, state, status, ctype, body)
-end
-
--- A refusal that is not a rule's (401, 400, the fail-closed 503): a
--- problem body; `retry_after` the seconds of its Retry-After, if any (the
--- body says the same).
-function Engine:refuse_plain(req, state, status, kind, decision, detail, retry_after)
-    if not phases.refusing(self.conf, state, status, decision) then
-        return
-    end
-    local ctype, body = problem.render(self.conf, { status = status, type = kind,
-        message = detail, instance = req.path(), request_id = state.request_id,
-        tier = state.tier_name or null, retry_after = retry_after or null }, false)
-    return phases.exit(req, state, status, ctype, body)
 end
 
 --- Redis failed: a box the edge deny cache knows (stale: not confirmed
@@ -294,43 +135,40 @@ function Engine:redis_failed(req, state, err)
     local known = state.deny_stale and deny.strictest_known(state.entries)
     if known then
         state.deny_cached = true
-        self:rate_headers(state, known)
-        return self:refuse_with(req, state, known)
+        answer.rate_headers(conf, state, known)
+        return answer.refuse_with(conf, req, state, known)
     end
     local entries = state.entries or {}
     local closed = state.route.critical and #entries == 0
     for _, e in ipairs(entries) do
-        local mode = rules.resolve(e.rule.on_redis_failure, state.ident)
+        local mode = refs.resolve(e.rule.on_redis_failure, state.ident)
             or (state.route.critical and "closed" or "local")
         closed = closed or mode == "closed"
     end
     if closed then
-        local wait, detail = phases.fail_closed(conf, state, false)
-        return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
-            detail, wait)
+        local wait, detail = phases.fail_closed(conf, state)
+        if conf.fail_closed_policy then
+            -- the static policies, but no live counter
+            answer.rate_headers(conf, state, nil)
+        end
+        return answer.refuse_plain(conf, req, state, 503, "rate-limiter-unavailable",
+            "failed_closed", detail, wait)
     end
     state.decision = "degraded_allowed"
     -- decided here, without Redis: the response (and a refusal's body) says so
     state.degraded = headers.DEGRADED_VALUE
     headers.degraded(state.headers)
     for _, e in ipairs(state.entries or {}) do
-        local p, mode = e.params, rules.resolve(e.rule.on_redis_failure, state.ident) or "local"
+        local p, mode = e.params, refs.resolve(e.rule.on_redis_failure, state.ident) or "local"
         if mode == "local" and (p.kind == "bucket" or p.kind == "window") and not e.probe then
-            local cap = math.max(math.floor((p.burst or p.limit) * conf.fallback_ratio), 1)
-            local rate = math.max(math.floor((p.rate or p.limit) * conf.fallback_ratio), 1)
-            local ok, _, remaining, wait_ms = fallback.take(conf,
-                { { name = e.key, rate = rate, burst = cap } }, p.period or p.window,
-                math.min(e.cost, cap))
-            e.name = e.name .. "-degraded"
-            e.outcome = { state = ok and "allowed" or "refused", retry_ms = wait_ms,
-                binding = { name = e.name, limit = cap, remaining = remaining,
-                            window = p.period or p.window, unit = e.rule.unit } }
+            fallback.decide_entry(conf, e)
         end
     end
-    local win = strictest(state.entries or {})
-    self:rate_headers(state, win or tightest(state.entries or {}))
+    local win = answer.strictest(state.entries or {})
+    answer.rate_headers(conf, state,
+        win or answer.tightest(state.entries or {}, conf.binding_by_remaining))
     if win and win.rule.on_refusal.action ~= "soft" then
-        return self:refuse_with(req, state, win, "degraded_throttled")
+        return answer.refuse_with(conf, req, state, win, "degraded_throttled")
     elseif win then
         local a = win.rule.on_refusal
         req.set_upstream_header(a.mark_header, a.mark_value)
@@ -346,7 +184,7 @@ function Engine:tell_upstream(req, ident)
         return
     end
     for name, v in pairs(self.conf.upstream_headers) do
-        local x = type(v) == "string" and ident.attrs[v:sub(6)] or rules.resolve(v, ident)
+        local x = type(v) == "string" and ident.attrs[v:sub(6)] or refs.resolve(v, ident)
         req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
     end
 end
@@ -376,17 +214,29 @@ end
 -- state.entries); "ambiguous" (or "invalid", "too_large") and the
 -- argument's name when an argument it needs has no single valid value.
 local function add_entry(rule, _, conf, req, state)
-    local matched, merr, marg = entries_of.matches(rule, state.route, req)
+    local matched, merr, marg = matching.matches(rule, state.route, req)
     if merr then
         return merr, marg
     end
     if matched then
-        local e, why, arg = entries_of.entry(conf, req, state, rule, state.ident)
+        local e, why, arg = matching.entry(conf, req, state, rule, state.ident)
         if why then
             return why, arg
         end
+        if not e then
+            -- an attribute of its scope missing: the rule does not apply
+            return
+        end
         local list = state.entries
         list[#list + 1] = e
+        -- the steps only some rules need, for this request
+        if e.probe or rule.one_in_flight or rule.works_after then
+            local steps = state.steps or {}
+            state.steps = steps
+            steps.probes = steps.probes or e.probe
+            steps.one_in_flight = steps.one_in_flight or rule.one_in_flight ~= nil
+            steps.log = steps.log or rule.works_after
+        end
     end
 end
 
@@ -444,7 +294,7 @@ end
 -- Redis no longer has is dropped.
 local function note_box(e, _, conf, state)
     local o = e.outcome
-    if o.state == "boxed" and not o.cached and limiters.boxes(e.params) then
+    if o.state == "boxed" and not o.cached and limiters.boxes(e) then
         deny.put(conf, e.key, o.level, o.retry_ms)
         state.boxed = state.boxed or {}
         state.boxed[#state.boxed + 1] = e
@@ -465,7 +315,7 @@ function Engine:access(req)
         ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
-    local state = phases.start(conf, req, ident, hotpath.new_table(#conf.rules, 0))
+    local state = phases.start(conf, req, ident, hotpath.new_table(self.most_entries, 0))
     -- the request id is read on first use (most requests need none)
     setmetatable(state, lazy_request_id)
     if store_failed then
@@ -473,30 +323,35 @@ function Engine:access(req)
         -- never admitted unchecked (an unknown caller is never treated
         -- better than a known one of the lowest tier): 503 as a route
         -- failing closed (in shadow mode the rules of its other attributes apply)
-        local wait = phases.fail_closed(conf, state, false)
-        return self:refuse_plain(req, state, 503, "rate-limiter-unavailable", "failed_closed",
-            "The API key cannot be checked while the rate limiter is unavailable; retry in "
-            .. wait .. " s.", wait)
+        local wait = phases.fail_closed(conf, state)
+        return answer.refuse_plain(conf, req, state, 503, "rate-limiter-unavailable",
+            "failed_closed", "The API key cannot be checked while the rate limiter is "
+            .. "unavailable; retry in " .. wait .. " s.", wait)
     end
     local route = state.route
     hotpath.each(self.soft_rules, strip_mark, req)
     if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
         and not ident.store_failed) then
-        return self:refuse_plain(req, state, 401, "unauthenticated", "unauthenticated",
+        return answer.refuse_plain(conf, req, state, 401, "unauthenticated", "unauthenticated",
             ident.revoked and "This API key is revoked."
             or ident.ambiguous_key and "Send one API key: the "
                 .. conf.identity.api_key.header .. " header came more than once."
-            or "Send valid credentials.")
+            or conf.identity.unauthenticated_detail or "Send valid credentials.")
     end
     -- the phase in three traces (one would be too long to compile)
     hotpath.split_trace()
-    local why, arg = hotpath.first_of(conf.rules, add_entry, conf, req, state)
+    local why, arg = hotpath.first_of(self.route_rules[route] or conf.rules, add_entry, conf, req,
+        state)
+    if arg == "subject" then
+        -- the login subject's request argument
+        arg = conf.subject_arg or "client_id"
+    end
     if why == "too_large" then
-        return self:refuse_plain(req, state, 413, "body-too-large", "invalid",
+        return answer.refuse_plain(conf, req, state, 413, "body-too-large", "invalid",
             "The request body is too large for the gateway to read its argument " .. arg
             .. ", on which a rate limit depends; send a smaller body.")
     elseif why then
-        return self:refuse_plain(req, state, 400, "ambiguous-argument", "invalid",
+        return answer.refuse_plain(conf, req, state, 400, "ambiguous-argument", "invalid",
             "The argument " .. arg .. " is missing a single valid value (repeated, "
             .. "different in the query string and the body, not a number, or in a JSON "
             .. "body that does not decode).")
@@ -506,11 +361,12 @@ function Engine:access(req)
     local cached = deny.strictest_entry(conf, entries, state)
     if cached then
         state.deny_cached = true
-        self:rate_headers(state, cached)
-        return self:refuse_with(req, state, cached)
+        answer.rate_headers(conf, state, cached)
+        return answer.refuse_with(conf, req, state, cached)
     end
     local needs = self.needs
-    if needs.one_in_flight then
+    local steps = state.steps or NONE
+    if steps.one_in_flight then
         for _, e in ipairs(entries) do
             if e.rule.one_in_flight then
                 local busy, ferr = self:one_in_flight(state, e)
@@ -518,8 +374,8 @@ function Engine:access(req)
                     return self:redis_failed(req, state, ferr)
                 end
                 if busy then
-                    self:rate_headers(state, busy)
-                    return self:refuse_with(req, state, busy)
+                    answer.rate_headers(conf, state, busy)
+                    return answer.refuse_with(conf, req, state, busy)
                 end
             end
         end
@@ -530,7 +386,7 @@ function Engine:access(req)
     if #cmds > 0 then
         -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
         local res
-        res, err = store.pipeline(route.store_conf or conf, cmds)
+        res, err = commands.pipeline(route.store_conf or conf, cmds)
         if not res then
             return self:redis_failed(req, state, err)
         end
@@ -540,7 +396,7 @@ function Engine:access(req)
             limiters.compensate(conf, state, sent)
             return self:redis_failed(req, state, bad)
         end
-        if needs.probes then
+        if steps.probes then
             local done, perr = self:record_probes(state, sent)
             if not done then
                 return self:redis_failed(req, state, perr)
@@ -548,8 +404,11 @@ function Engine:access(req)
         end
     end
     hotpath.each(entries, note_box, conf, state)
-    local win = strictest(entries)
-    self:rate_headers(state, win or tightest(entries))
+    local win = answer.strictest(entries)
+    local keep = win and win.rule.on_refusal.keep_charges
+    -- a refusal that keeps the other rules' charges shows them in RateLimit
+    answer.rate_headers(conf, state,
+        (not keep and win) or answer.tightest(entries, conf.binding_by_remaining) or win)
     if win and win.rule.on_refusal.action == "soft" then
         local a = win.rule.on_refusal
         state.decision, state.policy = "soft_blocked", win.name
@@ -558,8 +417,8 @@ function Engine:access(req)
             state.headers[k] = v
         end
     elseif win then
-        limiters.compensate(conf, state, sent)
-        return self:refuse_with(req, state, win)
+        limiters.compensate(conf, state, sent, keep)
+        return answer.refuse_with(conf, req, state, win)
     end
     state.admitted = true
     if self.upstream_headers then
@@ -594,7 +453,7 @@ function Engine:record_probes(state, sent)
     for i, e in ipairs(record) do
         rc[i] = limiters.failure_offence_command(e)
     end
-    local res, err = store.pipeline(state.route.store_conf or self.conf, rc)
+    local res, err = commands.pipeline(state.route.store_conf or self.conf, rc)
     if not res then
         return nil, err
     end
@@ -639,9 +498,9 @@ function Engine:body_filter(req)
 end
 
 --- Log phase: counters, one structured line per refusal, and the work
---- after the response (resty.rl.after).
+--- after the response (resty.rl.log_phase).
 function Engine:log(req)
-    return after.log(self.conf, req, self.needs.log)
+    return log_phase.log(self.conf, req)
 end
 
 return _M

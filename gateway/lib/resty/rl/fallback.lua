@@ -27,14 +27,6 @@ local function cache_for(conf)
     return _M.lru_for(caches, conf)
 end
 
---- The budget of the local limiter for one of a tier's budgets.
-function _M.scaled(conf, budget)
-    return {
-        rate = math.max(math.floor(budget.rate * conf.fallback_ratio), 1),
-        burst = math.max(math.floor(budget.burst * conf.fallback_ratio), 1),
-    }
-end
-
 -- The bucket's points now (refilled since its last update).
 local function level(b, now, cap, rate, period)
     local pts = b.points + (now - b.at) * rate / period
@@ -83,6 +75,58 @@ function _M.take(conf, buckets, period, cost)
         return true, binding, math.floor(levels[binding] - cost), 0
     end
     return false, binding, math.floor(levels[binding]), math.ceil(worst * 1000)
+end
+
+-- A budget of the local limiter: `ratio` of a bucket's or window's
+-- capacity and rate (at least 1 each).
+local function scaled_budget(p, ratio)
+    return math.max(math.floor((p.burst or p.limit) * ratio), 1),
+        math.max(math.floor((p.rate or p.limit) * ratio), 1)
+end
+
+--- Decides entry `e` (a bucket or window rule of a rule policy, with its
+--- ALSO buckets) on the local limiter while Redis fails: every bucket at
+--- fallback_ratio of its capacity and rate, taken together (all or
+--- none); the entry's names get "-degraded", its limiter the scaled
+--- budgets (for RateLimit-Policy), and its outcome the binding bucket.
+function _M.decide_entry(conf, e)
+    local p, ratio = e.params, conf.fallback_ratio
+    local window = p.period or p.window
+    local cap, rate = scaled_budget(p, ratio)
+    local local_params = { kind = p.kind, burst = cap, rate = rate, period = p.period,
+                           limit = p.limit and cap, window = p.window }
+    local buckets = { { name = e.key, rate = rate, burst = cap } }
+    local names = { e.name .. "-degraded" }
+    local also = p.also
+    if also then
+        local_params.also = {}
+        for i, a in ipairs(also) do
+            local acap, arate = scaled_budget(a, ratio)
+            local_params.also[i] = { burst = acap, rate = arate, period = a.period,
+                                     limit = a.limit and acap, window = a.window }
+            buckets[i + 1] = { name = e.also_keys[i], rate = arate, burst = acap }
+            names[i + 1] = e.also_names[i] .. "-degraded"
+        end
+    end
+    local smallest = cap
+    for _, b in ipairs(buckets) do
+        smallest = math.min(smallest, b.burst)
+    end
+    local ok, b, remaining, wait_ms = _M.take(conf, buckets, window, math.min(e.cost, smallest))
+    local bucket = buckets[b]
+    e.name, e.params, e.static = names[1], local_params, false
+    if also then
+        local also_names = {}
+        for i = 2, #names do
+            also_names[i - 1] = names[i]
+        end
+        e.also_names = also_names
+    end
+    e.outcome = { state = ok and "allowed" or "refused", retry_ms = wait_ms,
+        binding = { name = names[b], limit = bucket.burst, remaining = remaining,
+                    reset_ms = math.ceil((bucket.burst - remaining) * window * 1000 / bucket.rate),
+                    window = window, unit = e.rule.unit } }
+    e.degraded_bucket = b
 end
 
 return _M

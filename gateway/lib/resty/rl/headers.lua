@@ -89,25 +89,6 @@ function _M.policy(policies)
     return table.concat(items, ", ")
 end
 
---- Sets the rate-limit fields in `out` (a header table).
---- `policies`: the policies that apply, each {name, quota, window};
---- `binding`: {name, limit, remaining, reset_ms, window} for the policy
---- that binds (reset_ms -1 or nil: no reset time, as in a manual box; `t`
---- is at most `window` when given: a window or quota, not a bucket, whose
---- time to be full again may be longer than its refill period);
---- `policy_field`: the RateLimit-Policy value of `policies` when the caller
---- has it already (made once per tier), else it is made here.
-function _M.ratelimit(out, conf, policies, binding, policy_field)
-    out["RateLimit-Policy"] = policy_field or _M.policy(policies)
-    local reset_ms = binding.reset_ms
-    -- t is at most the window w (a sliding window may take two to be empty)
-    local t = reset_ms and reset_ms >= 0 and _M.seconds(reset_ms) or nil
-    if t and binding.window then
-        t = math.min(t, math.ceil(binding.window))
-    end
-    return set_ratelimit(out, conf, binding.name, binding.limit, math.max(binding.remaining, 0), t)
-end
-
 --- The field that marks an answer decided without Redis (by the local
 --- limiter, or let through, while Redis failed or was over its budget),
 --- and its value (also the `degraded` member of such a refusal's body).

@@ -18,9 +18,9 @@
 
 local fallback = require "resty.rl.fallback"
 local cjson = require "cjson.safe"
-local store = require "resty.rl.store"
-local transport = require "resty.rl.redis"
-local policy = require "resty.rl.policy"
+local commands = require "resty.rl.commands"
+local connection = require "resty.rl.connection"
+local request = require "resty.rl.request"
 local jws = require "resty.rl.jws"
 local hotpath = require "resty.rl.hotpath"
 local new_table = hotpath.new_table
@@ -47,7 +47,7 @@ local function hash(reply)
     if type(reply) ~= "table" or #reply == 0 or reply[1] == false then
         return nil
     end
-    return transport.flat_map(reply)
+    return connection.flat_map(reply)
 end
 
 -- Reads (cached) store hashes named by `names` ({cache key = redis key}).
@@ -67,7 +67,7 @@ local function read_hashes(conf, names)
     if #cmds == 0 then
         return out
     end
-    local res, err = store.pipeline(conf, cmds)
+    local res, err = commands.pipeline(conf, cmds)
     if not res then
         -- the store is away: what this worker knew last, when it knew it
         for _, ck in ipairs(order) do
@@ -152,7 +152,7 @@ end
 --- resty.rl.rules loaded as `jconf.key`), `exp` and `nbf`. Returns nil
 --- for a missing or bad token, or one whose header names another alg.
 function _M.jwt_claims(jconf, req)
-    local h = policy.header(req, jconf.header or "Authorization")
+    local h = request.header(req, jconf.header or "Authorization")
     local token = h and (h:match("^%s*[Bb]earer%s+(%S+)%s*$") or (jconf.header and h))
     local alg = jconf.alg or "HS256"
     if not token or alg == "HS256" and not hmac_sha256 then
@@ -212,6 +212,12 @@ end
 function _M.trust(list)
     local nets, exact = {}, {}
     for _, p in ipairs(list or {}) do
+        if p == "*" then
+            -- every address (the tier form's client_ip_header)
+            return function()
+                return true
+            end
+        end
         local addr, bits = p:match("^([^/]+)/(%d+)$")
         local n = ipv4(addr or p)
         if n then
@@ -291,7 +297,7 @@ function _M.resolve(conf, req)
     local id = conf.identity
     -- the key's record, or why the key is refused ("revoked", "unknown")
     local record, refused
-    local key, ambiguous = policy.credential(req, id.api_key.header)
+    local key, ambiguous = request.credential(req, id.api_key.header)
     if ambiguous then
         refused = "ambiguous"
     elseif key then
@@ -307,7 +313,7 @@ function _M.resolve(conf, req)
     end
     local attrs = key_attrs(record)
     -- one constructor with every field (see resty.rl.phases.start)
-    local ident = { attrs = attrs, overrides = NONE, tier_data = NONE,
+    local ident = { attrs = attrs, overrides = NONE, tier_data = NONE, record = record or false,
                     authenticated = record ~= nil, revoked = refused == "revoked",
                     ambiguous_key = refused == "ambiguous", bad_key = refused ~= nil,
                     claims = false }
@@ -325,7 +331,7 @@ function _M.resolve(conf, req)
     end
     if id.headers then
         for attr, hname in pairs(id.headers) do
-            local v = policy.header(req, hname)
+            local v = request.header(req, hname)
             if v and attrs[attr] == nil then
                 attrs[attr] = v
                 ident.authenticated = true
@@ -372,17 +378,17 @@ function _M.attr(conf, req, ident, name, route)
         v = route.name
     elseif name == "subject" then
         local err
-        v, err = policy.auth_subject(req, conf.subject_arg or "client_id")
+        v, err = request.auth_subject(req, conf.subject_arg or "client_id")
         if err then
             return nil, err
         end
     else
         local kind, rest = name:match("^(%a+):(.+)$")
         if kind == "header" then
-            v = policy.header(req, rest)
+            v = request.header(req, rest)
         elseif kind == "arg" then
             local err
-            v, err = policy.arg(req, rest)
+            v, err = request.arg(req, rest)
             if err then
                 return nil, err
             end

@@ -25,15 +25,25 @@
 --   retry_ms (nil: no time to come back), level, strikes, binding =
 --   {name, limit, remaining, reset_ms, window}}.
 
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local distinct = require "resty.rl.distinct"
-local entries = require "resty.rl.entries"
 
 local _M = {}
 
-local DAY_LIMIT = entries.DAY_LIMIT
+--- The limit of a per-day counter: the module's largest, so that it never
+--- refuses nor binds (the quota's own key always has fewer points left);
+--- a string: a Lua number this large would be sent as "1e+15".
+_M.DAY_LIMIT = "1000000000000000"
+
+--- The per-day counter of quota key `key` for UTC date `date`
+--- (YYYY-MM-DD): the key with a suffix (the same hash slot).
+function _M.day_key(key, date)
+    return key .. ":day=" .. date
+end
+
+local DAY_LIMIT = _M.DAY_LIMIT
 
 local MONTH_DAYS = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
 
@@ -116,7 +126,7 @@ end
 
 -- A rate outcome from a decoded 8-integer reply.
 local function rate_outcome(e, raw)
-    local d = store.decode(raw)
+    local d = commands.decode(raw)
     if not d then
         return nil, bad_reply(raw)
     end
@@ -170,9 +180,26 @@ local function also(args, e, fields)
     return args
 end
 
+-- The options a kind's command names, in order, for its key and each ALSO key.
+local BUCKET_FIELDS = { "burst", "rate", "period" }
+local WINDOW_FIELDS = { "limit", "window" }
+local QUOTA_FIELDS = { "limit", "period" }
+
+-- `name key <fields> COST|REFUND cost [ALSO key <fields>]...` of entry `e`.
+local function rate_args(name, e, fields, cost, refund)
+    local p = e.params
+    local args = { name, e.key }
+    for _, f in ipairs(fields) do
+        args[#args + 1] = p[f]
+    end
+    args[#args + 1] = refund and "REFUND" or "COST"
+    args[#args + 1] = cost
+    return also(args, e, fields)
+end
+
 -- The commands of entries whose command their rule's key and cost say
 -- all of (a static limiter without ALSO, a cost from the configuration),
--- by rule, key and cost: made and encoded once (resty.rl.store.encoded),
+-- by rule, key and cost: made and encoded once (resty.rl.commands.encoded),
 -- as the tier form's are. Bounded: past the memo's size it starts over.
 local static_cmds = memo.new(10000, true)
 local function new_by_cost()
@@ -185,17 +212,20 @@ end
 --- key and cost say all of it: never changed by its users.
 function _M.command_of(e, cost)
     local kind = _M.KINDS[e.params.kind]
-    if not (e.static and kind.reply_ints and not e.params.also
-            and type(e.rule.cost) ~= "table") then
+    -- (ALSO keys are known from the main key only when both come from one
+    -- memo of a key template: e.keys_id)
+    local also_known = not e.params.also or (e.keys_id and not e.day_key)
+    if not (e.static and kind.reply_ints and also_known and type(e.rule.cost) ~= "table") then
         local cmd = kind.command(e, cost, false, nil)
         cmd.ints = kind.reply_ints
         return cmd
     end
-    -- (a quota's command names today's counter: one memo per key and day)
-    local by_cost = static_cmds:get(e.rule, e.day_key or e.key, new_by_cost)
+    -- (a quota's command names today's counter: one memo per key and day;
+    -- by limiter: a rule's limiter resolved per tier is one table per tier)
+    local by_cost = static_cmds:get(e.params, e.keys_id or e.day_key or e.key, new_by_cost)
     local cmd = by_cost[cost]
     if not cmd then
-        cmd = store.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
+        cmd = commands.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
         by_cost[cost] = cmd
     end
     return cmd
@@ -204,8 +234,14 @@ end
 --- The capacity every bucket of an entry has (a cost above it never fits).
 function _M.capacity(e)
     local p = e.params
-    local cap = p.burst or p.limit
-    for _, a in ipairs(p.also or {}) do
+    local cap, also = p.burst or p.limit, p.also
+    if not also then
+        return cap
+    elseif #also == 1 then
+        -- one ALSO bucket (a tenant's): without a loop (resty.rl.hotpath)
+        return math.min(cap, also[1].burst or also[1].limit)
+    end
+    for _, a in ipairs(also) do
         cap = math.min(cap, a.burst or a.limit)
     end
     return cap
@@ -224,67 +260,54 @@ function _M.lease_retry_ms(ttl, expected, earliest_left)
     return math.min(retry, math.max(earliest_left, 1000))
 end
 
+-- A kind that counts (bucket, window, quota): its command builder, the
+-- rate policies and outcome, an 8-integer reply.
+local function rate_kind(command)
+    return { command = command, policies = rate_policies, outcome = rate_outcome, reply_ints = 8 }
+end
+
 _M.KINDS = {
-    bucket = {
-        command = function(e, cost, _record, _request_id, refund)
-            local p = e.params
-            local args = { "RL.TAKE", e.key, p.burst, p.rate, p.period,
-                           refund and "REFUND" or "COST", cost }
-            also(args, e, { "burst", "rate", "period" })
-            if refund then
-                return args
-            end
-            penalty(args, p, e.probe)
-            reserves(args, p)
-            if p.delay then
-                args[#args + 1] = "DELAY"
-                args[#args + 1] = p.delay
-            end
+    bucket = rate_kind(function(e, cost, _record, _request_id, refund)
+        local p = e.params
+        local args = rate_args("RL.TAKE", e, BUCKET_FIELDS, cost, refund)
+        if refund then
             return args
-        end,
-        policies = rate_policies,
-        outcome = rate_outcome,
-        reply_ints = 8,
-    },
-    window = {
-        command = function(e, cost, record, _request_id, refund)
-            local p = e.params
-            local args = { "RL.WINDOW", e.key, p.limit, p.window, refund and "REFUND" or "COST", cost }
-            also(args, e, { "limit", "window" })
-            if p.mode == "exact" then
-                args[#args + 1] = "EXACT"
-            elseif p.mode == "fixed" then
-                args[#args + 1] = "FIXED"
-            end
-            if refund then
-                return args
-            end
-            return penalty(args, p, e.probe and not record)
-        end,
-        policies = rate_policies,
-        outcome = rate_outcome,
-        reply_ints = 8,
-    },
-    quota = {
-        command = function(e, cost, _record, _request_id, refund)
-            local p = e.params
-            local args = { "RL.QUOTA", e.key, p.limit, p.period, refund and "REFUND" or "COST", cost }
-            also(args, e, { "limit", "period" })
-            if e.day_key then
-                -- today's points (resty.rl.entries.day_key): never binding
-                local n = #args
-                args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
-                    DAY_LIMIT, p.period
-            end
-            if refund then
-                return args
-            end
-            return penalty(args, p, e.probe)
-        end,
-        policies = rate_policies,
-        outcome = rate_outcome,
-        reply_ints = 8,
-    },
+        end
+        penalty(args, p, e.probe)
+        reserves(args, p)
+        if p.delay then
+            args[#args + 1] = "DELAY"
+            args[#args + 1] = p.delay
+        end
+        return args
+    end),
+    window = rate_kind(function(e, cost, record, _request_id, refund)
+        local p = e.params
+        local args = rate_args("RL.WINDOW", e, WINDOW_FIELDS, cost, refund)
+        if p.mode == "exact" then
+            args[#args + 1] = "EXACT"
+        elseif p.mode == "fixed" then
+            args[#args + 1] = "FIXED"
+        end
+        if refund then
+            return args
+        end
+        return penalty(args, p, e.probe and not record)
+    end),
+    quota = rate_kind(function(e, cost, _record, _request_id, refund)
+        local p = e.params
+        local args = rate_args("RL.QUOTA", e, QUOTA_FIELDS, cost, refund)
+        if e.day_key then
+            -- today's points (resty.rl.limiters.day_key): never binding
+            local n = #args
+            args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
+                DAY_LIMIT, p.period
+        end
+        if refund then
+            return args
+        end
+        return penalty(args, p, e.probe)
+    end),
     lease = {
         command = function(e, _cost, _record, request_id)
             return { "RL.LEASE", "ACQUIRE", e.key, e.params.max, e.params.ttl, "ID", request_id }
@@ -297,7 +320,7 @@ _M.KINDS = {
         -- expires first was taken first: elapsed = ttl - its time left),
         -- never the ttl; at least 1 s, at most the earliest expiry.
         outcome = function(e, raw)
-            local d = store.decode_lease(raw)
+            local d = commands.decode_lease(raw)
             if not d then
                 return nil, bad_reply(raw)
             end
@@ -317,10 +340,12 @@ _M.KINDS = {
 
 _M.KINDS.distinct = distinct.kind
 
---- True when a rule's key can be boxed (strikes with a box, or a trip):
---- its boxes go to the edge deny cache.
-function _M.boxes(p)
-    return p.strikes or p.trip
+--- True when the key of entry `e` can be boxed (strikes with a box, or a
+--- trip) and its rule keeps boxes in the edge deny cache (not with
+--- `deny_cache = false`).
+function _M.boxes(e)
+    local p = e.params
+    return (p.strikes or p.trip) and e.rule.deny_cache ~= false
 end
 
 --- The command recording the attempt of entry `e` (a rule counting
@@ -340,12 +365,14 @@ end
 --- pipelined round trip (only refused requests pay it): REFUND of their
 --- cost for buckets, windows and quotas (never above full), RL.LEASE
 --- RELEASE for the leases granted. The rules that refused keep their
---- charge (their strikes and boxes count). Not atomic with the first
+--- charge (their strikes and boxes count); with `keep_charges` (a
+--- refusal that is work done: the tier form's leases) only the leases
+--- are given back. Not atomic with the first
 --- round trip: in between, a concurrent request may see these points
 --- spent (it can be refused, never admitted beyond a bound). A failed
 --- round trip is counted as a Redis error; its leases are released
 --- again after the response.
-function _M.compensate(conf, state, sent)
+function _M.compensate(conf, state, sent, keep_charges)
     local cmds, released = {}, {}
     for _, e in ipairs(sent) do
         local o = e.outcome
@@ -353,12 +380,12 @@ function _M.compensate(conf, state, sent)
             if e.params.kind == "lease" then
                 cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", e.key, state.request_id }
                 released[e.key] = true
-            elseif not e.probe and e.cost > 0 then
+            elseif not keep_charges and not e.probe and e.cost > 0 then
                 cmds[#cmds + 1] = _M.KINDS[e.params.kind].command(e, e.cost, false, nil, true)
             end
         end
     end
-    local res, err = store.pipeline_ok(conf, cmds)
+    local res, err = commands.pipeline_ok(conf, cmds)
     if not res then
         metrics.redis_error(conf, err)
         state.redis_error = "refund: " .. tostring(err)

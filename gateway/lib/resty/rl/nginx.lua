@@ -11,6 +11,7 @@
 -- configuration error stops nginx from starting.
 
 local gateway = require "resty.rl.gateway"
+local usage = require "resty.rl.usage"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -206,12 +207,12 @@ end
 
 --- content_by_lua handler of GET /_rl/usage (resty.rl.usage).
 function _M.usage(name)
-    return require("resty.rl.usage").serve(get(name), _M.adapter)
+    return usage.serve(get(name), _M.adapter)
 end
 
 --- content_by_lua handler of GET /_rl/dashboard (resty.rl.usage).
 function _M.dashboard(name)
-    return require("resty.rl.usage").dashboard(get(name), _M.adapter)
+    return usage.dashboard(get(name), _M.adapter)
 end
 
 return _M

@@ -1,17 +1,12 @@
--- resty.rl.phases: the request plumbing both policy forms share (the tier
--- form, resty.rl.gateway; the rule engine, resty.rl.engine): the state of
+-- resty.rl.phases: the request plumbing of resty.rl.engine: the state of
 -- a request, refusals in shadow mode, a Redis failure counted and failing
 -- closed, the one-attempt lease of a login, the header filter, and the
--- log phase's counters, event line and after-response timer. What a form
--- decides stays in its own module; the order of the phases and what each
--- records in the state are the same.
+-- log phase's counters, event line and after-response timer.
 
-local policy = require "resty.rl.policy"
-local store = require "resty.rl.store"
+local request = require "resty.rl.request"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local deny = require "resty.rl.deny"
-local usage = require "resty.rl.usage"
-local cjson = require "cjson.safe"
 local hotpath = require "resty.rl.hotpath"
 local new_table = hotpath.new_table
 
@@ -40,20 +35,22 @@ end
 --- `ident` and list `entries` when given; the form adds the rest), kept in
 --- req.ctx().rl. Starts the edge deny cache's poller on first use.
 ---
---- One constructor with every field the allowed path of either form
---- sets, the ones not known yet `false` (each reader tests them for
---- truth; the event lines leave them out): a field added to a table
---- later costs LuaJIT a call that resizes or rehashes it.
+--- One constructor with every field the allowed path sets (at most 16:
+--- LuaJIT sizes the table's hash part to the next power of two), the
+--- ones not known yet `false` (each reader tests them for truth; the
+--- event lines leave them out): a field added to a table later costs
+--- LuaJIT a call that resizes or rehashes it. A refusal's fields (its
+--- policy, cost, strikes) are added when it is decided.
 function _M.start(conf, req, ident, entries)
     deny.ensure_poller(conf)
     -- without routes every request has the default route: no path to read
-    local route = conf.routes[1] and policy.match_route(conf, req.method(), req.path())
+    local route = conf.routes[1] and request.match_route(conf, req.method(), req.path())
         or conf.default_route
     local state = { route = route, headers = new_table(0, 2), leases = _M.NO_LEASES,
                     decision = "allowed", ident = ident or false,
                     tier_name = ident and ident.attrs.tier or false, entries = entries,
                     request_id_of = req.request_id, binding = false, binding_entry = false,
-                    admitted = false, cost = false, policy = false, strikes_remaining = false }
+                    admitted = false, cmds = false, sent = false, steps = false }
     req.ctx().rl = state
     return state
 end
@@ -86,13 +83,11 @@ function _M.redis_error(conf, state, err)
 end
 
 --- A route failing closed while Redis fails: the fields of its 503
---- (Retry-After; the RateLimit-Policy decided so far when `keep_policy`:
---- the static policies stay, there is no live RateLimit to give). Returns
---- the wait in seconds and the refusal's detail.
-function _M.fail_closed(conf, state, keep_policy)
+--- (Retry-After only: there is no live RateLimit to give). Returns the
+--- wait in seconds and the refusal's detail.
+function _M.fail_closed(conf, state)
     local wait = conf.fail_closed_retry_after
-    state.headers = { ["RateLimit-Policy"] = keep_policy and state.headers["RateLimit-Policy"] or nil,
-                      ["Retry-After"] = tostring(wait) }
+    state.headers = { ["Retry-After"] = tostring(wait) }
     state.retry_after = wait
     return wait, "The rate limiter is unavailable and this route fails closed; retry in "
         .. wait .. " s."
@@ -106,7 +101,7 @@ end
 function _M.acquire_waiting(conf, key, ttl, id, wait_ms)
     local waited = 0
     while true do
-        local res, err = store.acquire(conf, key, 1, ttl, id)
+        local res, err = commands.acquire(conf, key, 1, ttl, id)
         if not res or res.granted or waited >= wait_ms then
             return res, err
         end
@@ -134,28 +129,6 @@ function _M.send_headers(req, state)
     for k, v in pairs(h) do
         req.set_header(k, v)
     end
-end
-
--- Decisions without an event line.
-local QUIET = { allowed = true, degraded_allowed = true }
-
---- Log phase, common part: the decision counters (resty.rl.metrics,
---- resty.rl.usage) and, for a refused (or, in shadow mode, would-be
---- refused) request, one `rl_event` JSON line with the fields
---- `event(req, state, status)` gives. Returns the state and the response
---- status, or nil when the request has no state (an internal redirect).
-function _M.log(conf, req, event)
-    local state = req.ctx().rl
-    if not state then
-        return nil
-    end
-    local status = req.status()
-    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
-    usage.count(conf, state)
-    if not QUIET[state.decision] then
-        req.warn("rl_event " .. (cjson.encode(event(req, state, status)) or "{}"):gsub("\\/", "/"))
-    end
-    return state, status
 end
 
 --- After-response work that failed on Redis: counted, and warned of

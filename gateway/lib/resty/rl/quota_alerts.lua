@@ -15,7 +15,7 @@
 -- new (naming the highest new one): a threshold crossed again in the same
 -- period (points given back by REFUND) is not announced twice.
 
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 
 local _M = {}
 
@@ -81,7 +81,7 @@ end
 --- The events of a finished request (log phase: no Redis): one per
 --- admitted quota rule counting requests whose charge crossed
 --- thresholds (rules counting response bytes: after their charge, in
---- resty.rl.after).
+--- resty.rl.log_phase).
 function _M.events(state)
     local out = {}
     if not state.admitted then
@@ -108,7 +108,7 @@ function _M.send(conf, events)
             sets[#sets + 1] = { "SET", m, "1", "NX", "PX", ev.ttl_ms }
         end
     end
-    local res, err = store.pipeline(conf, sets)
+    local res, err = commands.pipeline(conf, sets)
     if not res then
         return nil, err
     end
@@ -135,7 +135,7 @@ function _M.send(conf, events)
     if #adds == 0 then
         return 0
     end
-    res, err = store.pipeline(conf, adds)
+    res, err = commands.pipeline(conf, adds)
     if not res then
         return nil, err
     end

@@ -9,10 +9,10 @@
 -- tenant by the identity store), "tenant.<field>", "brand.<field>"
 -- (identity store overrides), or { ref = "...", default = v }.
 
-local config = require "resty.rl.config"
 local allowance = require "resty.rl.allowance"
 local settle = require "resty.rl.settle"
 local jws = require "resty.rl.jws"
+local refs = require "resty.rl.refs"
 
 local _M = {}
 
@@ -37,133 +37,64 @@ local function seconds(v, zero_ok)
     return math.abs(ms - math.floor(ms + 0.5)) < 1e-6
 end
 
-local REF_ROOTS = { tier = true, tenant = true, brand = true }
-
---- A reference {path = {"tier", "monthly"}, default = v} when `v` is one
---- ("tier.monthly", or {ref = "...", default = ...}), else nil.
-function _M.as_ref(v)
-    local s, default = v, nil
-    if type(v) == "table" and type(v.ref) == "string" then
-        s, default = v.ref, v.default
-    end
-    if type(s) ~= "string" then
-        return nil
-    end
-    local root = s:match("^(%a+)%.")
-    if not root or not REF_ROOTS[root] then
-        return nil
-    end
-    local path = {}
-    for p in s:gmatch("[^%.]+") do
-        path[#path + 1] = p
-    end
-    return { path = path, default = default, text = s }
+-- Escapes Lua pattern magic characters.
+local function literal(s)
+    return (s:gsub("[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
 end
 
--- The value at `path` (from its 2nd element) in table `t`, or nil.
-local function dig(t, path)
-    for i = 2, #path do
-        if type(t) ~= "table" then
-            return nil
+--- Compiles a route template ("/v1/ledgers/{id}/entries") to an anchored
+--- Lua pattern; each {name} matches one non-empty path segment.
+function _M.template_pattern(template)
+    local parts = {}
+    local pos = 1
+    while true do
+        local s, e = template:find("{[%w_]+}", pos)
+        if not s then
+            parts[#parts + 1] = literal(template:sub(pos))
+            break
         end
-        t = t[path[i]]
+        parts[#parts + 1] = literal(template:sub(pos, s - 1))
+        parts[#parts + 1] = "[^/]+"
+        pos = e + 1
     end
-    return t
+    return "^" .. table.concat(parts) .. "/?$"
 end
 
--- Does `v` hold a reference (a value resolved per caller)?
-local function has_ref(v)
-    if type(v) ~= "table" then
-        return false
-    end
-    if v.path then
-        return true
-    end
-    for _, x in pairs(v) do
-        if has_ref(x) then
-            return true
-        end
-    end
-    return false
-end
+-- Attributes an API key's record gives (a key naming only these is the
+-- same for every request of that record).
+local RECORD_ATTRS = { key_id = true, tenant = true, brand = true, user = true }
 
---- Resolves `v` for a caller: a reference is looked up in the caller's
---- tier (a per-tenant override first), tenant or brand overrides, falling
---- back to its default; anything else is itself. Override values come
---- from Redis as strings: numbers are converted.
-function _M.resolve(v, ident)
-    local ref = type(v) == "table" and v.path and v or nil
-    if not ref then
-        return v
-    end
-    local root, field = ref.path[1], ref.path[2]
-    local out
-    if root == "tier" then
-        local own = dig(ident and ident.tier_data, ref.path)
-        local over = ident and ident.overrides and ident.overrides.tenant
-        -- nil (never false) when there is none: the test below compares it
-        out = over and #ref.path == 2 and tonumber(over[field]) or nil
-        -- an override must be as usable as what it replaces: a number, and
-        -- at least 1 where the tier's own value is (a limit, a rate)
-        if out == nil or type(own) ~= "number" or own >= 1 and out < 1 then
-            out = own
+--- A key template ("{t:<tenant>}:key:<key_id>", "...:<arg:ledger_id|->")
+--- compiled: {parts = literal strings and {attr, default} items, attrs =
+--- the attributes it reads, from_record = true when every attribute comes
+--- from the API key's record}. `<attr>` is replaced by the attribute's
+--- value (resty.rl.request.key_part), `<attr|x>` by x when it has none; a
+--- key whose attribute has neither does not apply to the request.
+local function key_template(where, t)
+    check(type(t) == "string" and t ~= "", "%s: key must be a template string", where)
+    local parts, attrs, from_record, pos = {}, {}, true, 1
+    while true do
+        local s, e, inner = t:find("<([^<>]+)>", pos)
+        if not s then
+            parts[#parts + 1] = t:sub(pos)
+            break
         end
-    else
-        local over = ident and ident.overrides and ident.overrides[root]
-        out = over and over[field]
-        local d = ref.default
-        if type(d) == "number" then
-            out = tonumber(out)
-            if out and d >= 1 and out < 1 then
-                out = nil
-            end
-        end
+        parts[#parts + 1] = t:sub(pos, s - 1)
+        local attr, default = inner:match("^([^|]+)|(.*)$")
+        attr = attr or inner
+        parts[#parts + 1] = { attr = attr, default = default }
+        attrs[#attrs + 1] = attr
+        from_record = from_record and RECORD_ATTRS[attr] ~= nil and default == nil
+        pos = e + 1
     end
-    if out == nil then
-        return ref.default
-    end
-    return out
+    return { parts = parts, attrs = attrs, from_record = from_record }
 end
-
--- Replaces every reference string inside `t` (recursively) by its
--- compiled form, so that a request resolves it without parsing.
-local function compile_refs(t)
-    for k, v in pairs(t) do
-        local ref = _M.as_ref(v)
-        if ref then
-            t[k] = ref
-        elseif type(v) == "table" then
-            compile_refs(v)
-        end
-    end
-end
-
---- Every value a rule option takes across the tiers (one per tier for a
---- tier reference; the default for a runtime override), for validation.
-local function each_value(v, tiers)
-    if type(v) ~= "table" or not v.path then
-        return { { v, "" } }
-    end
-    local out = {}
-    if v.path[1] == "tier" then
-        for name, data in pairs(tiers) do
-            local x = dig(data, v.path)
-            if x == nil then
-                x = v.default
-            end
-            out[#out + 1] = { x, " (tier " .. name .. ")" }
-        end
-    else
-        check(v.default ~= nil, "%s needs a default (the identity store may not have it)", v.text)
-        out[1] = { v.default, " (default)" }
-    end
-    return out
-end
-_M.each_value = each_value
 
 -- Checks option `name` of `where` with `pred` for every value it takes.
 local function check_opt(where, name, v, tiers, pred, what)
-    for _, x in ipairs(each_value(v, tiers)) do
+    local values, err = refs.each_value(v, tiers)
+    check(values, "%s", err)
+    for _, x in ipairs(values) do
         check(pred(x[1]), "%s: %s must be %s%s", where, name, what, x[2])
     end
 end
@@ -307,7 +238,7 @@ local function validate_rule(i, r, conf)
     if m.path then
         check(type(m.path) == "string" and m.path:sub(1, 1) == "/",
             "%s: match.path must be a template starting with /", where)
-        m.pattern = config.template_pattern(m.path)
+        m.pattern = _M.template_pattern(m.path)
     end
     if m.routes then
         local known = {}
@@ -324,6 +255,9 @@ local function validate_rule(i, r, conf)
     end
     r.scope = r.scope or { "key_id" }
     check_scope(where, r.scope)
+    if r.key ~= nil then
+        r.key_template = key_template(where, r.key)
+    end
     r.tag = r.tag or r.scope[1]
     local tag_in_scope = false
     for _, a in ipairs(r.scope) do
@@ -333,7 +267,7 @@ local function validate_rule(i, r, conf)
     local l = r.limiter
     check(type(l) == "table" and _M.KINDS[l.kind],
         "%s: limiter.kind must be bucket, window, quota, lease or distinct", where)
-    compile_refs(l)
+    refs.compile(l)
     _M.KINDS[l.kind](where .. ".limiter", l, tiers)
     if l.kind == "distinct" then
         check(type(l.member) == "string", "%s.limiter: member must name the attribute counted "
@@ -356,6 +290,10 @@ local function validate_rule(i, r, conf)
         check_scope(aw, a.scope or {})
         a.kind, a.period, a.mode = l.kind, a.period or (l.kind == "bucket" and 60 or nil), l.mode
         _M.KINDS[l.kind](aw, a, tiers)
+        if a.key ~= nil then
+            check(r.key_template, "%s: key needs the rule's own key", aw)
+            a.key_template = key_template(aw, a.key)
+        end
     end
     -- cost: a number, "route" (the matched route's cost) or {arg = name}
     r.cost = r.cost == nil and 1 or r.cost
@@ -401,7 +339,9 @@ local function validate_rule(i, r, conf)
     allowance.validate(where, r, l, check)
     settle.validate(where, r, l, check)
     -- no reference: the engine shares the limiter between callers
-    r.static_limiter = not has_ref(l)
+    r.static_limiter = not refs.has_ref(l)
+    -- references to the tier only: resolved once per tier (resty.rl.matching)
+    r.tier_limiter = not r.static_limiter and refs.tier_only(l)
     local f = r.one_in_flight
     if f then
         check(r.count == "failures", "%s: one_in_flight needs count = failures", where)
@@ -431,8 +371,15 @@ local function validate_rule(i, r, conf)
     end
     check(a.headers == nil or type(a.headers) == "table", "%s: on_refusal.headers must be a "
         .. "table", where)
+    -- the decision counted for a refusal state ({boxed = "locked_out"})
+    check(a.decisions == nil or type(a.decisions) == "table",
+        "%s: on_refusal.decisions must be a table", where)
+    -- a policy built in Lua may describe its refusals itself (the tier
+    -- form: resty.rl.tier_form): describe(e, outcome, secs, name) -> detail, tier
+    check(a.describe == nil or type(a.describe) == "function",
+        "%s: on_refusal.describe must be a function", where)
     if r.on_redis_failure ~= nil then
-        r.on_redis_failure = _M.as_ref(r.on_redis_failure) or r.on_redis_failure
+        r.on_redis_failure = refs.as_ref(r.on_redis_failure) or r.on_redis_failure
         check_opt(where, "on_redis_failure", r.on_redis_failure, tiers, function(v)
             return v == "local" or v == "open" or v == "closed"
         end, "local, open or closed")
@@ -452,7 +399,7 @@ local function validate_rule(i, r, conf)
     end
     local al = r.alerts
     if al then
-        compile_refs(al)
+        refs.compile(al)
         al.from_level = al.from_level or 2
         check(positive_int(al.from_level) and al.from_level <= 3,
             "%s: alerts.from_level must be 1, 2 or 3", where)
@@ -464,9 +411,9 @@ local function validate_rule(i, r, conf)
             -- (a box's third duration, or a distinct rule's level-3 trip)
             for name, data in pairs(next(tiers) and tiers or { ["(none)"] = {} }) do
                 local ident = { tier_data = data }
-                local box, trip = _M.resolve(l.box, ident), _M.resolve(l.trip, ident)
+                local box, trip = refs.resolve(l.box, ident), refs.resolve(l.trip, ident)
                 local len = box and box[3] or trip.level == 3 and trip.duration or 1
-                if _M.resolve(al.level3, ident) == "page" then
+                if refs.resolve(al.level3, ident) == "page" then
                     check(len > 0, "%s: tier %s pages at level 3, so its level-3 box must "
                         .. "last (not 0, a suspension)", where, name)
                 end
@@ -538,7 +485,7 @@ function _M.compile(conf)
     conf.quota_alerts.maxlen = conf.quota_alerts.maxlen or 100000
     conf.upstream_headers = conf.upstream_headers or {}
     for name, v in pairs(conf.upstream_headers) do
-        local ref = _M.as_ref(v)
+        local ref = refs.as_ref(v)
         check(type(name) == "string" and (ref or type(v) == "string" and v:match("^attr:%w+$")),
             "upstream_headers.%s must be a reference (tier.<field>, ...) or attr:<attribute>",
             tostring(name))

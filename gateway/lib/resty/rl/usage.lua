@@ -1,6 +1,6 @@
 -- resty.rl.usage: the usage dashboard of the calling API key, never
--- another's (a rule policy's rules scoped by the key's attributes; the
--- tier form's key and tenant buckets).
+-- another's (the rules scoped by the key's attributes; for the tier form
+-- its key and tenant buckets).
 --
 --   GET /_rl/usage      JSON: live requests per second, burst used and
 --                       left, the monthly quota used and its limit, the
@@ -29,10 +29,11 @@
 --     capped per key and node (usage.reports_per_second, one more incr).
 
 local identity = require "resty.rl.identity"
-local entries_of = require "resty.rl.entries"
-local policy = require "resty.rl.policy"
+local matching = require "resty.rl.matching"
+local limiters = require "resty.rl.limiters"
+local request = require "resty.rl.request"
 local problem = require "resty.rl.problem"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local cjson = require "cjson.safe"
@@ -61,9 +62,9 @@ local ADMITTED = { allowed = true, degraded_allowed = true, soft_blocked = true,
 -- not the key's own and is not shown.
 local KEY_ATTRS = { key_id = true, tenant = true, tier = true, brand = true, user = true }
 
--- The API key header: a rule policy's identity.api_key, the tier form's identity.
+-- The API key header (identity.api_key; the tier form's is translated there).
 local function key_header(conf)
-    return conf.rules and conf.identity.api_key.header or conf.identity.header
+    return conf.identity.api_key.header
 end
 
 local function dict(conf)
@@ -83,8 +84,7 @@ end
 --- when admitted, one more when refused; no Redis).
 function _M.count(conf, state)
     local d, ident = dict(conf), state.ident
-    -- a rule policy's identity has attrs; the tier form's is flat
-    local key_id = d and ident and (ident.attrs and ident.attrs.key_id or ident.key_id)
+    local key_id = d and ident and ident.attrs.key_id
     if type(key_id) ~= "string" then
         return
     end
@@ -165,7 +165,7 @@ local function probes(e, days)
     end
     if e.day_key then
         for _, date in ipairs(days) do
-            cmds[#cmds + 1] = { "RL.QUOTA", entries_of.day_key(e.key, date), entries_of.DAY_LIMIT,
+            cmds[#cmds + 1] = { "RL.QUOTA", limiters.day_key(e.key, date), limiters.DAY_LIMIT,
                                 p.period, "COST", 0 }
         end
     end
@@ -194,7 +194,7 @@ end
 local function day_counts(days, res, first)
     local out = {}
     for i, date in ipairs(days) do
-        local d = store.decode(res[first + i - 1])
+        local d = commands.decode(res[first + i - 1])
         if not d then
             return nil, "unexpected reply to a day's probe"
         end
@@ -215,7 +215,7 @@ local function policy_report(e, k, raw, now)
         out.left = math.max(out.limit - out.used, 0)
         return out
     end
-    local d = store.decode(raw)
+    local d = commands.decode(raw)
     if not d then
         return nil, "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
     end
@@ -324,24 +324,20 @@ local function refuse(conf, req, status, kind, detail)
         problem.CONTENT_TYPE)
 end
 
+-- The 404 of the usage endpoints with `usage = false` (`what`: report, dashboard).
+local function switched_off(conf, req, what)
+    return refuse(conf, req, 404, "not-found", "No usage " .. what .. " on this gateway.")
+end
+
 --- The caller, authenticated by its API key alone (JWTs and auth-layer
 --- headers are not read: this location may not sit behind that layer;
 --- the adapter handed to the identity has no other header),
 --- or nil, status, problem kind, detail.
 function _M.caller(conf, req)
-    local tier_form = not conf.rules
     local hname = key_header(conf)
-    local key = policy.credential(req, hname)
+    local key = request.credential(req, hname)
     if not key then
         return nil, 401, "unauthenticated", "Send your API key, once, in " .. hname .. "."
-    end
-    if tier_form then
-        -- the static key table of the tier form
-        local id = conf.identity.keys[key]
-        if not id then
-            return nil, 401, "unauthenticated", "Unknown API key."
-        end
-        return { attrs = { key_id = id.key_id, tenant = id.tenant, tier = id.tier } }
     end
     local function only_the_key(name)
         if name:lower() == hname:lower() then
@@ -363,13 +359,14 @@ function _M.caller(conf, req)
     return ident
 end
 
--- The entries of a rule policy's caller: its rules scoped by key
--- attributes only, as resty.rl.engine builds them (probe cost aside).
+-- The entries of a caller: its rules scoped by key attributes only, as
+-- resty.rl.engine builds them (probe cost aside); not those left out of
+-- RateLimit-Policy (`policy_header = false`: the tier form's leases).
 local function rule_entries(gw, req, ident)
     local conf, entries = gw.conf, {}
     local state = { route = conf.default_route }
     for _, rule in ipairs(conf.rules) do
-        local own = true
+        local own = rule.policy_header ~= false
         for _, a in ipairs(rule.scope) do
             own = own and KEY_ATTRS[a] ~= nil
         end
@@ -379,7 +376,7 @@ local function rule_entries(gw, req, ident)
             end
         end
         -- the cost does not matter to a probe: never read it from this request
-        local e = own and entries_of.entry(gw.conf, req, state,
+        local e = own and matching.entry(gw.conf, req, state,
             setmetatable({ cost = 1 }, { __index = rule }), ident)
         if e then
             e.rule = rule
@@ -389,29 +386,13 @@ local function rule_entries(gw, req, ident)
     return entries
 end
 
--- The entry of a tier-form caller: its key bucket with the tenant's in
--- ALSO (resty.rl.store.take), the penalty box on the key.
-local function tier_entries(conf, ident)
-    local a = ident.attrs
-    local tier = conf.tiers[a.tier]
-    local key, tenant_key = policy.bucket_keys(conf, { tenant = a.tenant, key_id = a.key_id })
-    return { {
-        key = key, name = a.tier .. "-key", rule = { unit = "points", count = "requests" },
-        also_keys = { tenant_key }, also_names = { a.tier .. "-tenant" },
-        params = { kind = "bucket", burst = tier.key.burst, rate = tier.key.rate,
-                   period = tier.period, strikes = tier.strikes,
-                   also = { { burst = tier.tenant.burst, rate = tier.tenant.rate,
-                              period = tier.period } } },
-    } }
-end
-
 --- The usage report of the caller `ident` under gateway `gw` (a rule
---- policy's engine or the tier form), or nil, error.
+--- policy's engine), or nil, error.
 function _M.report(gw, req, ident)
     local conf = gw.conf
     local cmds, entries = {}, {}
     local today = ngx.time()
-    for _, e in ipairs(conf.rules and rule_entries(gw, req, ident) or tier_entries(conf, ident)) do
+    for _, e in ipairs(rule_entries(gw, req, ident)) do
         local start, days
         if e.day_key then
             start, days = period_days(e.params.period, today)
@@ -423,7 +404,7 @@ function _M.report(gw, req, ident)
             cmds[#cmds + 1] = cmd
         end
     end
-    local res, err = store.pipeline(conf, cmds)
+    local res, err = commands.pipeline(conf, cmds)
     if not res then
         return nil, err
     end
@@ -508,7 +489,7 @@ end
 function _M.serve(gw, req)
     local conf = gw.conf
     if not conf.usage then
-        return refuse(conf, req, 404, "not-found", "No usage report on this gateway.")
+        return switched_off(conf, req, "report")
     end
     if req.method() ~= "GET" and req.method() ~= "HEAD" then
         return refuse(conf, req, 405, "method-not-allowed", "GET only.")
@@ -561,7 +542,7 @@ end
 function _M.dashboard(gw, req)
     local conf = gw.conf
     if not conf.usage then
-        return refuse(conf, req, 404, "not-found", "No usage dashboard on this gateway.")
+        return switched_off(conf, req, "dashboard")
     end
     -- the header name as a JS string literal (a replacement string: % doubled)
     local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")

@@ -1,7 +1,9 @@
 -- Kong plugin "rl": configuration schema. The options are those of
 -- resty.rl.config (gateway/REFERENCE.md documents each); an option left unset
 -- takes the library's default, and `tiers`, `routes` and `auth` left unset
--- take the library's sample policy.
+-- take the tier form's sample (resty.rl.tier_form). The tier form is
+-- translated into a rule policy when the plugin's configuration is built,
+-- as the nginx front end's is.
 
 local typedefs = require "kong.db.schema.typedefs"
 local cjson = require "cjson.safe"
@@ -162,6 +164,22 @@ return {
                     { template = { type = "string", default = "other" } },
                     { cost = { type = "integer", default = 1, gt = 0 } },
                     { critical = { type = "boolean", default = false } },
+                } } },
+                -- the tier's rate rule settled after the response (gateway/REFERENCE.md,
+                -- "Post-paid charging (settle)")
+                { settle = { type = "record", fields = {
+                    { from = { type = "string", one_of = { "header", "usage", "bytes" } } },
+                    { header = { type = "string" } },
+                    { hide = { type = "boolean" } },
+                    { scale = { type = "number", gt = 0 } },
+                    { max_body = { type = "integer", gt = 0 } },
+                } } },
+                -- the tenant's bucket spent from the node's allowance ("Local allowances")
+                { allowance = { type = "record", fields = {
+                    { size = { type = "integer", gt = 0 } },
+                    { max_age = { type = "number", gt = 0 } },
+                    { refill_below = { type = "integer" } },
+                    { dict = { type = "string" } },
                 } } },
                 { auth = { type = "record", fields = {
                     { subject_arg = { type = "string", default = "client_id" } },

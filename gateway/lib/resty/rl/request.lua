@@ -1,8 +1,7 @@
--- resty.rl.policy: from a request to what the policy says about it: the
--- route, the caller's identity and tier, the cost, and the Redis keys.
---
--- Keys carry one hash tag per tenant ({t:<tenant>}) so that a call naming
--- the API key's bucket and the tenant's bucket stays in one slot.
+-- resty.rl.request: what a request says that the policy reads: its
+-- arguments (query string and body, which must agree), headers and
+-- credential, the login subject, its route and its cost, and the form of
+-- a value in a Redis key.
 
 local memo = require "resty.rl.memo"
 
@@ -168,17 +167,6 @@ function _M.match_route(conf, method, path)
     return m:get(method, path, first_route, conf)
 end
 
---- The caller's identity {tenant, tier, key_id} from the API key header,
---- or nil when the key is missing or unknown (nil, "ambiguous": the
---- header came more than once).
-function _M.identify(conf, req)
-    local key, err = _M.credential(req, conf.identity.header)
-    if err then
-        return nil, err
-    end
-    return key and conf.identity.keys[key]
-end
-
 -- Days from 1970-01-01 of a YYYY-MM-DD date, or nil.
 local function day_number(s)
     if type(s) ~= "string" then
@@ -222,45 +210,6 @@ function _M.cost(route, req)
         return r.cost
     end
     return route.cost
-end
-
---- The Redis keys of a caller: its API key's bucket and its tenant's.
-function _M.bucket_keys(conf, ident)
-    local tag = conf.key_prefix .. ":{t:" .. _M.key_part(ident.tenant) .. "}"
-    return tag .. ":key:" .. _M.key_part(ident.key_id), tag .. ":tenant"
-end
-
---- The Redis key of a lease of `spec` (scope tenant or arg) for a caller,
---- or nil, "ambiguous" when the argument of a scope-arg lease has two
---- different values (see _M.arg).
-function _M.lease_key(conf, ident, spec, req)
-    local tag = conf.key_prefix .. ":{t:" .. _M.key_part(ident.tenant) .. "}"
-    if spec.scope == "arg" then
-        local v, err = _M.arg(req, spec.arg)
-        if err then
-            return nil, err
-        end
-        -- no id: one shared lock for the requests that name none
-        return tag .. ":lease:" .. spec.name .. ":" .. _M.key_part(v or "-")
-    end
-    return tag .. ":lease:" .. spec.name
-end
-
---- The maximum of a lease for a tier.
-function _M.lease_max(spec, tier)
-    return spec.max or tier.concurrency[spec.name]
-end
-
---- The Redis keys of a token request: the subject's failure window (nil
---- without a subject), the subject's attempt lease (one attempt at a time;
---- same hash tag) and the client IP's failure window.
-function _M.auth_keys(conf, subject, ip)
-    local subject_key
-    if subject then
-        subject_key = conf.key_prefix .. ":{auth:sub:" .. _M.key_part(subject) .. "}"
-    end
-    return subject_key, subject_key and subject_key .. ":attempt",
-        conf.key_prefix .. ":{auth:ip:" .. _M.key_part(ip or "-") .. "}"
 end
 
 return _M

@@ -1,4 +1,4 @@
--- resty.rl.after: the log phase of a rule policy (resty.rl.engine) and
+-- resty.rl.log_phase: the log phase of a rule policy (resty.rl.engine) and
 -- the work after the response, in a timer (the log phase cannot use
 -- cosockets): failures recorded (count = failures), response bytes
 -- charged (count = response_bytes), post-paid rules settled
@@ -7,15 +7,18 @@
 -- rules recorded (resty.rl.distinct) and quota threshold events appended
 -- (resty.rl.quota_alerts).
 
-local rules = require "resty.rl.rules"
+local refs = require "resty.rl.refs"
 local limiters = require "resty.rl.limiters"
-local store = require "resty.rl.store"
+local commands = require "resty.rl.commands"
 local headers = require "resty.rl.headers"
 local deny = require "resty.rl.deny"
 local settle = require "resty.rl.settle"
 local distinct = require "resty.rl.distinct"
 local quota_alerts = require "resty.rl.quota_alerts"
 local phases = require "resty.rl.phases"
+local metrics = require "resty.rl.metrics"
+local usage = require "resty.rl.usage"
+local cjson = require "cjson.safe"
 
 local _M = {}
 
@@ -33,7 +36,7 @@ local function alert(conf, state, e)
         return nil
     end
     local ident = state.ident or { attrs = {} }
-    local action = o.level >= 3 and rules.resolve(al.level3, ident) or "notify"
+    local action = o.level >= 3 and refs.resolve(al.level3, ident) or "notify"
     if action == "suspend" and o.retry_ms and o.retry_ms > 0 then
         -- a timed level-3 box (a distinct rule's trip): ban the source for its time
         action = "ban"
@@ -64,7 +67,7 @@ local function record_distinct(conf, state, failed, warn)
         deny.put(conf, e.key, e.outcome.level, e.outcome.retry_ms)
         cmds[#cmds + 1] = alert(conf, state, e)
     end
-    if #cmds > 0 and not store.pipeline(conf, cmds) then
+    if #cmds > 0 and not commands.pipeline(conf, cmds) then
         warn("rl: the alert of a distinct rule's box was not added")
     end
 end
@@ -73,7 +76,7 @@ end
 -- alerts of boxes that reached an alerting level, record distinct
 -- members, append quota events (`later`: {state, failed, quota}).
 local function after_response(_premature, conf, cmds, egress, warn, later)
-    local res, err = store.pipeline(conf, cmds)
+    local res, err = commands.pipeline(conf, cmds)
     if not res then
         phases.work_failed(conf, warn, "after-response work failed", err)
     end
@@ -84,13 +87,13 @@ local function after_response(_premature, conf, cmds, egress, warn, later)
         -- the bytes sent, or what is left when they do not fit (the quota
         -- is then used up: all-or-nothing would count nothing)
         local cost = math.min(x.bytes, x.e.params.limit)
-        res, err = store.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
-        local d = res and store.decode(res[1])
+        res, err = commands.pipeline(conf, { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
+        local d = res and commands.decode(res[1])
         if d and d.status == 0 and d.remaining > 0 then
             cost = d.remaining
-            res, err = store.pipeline(conf,
+            res, err = commands.pipeline(conf,
                 { limiters.KINDS[x.e.params.kind].command(x.e, cost, true) })
-            d = res and store.decode(res[1])
+            d = res and commands.decode(res[1])
         end
         if d and d.status == 1 then
             -- a quota's thresholds crossed by these bytes
@@ -110,7 +113,7 @@ local function after_response(_premature, conf, cmds, egress, warn, later)
     end
 end
 
--- The fields of the event line of a refused request (resty.rl.phases.log).
+-- The fields of the event line of a refused request (count_and_log).
 local function event(_req, state, status)
     local tenant, key_id, user, brand = log_ident(state)
     return {
@@ -119,8 +122,33 @@ local function event(_req, state, status)
         brand = brand, tier = state.tier_name or nil, status = status,
         policy = state.policy or nil, retry_after = state.retry_after, box_level = state.box_level,
         strikes_remaining = state.strikes_remaining or nil, redis_error = state.redis_error,
-        deny_cache = state.deny_cached,
+        deny_cache = state.deny_cached, cost = state.cost or nil,
+        -- a login's refusal: who was refused (a client id is no secret)
+        subject = state.ident and state.ident.attrs.subject or nil,
+        client_ip = state.ident and state.ident.attrs.ip or nil,
     }
+end
+
+-- Decisions without an event line.
+local QUIET = { allowed = true, degraded_allowed = true }
+
+-- The log phase's first part: the decision counters (resty.rl.metrics,
+-- resty.rl.usage) and, for a refused (or, in shadow mode, would-be
+-- refused) request, one `rl_event` JSON line with the fields
+-- `event(req, state, status)` gives. Returns the state and the response
+-- status, or nil when the request has no state (an internal redirect).
+local function count_and_log(conf, req, event)
+    local state = req.ctx().rl
+    if not state then
+        return nil
+    end
+    local status = req.status()
+    metrics.decision(conf, state.decision, state.route.name, state.tier_name)
+    usage.count(conf, state)
+    if not QUIET[state.decision] then
+        req.warn("rl_event " .. (cjson.encode(event(req, state, status)) or "{}"):gsub("\\/", "/"))
+    end
+    return state, status
 end
 
 --- Does `rule` work in the log phase (count failures or response bytes,
@@ -131,13 +159,14 @@ function _M.works_after(rule)
 end
 
 --- Log phase of a rule policy: counters, one structured line per
---- refusal, and the work after the response (in a timer). Without rules
---- that work here (`log_rules`: resty.rl.after.works_after of one of the
---- policy's rules), a request without leases or boxes has nothing more to
---- do once counted.
-function _M.log(conf, req, log_rules)
-    local state, status = phases.log(conf, req, event)
-    if not state or not log_rules and #state.leases == 0 and not state.boxed then
+--- refusal, and the work after the response (in a timer). Without an
+--- entry of a rule that works here (works_after: the engine's
+--- state.steps.log), a request without leases or boxes has nothing more
+--- to do once counted.
+function _M.log(conf, req)
+    local state, status = count_and_log(conf, req, event)
+    if not state or not (state.steps and state.steps.log) and #state.leases == 0
+        and not state.boxed then
         return
     end
     local cmds, egress = {}, {}

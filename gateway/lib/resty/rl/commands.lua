@@ -1,11 +1,11 @@
--- resty.rl.store: the rl commands over lua-resty-redis.
+-- resty.rl.commands: the rl commands over lua-resty-redis.
 --
 -- Every call goes through resty.rl.redis (the mode: single, sentinel,
 -- cluster; pooling and the time budget of one call). Any error, a timeout
 -- included, returns nil and a message.
 
 local transport = require "resty.rl.redis"
-local memo = require "resty.rl.memo"
+local connection = require "resty.rl.connection"
 
 local _M = {}
 
@@ -88,25 +88,6 @@ function _M.decode_lease(res)
              max = res[4], retry_after_ms = res[5] }
 end
 
--- Checks and decodes an 8-integer limiter reply.
-local function limiter_reply(res, err)
-    if not res then
-        return nil, err
-    end
-    local d = _M.decode(res)
-    if not d then
-        return nil, "unexpected reply"
-    end
-    return d
-end
-
--- The defaults of RL.TAKE's options (commands.md): an option equal to
--- its default is not sent (the same decision, fewer arguments for Redis
--- to parse).
-local DEFAULT_COST = 1
-local DEFAULT_BOX = { 300, 3600, 86400 }
-local DEFAULT_OFFENSES_TTL = 86400
-
 --- `cmd` (a command: its name, then its arguments, which become strings)
 --- with its RESP request (`resp`, sent as it is by resty.rl.redis.send)
 --- and the integers of its reply (`ints`: read in one piece when it is
@@ -116,98 +97,9 @@ function _M.encoded(cmd, ints)
     for i, v in ipairs(cmd) do
         cmd[i] = tostring(v)
     end
-    cmd.resp = "*" .. #cmd .. "\r\n" .. transport.encode(cmd)
+    cmd.resp = "*" .. #cmd .. "\r\n" .. connection.encode(cmd)
     cmd.ints = ints
     return cmd
-end
-
--- The RL.TAKE command of a caller on `tier` (its key, its tenant's key)
--- for `cost`, with its RESP request (`resp`, sent as it is by
--- resty.rl.redis.send) and the shape of its reply (`ints`).
-local function take_cmd(tier, key, tenant_key, cost)
-    local s, box = tier.strikes, tier.box
-    local cmd = { "RL.TAKE", key, tier.key.burst, tier.key.rate, tier.period }
-    local function add(...)
-        for i = 1, select("#", ...) do
-            cmd[#cmd + 1] = select(i, ...)
-        end
-    end
-    if cost ~= DEFAULT_COST then
-        add("COST", cost)
-    end
-    add("ALSO", tenant_key, tier.tenant.burst, tier.tenant.rate, tier.period,
-        "STRIKES", s.threshold, s.window)
-    if box[1] ~= DEFAULT_BOX[1] or box[2] ~= DEFAULT_BOX[2] or box[3] ~= DEFAULT_BOX[3] then
-        add("BOX", box[1], box[2], box[3])
-    end
-    if tier.offenses_ttl ~= DEFAULT_OFFENSES_TTL then
-        add("OFFENSES", tier.offenses_ttl)
-    end
-    return _M.encoded(cmd, 8)
-end
-
--- The RL.TAKE commands (each alone in a list, as run() takes them), per
--- tier (weak-keyed: a configuration dropped takes them along), key and
--- tenant key, by cost: a caller's command is the same every time (costs
--- come from the configuration), made once and only read after
--- (resty.rl.redis and resty.rl.cluster never change a command). Bounded
--- per tier.
-local TAKES_KEPT = 10000
-local takes = setmetatable({}, { __mode = "k" })
-local function new_by_cost()
-    return {}
-end
-
---- RL.TAKE on the caller's key and tenant buckets, with the tier's strikes
---- and boxes. Returns the decoded reply (see decode) or nil and an error.
-function _M.take(conf, key, tenant_key, tier, cost)
-    local m = takes[tier]
-    if not m then
-        m = memo.new(TAKES_KEPT)
-        takes[tier] = m
-    end
-    local by_cost = m:get(key, tenant_key, new_by_cost)
-    local list = by_cost[cost]
-    if not list then
-        list = { take_cmd(tier, key, tenant_key, cost) }
-        by_cost[cost] = list
-    end
-    return limiter_reply(one_of(conf, list))
-end
-
--- The arguments of RL.WINDOW for one failed-login counter.
-local function window_args(key, w, box, cost)
-    if cost == 0 then
-        return { key, w.limit, w.window, "COST", 0 }
-    end
-    return { key, w.limit, w.window, "COST", cost,
-        "STRIKES", 1, w.window, "EVERY", "BOX", box[1], box[2], box[3] }
-end
-
---- Failed-login counters, pipelined: for each {key, limits} of `pairs_`
---- one RL.WINDOW with `cost` (0: a probe that writes nothing; 1: a failure
---- recorded, the failure that does not fit trips the box: STRIKES 1 with
---- EVERY, every refusal a strike). Returns the list of decoded replies
---- (see decode), or nil and an error.
-function _M.auth_windows(conf, pairs_, cost)
-    local cmds = {}
-    for i, p in ipairs(pairs_) do
-        cmds[i] = { "RL.WINDOW", unpack(window_args(p[1], p[2], conf.auth.box, cost)) }
-    end
-    local res, err = run(conf, cmds)
-    if not res then
-        return nil, err
-    end
-    local out = {}
-    for i = 1, #pairs_ do
-        local r = res[i]
-        out[i] = _M.decode(r)
-        if not out[i] then
-            -- an error reply comes back as {false, "ERR ..."}
-            return nil, "RL.WINDOW: " .. tostring(type(r) == "table" and r[2] or r)
-        end
-    end
-    return out
 end
 
 --- RL.LEASE ACQUIRE with `id` (the request id: new on every request) as
@@ -244,20 +136,6 @@ function _M.pipeline_ok(conf, cmds)
         end
     end
     return res, err
-end
-
---- RL.LEASE RELEASE of each {key, id} in `leases`, pipelined. Returns
---- true or nil and an error.
-function _M.release(conf, leases)
-    local cmds = {}
-    for i, l in ipairs(leases) do
-        cmds[i] = { "RL.LEASE", "RELEASE", l.key, l.id }
-    end
-    local res, err = run(conf, cmds)
-    if not res then
-        return nil, err
-    end
-    return true
 end
 
 return _M
