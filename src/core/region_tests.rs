@@ -168,8 +168,8 @@ fn acceptable_period_ends() {
         "a Wednesday"
     );
     assert!(
-        is_acceptable_end(Period::Day, june_end(), n),
-        "a day end too"
+        !is_acceptable_end(Period::Day, june_end(), n),
+        "a day end, but 15 days ahead"
     );
     assert!(is_acceptable_end(
         Period::Day,
