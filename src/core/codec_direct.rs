@@ -19,15 +19,16 @@ use super::window::WindowState;
 /// when it is one of the shapes written here; false (and `out` untouched)
 /// otherwise.
 pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
-    if record.present().bits() == 1 << Record::REGIONS_INDEX {
-        if let Some(counts) = record.part::<Box<RegionCounts>>() {
-            append_regions(counts, out);
-            return true;
-        }
-    }
+    let present = record.present().bits();
     let written_here = (1u32 << Record::BUCKET_INDEX) | (1 << Record::WINDOW_INDEX);
-    if record.present().bits() & !written_here != 0 {
-        return false;
+    if present & !written_here != 0 {
+        return match record.part::<Box<RegionCounts>>() {
+            Some(counts) if present == 1 << Record::REGIONS_INDEX => {
+                append_regions(counts, out);
+                true
+            }
+            _ => false,
+        };
     }
     let window = record.part::<WindowState>();
     if matches!(window, Some(WindowState::Exact { .. })) {
