@@ -290,25 +290,6 @@ fn configs_are_module_configs_and_checked() {
     call_ok(&mut con, "CONFIG SET rl.region us");
     ints(&mut con, "RL.QUOTA k 10 DAY REGION");
     assert_eq!(read(&mut con, "k").expect("k").2, comps(&[("us", 1, 0)]));
-    // ACL categories where modules may declare them (Redis 7.4+, Valkey 8+).
-    let cat = |con: &mut redis::Connection, c: &str| -> redis::RedisResult<Vec<String>> {
-        redis::cmd("ACL").arg("CAT").arg(c).query(con)
-    };
-    match cat(&mut con, "ratelimit") {
-        Ok(ours) => {
-            assert!(ours.contains(&"rl.region|read".to_string()), "{ours:?}");
-            assert!(ours.contains(&"rl.region|merge".to_string()), "{ours:?}");
-            let read = cat(&mut con, "read").expect("ACL CAT read");
-            assert!(read.contains(&"rl.region|read".to_string()));
-            assert!(!read.contains(&"rl.region|merge".to_string()));
-        }
-        Err(_) => {
-            let version = server
-                .info_get("server", "redis_version")
-                .unwrap_or_default();
-            assert!(version.starts_with("7.0"), "no @ratelimit on {version}");
-        }
-    }
     // A bad load argument keeps the module from loading.
     let plain = Server::start_plain(&[]);
     let module = module_path();
