@@ -386,6 +386,13 @@ fn local_changes_are_announced_and_merges_are_not() {
     let mut args: Vec<&str> = EU.to_vec();
     args.extend_from_slice(&["--notify-keyspace-events", "KEd"]);
     let server = Server::start(&args);
+    let replica = start_replica(&server);
+    call_ok(
+        &mut replica.client(),
+        "CONFIG SET notify-keyspace-events KEd",
+    );
+    let mut replica_sub = replica.client();
+    let mut replica_events = rl_events(&mut replica_sub);
     let mut sub_con = server.client();
     let mut pubsub = rl_events(&mut sub_con);
     let mut con = server.client();
@@ -429,6 +436,17 @@ fn local_changes_are_announced_and_merges_are_not() {
         .set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
     assert_eq!(next_event(&mut pubsub), None, "no further event");
+    // A replica applies the effects and announces nothing of rl's.
+    wait_replica(&mut con, 1, 5000);
+    assert!(read(&mut replica.client(), "{t}:b").is_some(), "replicated");
+    replica_events
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    assert_eq!(
+        next_event(&mut replica_events),
+        None,
+        "a replica announces nothing"
+    );
 }
 
 #[test]
