@@ -290,6 +290,11 @@ fn configs_are_module_configs_and_checked() {
     call_ok(&mut con, "CONFIG SET rl.region us");
     ints(&mut con, "RL.QUOTA k 10 DAY REGION");
     assert_eq!(read(&mut con, "k").expect("k").2, comps(&[("us", 1, 0)]));
+    // As config directives (redis.conf lines, or command-line options).
+    let configured = Server::start(&["--rl.regions", "eu,us", "--rl.region", "us"]);
+    let mut c = configured.client();
+    ints(&mut c, "RL.QUOTA k 10 DAY REGION");
+    assert_eq!(read(&mut c, "k").expect("k").2, comps(&[("us", 1, 0)]));
     // A bad load argument keeps the module from loading.
     let plain = Server::start_plain(&[]);
     let module = module_path();
