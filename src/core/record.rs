@@ -18,6 +18,7 @@ use super::part::{Part, PartMask};
 use super::patch_plan::{LogCharge, PatchPlan};
 use super::penalty::{Penalty, MANUAL};
 use super::quota::QuotaState;
+use super::region::RegionCounts;
 use super::time::Millis;
 use super::window::WindowState;
 
@@ -378,6 +379,7 @@ parts! {
         window: WindowState = 3,
         quota: QuotaState = 4,
         distinct: Box<DistinctState> = 6,
+        regions: Box<RegionCounts> = 7,
     }
 }
 
@@ -501,6 +503,9 @@ impl Record {
 
     /// The bucket part's position in encoding order.
     pub(crate) const BUCKET_INDEX: usize = PartIndex::bucket as usize;
+
+    /// The regional counts' position in encoding order.
+    pub(crate) const REGIONS_INDEX: usize = PartIndex::regions as usize;
 
     /// The leases part's position in encoding order.
     pub(crate) const LEASES_INDEX: usize = PartIndex::leases as usize;

@@ -58,6 +58,15 @@ pub fn make_every_kind(con: &mut Connection, p: &str) -> Vec<String> {
             ],
         ),
         (
+            "regional",
+            &[
+                "CONFIG SET rl.regions eu,us,ap",
+                "CONFIG SET rl.region eu",
+                "RL.QUOTA {k} 100 MONTH COST 3 REGION",
+                "RL.QUOTA {k} 100 MONTH REFUND 1 REGION",
+            ],
+        ),
+        (
             "everything",
             &[
                 "RL.TAKE {k} 3 1 100 COST 3",
@@ -186,17 +195,17 @@ pub fn mutate(bases: &[Vec<u8>], total: usize, seed: u64) -> Vec<(Mutation, Vec<
 }
 
 /// The payload version rl writes today.
-pub const PAYLOAD_VERSION: u8 = 6;
+pub const PAYLOAD_VERSION: u8 = 7;
 
 /// The first byte of a patch payload (the parts a call reached; applied
 /// onto a key's own record, so not stored verbatim).
 pub const PATCH_MARKER: u8 = 0xD0;
 
 /// How many parts a payload of [`PAYLOAD_VERSION`] holds.
-pub const PAYLOAD_PARTS: u8 = 6;
+pub const PAYLOAD_PARTS: u8 = 7;
 
 /// The oldest payload version whose parts have today's bytes: versions 4
-/// and 5 hold the first five parts as version 6 does (a penalty with no
+/// to 6 hold their parts as version 7 does (a penalty with no
 /// retry recorded has the same bytes in both).
 pub const SAME_LAYOUT_SINCE: u8 = 4;
 
