@@ -14,7 +14,7 @@
 
 use serde::{Serialize, Serializer};
 
-use super::payload::{CodecError, PAYLOAD_VERSION};
+use super::payload::{CodecError, PAYLOAD_VERSION, PLAIN_PAYLOAD_VERSION};
 use super::record::Record;
 use super::time::Millis;
 
@@ -30,15 +30,24 @@ impl Serialize for Versioned<'_> {
 /// Encode `record` at the end of `out`.
 pub fn encode_append(record: &Record, out: &mut Vec<u8>) {
     if !super::codec_direct::try_append(record, out) {
-        append_version(record, PAYLOAD_VERSION, out);
+        append_version(record, version_for(record), out);
     }
+}
+
+/// The version `record` is written in: the oldest, from
+/// [`PLAIN_PAYLOAD_VERSION`] on, that holds every part it has, so a record
+/// without a newer part keeps the bytes older builds wrote.
+pub(super) fn version_for(record: &Record) -> u8 {
+    (PLAIN_PAYLOAD_VERSION..PAYLOAD_VERSION)
+        .find(|&version| record.fits_version(version))
+        .unwrap_or(PAYLOAD_VERSION)
 }
 
 /// [`encode`] through serde alone (what the direct encoding must equal).
 #[cfg(test)]
 pub(crate) fn encode_with_serde(record: &Record) -> Vec<u8> {
     let mut out = Vec::new();
-    append_version(record, PAYLOAD_VERSION, &mut out);
+    append_version(record, version_for(record), &mut out);
     out
 }
 
@@ -256,8 +265,8 @@ mod tests {
         assert_eq!(decode(&v1), Ok(old.clone()));
         assert_eq!(
             encode(&old)[0],
-            PAYLOAD_VERSION,
-            "saved again in the current version"
+            PLAIN_PAYLOAD_VERSION,
+            "saved again in the current version of a record without regions"
         );
         let mut with_leases = vec![1];
         with_leases.extend(&encode(&sample())[1..]);

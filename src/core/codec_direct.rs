@@ -10,7 +10,7 @@ use rmp::encode::{write_array_len, write_sint, write_str, write_uint};
 use rmp::Marker;
 
 use super::bucket::Bucket;
-use super::payload::PAYLOAD_VERSION;
+use super::payload::{PAYLOAD_VERSION, PLAIN_PAYLOAD_VERSION};
 use super::record::Record;
 use super::region::RegionCounts;
 use super::window::WindowState;
@@ -34,11 +34,11 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
     if matches!(window, Some(WindowState::Exact { .. })) {
         return false;
     }
-    let parts = Record::parts_in(PAYLOAD_VERSION);
+    let parts = Record::parts_in(PLAIN_PAYLOAD_VERSION);
     // The version byte, a fixed array of the parts (fewer than 16), at most
     // 9 bytes per integer.
     out.reserve(2 + parts + 48);
-    out.push(PAYLOAD_VERSION);
+    out.push(PLAIN_PAYLOAD_VERSION);
     out.push(Marker::FixArray(parts as u8).to_u8());
     // In encoding order: nil for each part absent, the bucket before the
     // window.

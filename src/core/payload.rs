@@ -7,6 +7,13 @@
 /// version 7 the regional components of `RL.QUOTA ... REGION`).
 pub const PAYLOAD_VERSION: u8 = 7;
 
+/// The oldest version a whole-record payload is written in (what builds
+/// before regional counts wrote): a record is written in the oldest version
+/// from this one on that holds its parts, so a record without regional
+/// counts keeps the same bytes (its size in memory, its RDB and AOF) and
+/// an older build can still read it.
+pub const PLAIN_PAYLOAD_VERSION: u8 = 6;
+
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CodecError {
