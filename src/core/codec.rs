@@ -5,7 +5,8 @@
 //! fields in declaration order. Each version appends fields: version 1 had
 //! `[bucket, penalty]`, version 2 added `leases`, version 3 `window`,
 //! version 4 `quota`; version 5 added a field to the penalty (the retry a
-//! refusal announced, written only when set). Older payloads (an RDB or
+//! refusal announced, written only when set), version 6 `distinct`,
+//! version 7 `regions`. Older payloads (an RDB or
 //! AOF written by an older build) decode with the missing fields empty.
 //! Decoding accepts only canonical bytes (those that encode back to
 //! themselves in their version) holding a valid record, so corrupt input

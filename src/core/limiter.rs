@@ -2,7 +2,22 @@
 //! provides to the shared decision, [`crate::core::take::decide`]: how one
 //! key's stored state answers a request of `cost` points at `now`.
 
+use super::quota::Period;
+use super::record::Record;
 use super::time::Millis;
+
+/// Why a key's stored record cannot take a call of a limiter: it counts
+/// the same quota another way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Conflict {
+    /// A plain call on a key holding regional components.
+    Regional,
+    /// A regional call (or merge) on a key holding a plain count.
+    Plain,
+    /// A regional call (or merge) naming another period kind than the
+    /// key's live one (this one).
+    Period(Period),
+}
 
 /// The parameters of one key in a call (a bucket's rate, a window's limit
 /// and length), which know how to read and charge that key's state.
@@ -12,6 +27,21 @@ pub trait Limiter {
     /// What the decision needs to know of one key at `now`, computed once
     /// per call by [`Limiter::see`].
     type Seen: Copy + Default;
+
+    /// Whether a call must ask [`Limiter::conflict`] about each key's
+    /// record before deciding (false: it never conflicts, and the call
+    /// does not look).
+    const CHECKS_RECORD: bool = false;
+
+    /// The keyspace event a call announces on each key whose state it
+    /// changed, if any.
+    const CHANGE_EVENT: Option<&'static std::ffi::CStr> = None;
+
+    /// Whether `record` (a key of the call) holds a state this limiter
+    /// must not count on: the call is then refused, nothing changed.
+    fn conflict(&self, _record: &Record, _now: Millis) -> Option<Conflict> {
+        None
+    }
 
     /// The `limit` position of the reply when this key binds.
     fn limit(&self) -> u64;

@@ -20,6 +20,7 @@ pub mod payload;
 pub mod penalty;
 pub mod quota;
 pub mod record;
+pub mod region;
 pub mod take;
 pub mod time;
 pub mod window;
@@ -32,6 +33,8 @@ mod codec_proptests;
 mod distinct_proptests;
 #[cfg(test)]
 mod penalty_proptests;
+#[cfg(test)]
+mod region_proptests;
 #[cfg(test)]
 mod settle_proptests;
 #[cfg(test)]

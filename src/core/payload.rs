@@ -3,8 +3,9 @@
 
 /// The current payload version (the first byte of every payload): the
 /// number of parts a [`Record`](super::record::Record) encodes, see the
-/// registry in [`super::record`] (version 6 added `RL.DISTINCT`'s members).
-pub const PAYLOAD_VERSION: u8 = 6;
+/// registry in [`super::record`] (version 6 added `RL.DISTINCT`'s members,
+/// version 7 the regional components of `RL.QUOTA ... REGION`).
+pub const PAYLOAD_VERSION: u8 = 7;
 
 /// Why a payload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,15 +7,18 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::limiter::Limiter;
+use super::limiter::{Conflict, Limiter};
 use super::part::{within_reach, Part, MAX_COUNT};
 use super::penalty::MANUAL;
+use super::record::Record;
+use super::region::RegionCounts;
 use super::time::{clamp_i64, Millis};
 
 const DAY_MS: i64 = 86_400_000;
 
 /// A calendar period, in UTC.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Period {
     /// 00:00 to 24:00.
     Day,
@@ -23,6 +26,40 @@ pub enum Period {
     Week,
     /// The first of the month 00:00 to the first of the next month.
     Month,
+}
+
+impl Period {
+    /// The period's name in replies and arguments.
+    pub fn name(self) -> &'static str {
+        match self {
+            Period::Day => "DAY",
+            Period::Week => "WEEK",
+            Period::Month => "MONTH",
+        }
+    }
+
+    /// The period's code in a payload.
+    fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Encoded as its code: 0 day, 1 week, 2 month.
+impl Serialize for Period {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u8(self.code())
+    }
+}
+
+impl<'de> Deserialize<'de> for Period {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Period, D::Error> {
+        match u8::deserialize(d)? {
+            0 => Ok(Period::Day),
+            1 => Ok(Period::Week),
+            2 => Ok(Period::Month),
+            _ => Err(serde::de::Error::custom("not a period")),
+        }
+    }
 }
 
 /// The parameters of one key in an `RL.QUOTA` call.
@@ -139,9 +176,19 @@ impl Quota {
 impl Limiter for Quota {
     type State = QuotaState;
     type Seen = QuotaSeen;
+    const CHECKS_RECORD: bool = true;
 
     fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// A key holding live regional components is counted with `REGION`
+    /// only.
+    fn conflict(&self, record: &Record, now: Millis) -> Option<Conflict> {
+        record
+            .part::<Box<RegionCounts>>()
+            .is_some_and(|r| now < r.end)
+            .then_some(Conflict::Regional)
     }
 
     fn see(&self, state: Option<&QuotaState>, now: Millis) -> QuotaSeen {

@@ -18,6 +18,7 @@ use super::part::{Part, PartMask};
 use super::patch_plan::{LogCharge, PatchPlan};
 use super::penalty::{Penalty, MANUAL};
 use super::quota::QuotaState;
+use super::region::RegionCounts;
 use super::time::Millis;
 use super::window::WindowState;
 
@@ -378,6 +379,7 @@ parts! {
         window: WindowState = 3,
         quota: QuotaState = 4,
         distinct: Box<DistinctState> = 6,
+        regions: Box<RegionCounts> = 7,
     }
 }
 

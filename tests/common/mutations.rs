@@ -186,17 +186,17 @@ pub fn mutate(bases: &[Vec<u8>], total: usize, seed: u64) -> Vec<(Mutation, Vec<
 }
 
 /// The payload version rl writes today.
-pub const PAYLOAD_VERSION: u8 = 6;
+pub const PAYLOAD_VERSION: u8 = 7;
 
 /// The first byte of a patch payload (the parts a call reached; applied
 /// onto a key's own record, so not stored verbatim).
 pub const PATCH_MARKER: u8 = 0xD0;
 
 /// How many parts a payload of [`PAYLOAD_VERSION`] holds.
-pub const PAYLOAD_PARTS: u8 = 6;
+pub const PAYLOAD_PARTS: u8 = 7;
 
 /// The oldest payload version whose parts have today's bytes: versions 4
-/// and 5 hold the first five parts as version 6 does (a penalty with no
+/// to 6 hold their parts as version 7 does (a penalty with no
 /// retry recorded has the same bytes in both).
 pub const SAME_LAYOUT_SINCE: u8 = 4;
 
