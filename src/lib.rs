@@ -21,11 +21,23 @@ macro_rules! declare_module {
             allocator: ($alloc, $init),
             data_types: [],
             init: init,
+            // (the macro needs every kind listed to read load arguments)
+            configurations: [
+                i64: [],
+                string: [
+                    ["region", &adapter::regions::LOCAL, "", ConfigurationFlags::DEFAULT, None],
+                    ["regions", &adapter::regions::ALL, "", ConfigurationFlags::DEFAULT, None],
+                ],
+                bool: [],
+                enum: [],
+                module_args_as_configuration: true,
+            ]
         }
     };
 }
 
 use adapter::init;
+use redis_module::configuration::ConfigurationFlags;
 
 #[cfg(not(any(test, feature = "system-alloc")))]
 declare_module!(

@@ -3,7 +3,10 @@
 
 use std::fmt;
 
+use crate::core::limiter::Conflict;
 use crate::core::limits::{MAX_BUCKETS, MAX_DURATION_MS, MAX_EXACT_LIMIT, MAX_LEASE_ID_LEN};
+use crate::core::quota::Period;
+use crate::core::region::{MAX_REGIONS, MAX_REGION_NAME};
 
 /// Redis's own text for a key of another type.
 pub const WRONGTYPE: &str = "WRONGTYPE Operation against a key holding the wrong kind of value";
@@ -73,6 +76,26 @@ pub enum ArgError {
     MinAboveCost,
     /// `RESERVE` naming a key the call does not have.
     ReserveIndex { index: usize },
+    /// `REGION` or `RL.REGION MERGE` while `rl.region` is empty.
+    RegionsOff,
+    /// `rl.region` is not one of `rl.regions`.
+    LocalNotListed { name: String },
+    /// A key that counts the quota another way.
+    Conflict(Conflict),
+    /// A region name outside the alphabet or too long.
+    RegionName,
+    /// A region not in `rl.regions`.
+    UnknownRegion { name: String },
+    /// This server's own region in a merge.
+    OwnRegion { name: String },
+    /// A region twice in one merge.
+    RepeatedRegion { name: String },
+    /// More components than regions.
+    TooManyRegions,
+    /// `refunded` above `added`.
+    RefundedAboveAdded { name: String },
+    /// A `period_end_ms` that is not an acceptable end of `period`.
+    PeriodEnd { period: Period },
 }
 
 impl ArgError {
@@ -160,6 +183,44 @@ impl fmt::Display for ArgError {
             ArgError::Together { a, b } => {
                 write!(f, "ERR {a} and {b} cannot be given together")
             }
+            ArgError::RegionsOff => write!(f, "ERR REGION: rl.region is not configured"),
+            ArgError::LocalNotListed { name } => {
+                write!(f, "ERR REGION: rl.region '{name}' is not in rl.regions")
+            }
+            ArgError::Conflict(Conflict::Regional) => {
+                write!(f, "ERR REGION: the key counts per region (add REGION)")
+            }
+            ArgError::Conflict(Conflict::Plain) => {
+                write!(f, "ERR REGION: the key counts without regions")
+            }
+            ArgError::Conflict(Conflict::Period(p)) => {
+                write!(f, "ERR period: the key counts a {} period", p.name())
+            }
+            ArgError::RegionName => write!(
+                f,
+                "ERR region must be 1 to {MAX_REGION_NAME} bytes of A-Z a-z 0-9 _ -"
+            ),
+            ArgError::UnknownRegion { name } => {
+                write!(f, "ERR region '{name}' is not in rl.regions")
+            }
+            ArgError::OwnRegion { name } => write!(
+                f,
+                "ERR region '{name}' is this server's own region (only its own calls change it)"
+            ),
+            ArgError::RepeatedRegion { name } => {
+                write!(f, "ERR region '{name}' is given more than once")
+            }
+            ArgError::TooManyRegions => {
+                write!(f, "ERR region may be given at most {MAX_REGIONS} times")
+            }
+            ArgError::RefundedAboveAdded { name } => {
+                write!(f, "ERR refunded is above added for region '{name}'")
+            }
+            ArgError::PeriodEnd { period } => write!(
+                f,
+                "ERR period_end_ms must be the end of a past, the current or the next {} period",
+                period.name()
+            ),
             ArgError::UnknownSubcommand { command } => {
                 write!(f, "ERR unknown subcommand for '{command}'")
             }

@@ -6,6 +6,7 @@ pub mod commands;
 pub mod errors;
 pub mod ffi;
 pub mod key;
+pub mod regions;
 pub mod reply;
 pub mod rtype;
 pub mod stats;

@@ -127,6 +127,12 @@ pub static PARTIAL_GRANTS: Counter = Counter::new();
 pub static PARTIAL_POINTS: Counter = Counter::new();
 /// Refusals only because of a `RESERVE`.
 pub static RESERVE_REFUSALS: Counter = Counter::new();
+/// `RL.REGION MERGE` calls applied (a repeat included).
+pub static REGION_MERGES: Counter = Counter::new();
+/// Components that grew by a merge.
+pub static REGION_MERGED: Counter = Counter::new();
+/// `RL.REGION MERGE` calls refused with an error.
+pub static REGION_REFUSED: Counter = Counter::new();
 
 /// Count what a settled call did: `DEBT` and `REFUND` points, `PARTIAL`
 /// grants (boxed calls settle nothing).
@@ -201,6 +207,9 @@ pub(crate) extern "C" fn info(
             (c"partial_grants", &PARTIAL_GRANTS),
             (c"partial_points", &PARTIAL_POINTS),
             (c"reserve_refusals", &RESERVE_REFUSALS),
+            (c"region_merges", &REGION_MERGES),
+            (c"region_merged", &REGION_MERGED),
+            (c"region_refused", &REGION_REFUSED),
         ];
         // SAFETY: `ctx` is the info context Redis passed to this callback,
         // valid while it runs; every name is NUL-terminated.

@@ -11,6 +11,7 @@
 //! replays reach the same bytes, and announces a trip or a release.
 
 use std::cell::RefCell;
+use std::ffi::CStr;
 use std::ops::Range;
 use std::os::raw::{c_char, c_int, c_longlong};
 
@@ -208,6 +209,20 @@ impl Call {
             }
             Some(Event::Released) => notify(ctx, c"rl.released", first.name),
             None => {}
+        }
+    }
+}
+
+impl Call {
+    /// Announce `event` on each of the `keys` (after [`Call::commit`]).
+    pub fn announce(&self, keys: KeySet, event: &CStr) {
+        for (_, key) in self
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| keys.contains(*i))
+        {
+            notify(self.ctx, event, key.name);
         }
     }
 }

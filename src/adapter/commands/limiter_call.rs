@@ -17,7 +17,7 @@ use crate::adapter::reply::{reply_decision, reply_partial};
 use crate::adapter::stats::{self, Outcomes};
 use crate::adapter::store::{Access, Call, Event};
 use crate::core::decision::Decision;
-use crate::core::limiter::Limiter;
+use crate::core::limiter::{Conflict, Limiter};
 use crate::core::limits::{
     DEFAULT_BOX_MS, DEFAULT_OFFENSES_TTL_MS, MAX_BUCKETS, MAX_POINTS, MAX_THRESHOLD,
 };
@@ -201,6 +201,11 @@ where
     if let Err(replied) = call.open(args, key_positions, access, false) {
         return replied;
     }
+    if L::CHECKS_RECORD {
+        if let Some(conflict) = conflict(&call, req) {
+            return reply_error(ctx, &ArgError::Conflict(conflict).to_string());
+        }
+    }
     let decision = decide_call(&mut call, req, effect);
     outcomes.record(decision.status);
     stats::settled(req, &decision);
@@ -211,10 +216,21 @@ where
     }
 }
 
+/// The first key of the call whose record its limiter must not count on
+/// ([`Limiter::conflict`]), and why.
+fn conflict<L: Limiter>(call: &Call, req: &Request<L>) -> Option<Conflict> {
+    let now = call.now();
+    req.limits
+        .iter()
+        .enumerate()
+        .find_map(|(i, limit)| call.record(i).and_then(|r| limit.conflict(r, now)))
+}
+
 /// Decide a call on its open keys, each key's state read and changed
 /// where its record keeps it (a key or part not stored yet starts empty
 /// beside it), and commit what changed (unless a dry run or a probe),
-/// announcing a trip. A dry run decides on copies.
+/// announcing a trip, and the limiter's change event on each key whose
+/// state changed. A dry run decides on copies.
 pub fn decide_call<L>(call: &mut Call, req: &Request<L>, effect: Effect) -> Decision
 where
     L: Limiter,
@@ -280,5 +296,8 @@ where
         level: active.level,
     });
     call.commit(written, event);
+    if let Some(change) = L::CHANGE_EVENT {
+        call.announce(effects.states, change);
+    }
     decision
 }

@@ -14,6 +14,7 @@ pub mod distinct;
 pub mod lease;
 pub mod limiter_call;
 pub mod quota;
+pub mod region;
 pub mod take;
 pub mod throttle;
 pub mod window;
@@ -60,6 +61,8 @@ entry!(lease_acquire_entry, lease::acquire);
 entry!(lease_release_entry, lease::release);
 entry!(lease_renew_entry, lease::renew);
 entry!(lease_list_entry, lease::list);
+entry!(region_read_entry, region::read);
+entry!(region_merge_entry, region::merge_cmd);
 
 /// How one command or subcommand is registered.
 struct Spec {
@@ -227,6 +230,24 @@ const COMMANDS: &[Spec] = &[
         c"readonly",
         "read",
         true,
+    ),
+    spec(c"rl.region", None, c"", [0, 0, 0], ""),
+    sub(
+        c"rl.region",
+        c"read",
+        Some(region_read_entry),
+        c"readonly fast",
+        "read fast",
+        true,
+    ),
+    // key period period_end_ms (region added refunded)... at most 16
+    sub(
+        c"rl.region",
+        c"merge",
+        Some(region_merge_entry),
+        c"write deny-oom fast",
+        "write fast",
+        false,
     ),
 ];
 

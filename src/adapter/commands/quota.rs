@@ -1,7 +1,9 @@
-//! `RL.QUOTA key limit DAY|WEEK|MONTH [COST cost] [PEEK]`: at most `limit`
-//! points per calendar day, ISO week or month in UTC. The same parser,
-//! decision and commit path as `RL.TAKE` (so `ALSO`, `STRIKES` and
-//! `JITTER` work here too); `PEEK` is a dry run of the call's cost.
+//! `RL.QUOTA key limit DAY|WEEK|MONTH [COST cost] [PEEK] [REGION]`: at
+//! most `limit` points per calendar day, ISO week or month in UTC. The
+//! same parser, decision and commit path as `RL.TAKE` (so `ALSO`,
+//! `STRIKES` and `JITTER` work here too); `PEEK` is a dry run of the
+//! call's cost; `REGION` counts on this region's component of each key
+//! and decides on the total ([`RegionalQuota`]).
 
 use std::os::raw::c_int;
 
@@ -9,31 +11,48 @@ use super::limiter_call::{check_cost, parse_call, run_parsed, Clause, Effect, Ke
 use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
+use crate::adapter::regions;
 use crate::adapter::stats;
 use crate::core::limits::MAX_POINTS;
 use crate::core::quota::{Period, Quota};
+use crate::core::region::RegionalQuota;
 use crate::core::take::Request;
 
 const NAME: &str = "rl.quota";
 
-/// Parse an `RL.QUOTA` call into `req` (empty, filled in place): whether
-/// it is a `PEEK`.
+/// The flags of an `RL.QUOTA` call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// `PEEK`: a dry run.
+    pub peek: bool,
+    /// `REGION`: count on this region's component.
+    pub region: bool,
+}
+
+/// Parse an `RL.QUOTA` call into `req` (empty, filled in place): its
+/// flags.
 pub fn parse<A: AsRef<[u8]>>(
     args: &[A],
     keys: &mut KeyPositions,
     req: &mut Request<Quota>,
-) -> Result<bool, ArgError> {
+) -> Result<Flags, ArgError> {
     let mut c = Cursor::new(NAME, args);
-    let mut peek = None;
+    let (mut peek, mut region) = (None, None);
     parse_call(&mut c, keys, req, quota, |word, _| {
-        if !is(word, "PEEK") {
+        if is(word, "PEEK") {
+            set_once(&mut peek, "PEEK", ())?;
+        } else if is(word, "REGION") {
+            set_once(&mut region, "REGION", ())?;
+        } else {
             return Ok(false);
         }
-        set_once(&mut peek, "PEEK", ())?;
         Ok(true)
     })?;
     check_cost(req)?;
-    Ok(peek.is_some())
+    Ok(Flags {
+        peek: peek.is_some(),
+        region: region.is_some(),
+    })
 }
 
 /// Read `limit DAY|WEEK|MONTH`.
@@ -63,15 +82,22 @@ fn quota<A: AsRef<[u8]>>(c: &mut Cursor<'_, A>, clause: Clause) -> Result<Quota,
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let mut keys = KeyPositions::new();
     let mut req = Request::empty();
-    let parsed = parse(args, &mut keys, &mut req).map(|peek| match peek {
-        false => Effect::Commit,
-        // A dry run simulates no strike: it reports the cost's fit only.
-        true => {
+    let parsed = parse(args, &mut keys, &mut req);
+    let effect = match parsed {
+        Ok(Flags { peek: true, .. }) => {
+            // A dry run simulates no strike: it reports the cost's fit only.
             req.penalty = None;
             Effect::DryRun
         }
-    });
-    let lent = parsed.as_ref().map(|&effect| (&req, effect));
+        _ => Effect::Commit,
+    };
+    if let Ok(Flags { region: true, .. }) = parsed {
+        let regional =
+            regions::local().map(|local| req.map_limits(|&quota| RegionalQuota { quota, local }));
+        let lent = regional.as_ref().map(|r| (r, effect));
+        return run_parsed(ctx, args, &keys, lent, &stats::QUOTA);
+    }
+    let lent = parsed.as_ref().map(|_| (&req, effect));
     run_parsed(ctx, args, &keys, lent, &stats::QUOTA)
 }
 
@@ -82,7 +108,26 @@ mod tests {
     fn parse_str(line: &str) -> Result<(Request<Quota>, bool), ArgError> {
         let args: Vec<&str> = line.split_whitespace().collect();
         let mut req = Request::empty();
-        parse(&args, &mut KeyPositions::new(), &mut req).map(|peek| (req, peek))
+        parse(&args, &mut KeyPositions::new(), &mut req).map(|flags| (req, flags.peek))
+    }
+
+    #[test]
+    fn region_flag() {
+        let args: Vec<&str> = "RL.QUOTA k 10 MONTH REGION COST 2 ALSO t 5 MONTH"
+            .split_whitespace()
+            .collect();
+        let mut req = Request::empty();
+        let flags = parse(&args, &mut KeyPositions::new(), &mut req).expect("valid");
+        assert_eq!(
+            flags,
+            Flags {
+                peek: false,
+                region: true
+            }
+        );
+        assert_eq!(req.limits.len(), 2);
+        let err = parse_str("RL.QUOTA k 10 DAY REGION region").expect_err("twice");
+        assert_eq!(err.to_string(), "ERR REGION is given more than once");
     }
 
     #[test]

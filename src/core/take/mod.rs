@@ -81,6 +81,27 @@ impl<L> Request<L> {
     }
 }
 
+impl<L> Request<L> {
+    /// The same call with each key's limiter mapped by `f` (the options
+    /// kept).
+    pub fn map_limits<M>(&self, mut f: impl FnMut(&L) -> M) -> Request<M> {
+        let mut limits = Limits::new();
+        for limit in &self.limits {
+            limits.push(f(limit));
+        }
+        Request {
+            limits,
+            cost: self.cost,
+            penalty: self.penalty,
+            jitter_percent: self.jitter_percent,
+            delay_ms: self.delay_ms,
+            settle: self.settle,
+            reserve: self.reserve,
+            partial_min: self.partial_min,
+        }
+    }
+}
+
 impl<L: Clone> Request<L> {
     /// A call of `cost` on keys with these limiters (the first
     /// [`MAX_BUCKETS`]), with no options.
