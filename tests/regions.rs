@@ -83,7 +83,11 @@ fn a_region_counts_its_component_and_decides_on_the_total() {
         "90 of 100 counted in all"
     );
     let d = decide(&mut con, "RL.QUOTA q 100 MONTH COST 10 REGION PEEK");
-    assert_eq!((d.status, d.remaining), (ALLOWED, 0), "a dry run: as if charged");
+    assert_eq!(
+        (d.status, d.remaining),
+        (ALLOWED, 0),
+        "a dry run: as if charged"
+    );
     let d = decide(&mut con, "RL.QUOTA q 100 MONTH COST 10 REGION");
     assert_eq!((d.status, d.remaining), (ALLOWED, 0));
     // A refund gives back this region's own points only.

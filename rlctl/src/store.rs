@@ -226,6 +226,24 @@ impl Store {
         }
     }
 
+    /// Runs one command on the primary of `key`'s slot, for commands whose
+    /// key is not their first argument (`RL.REGION READ key`): a cluster
+    /// client would route them by their subcommand and follow a MOVED.
+    pub async fn query_key<T: FromRedisValue>(&self, cmd: &Cmd, key: &[u8]) -> RedisResult<T> {
+        match self {
+            Store::Single(c) => cmd.query_async(&mut (**c).clone()).await,
+            Store::Cluster(c) => {
+                use redis::cluster_routing::{
+                    get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                };
+                let route = Route::new(get_slot(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let v = c.clone().route_command(cmd, routing).await?;
+                T::from_redis_value(&v)
+            }
+        }
+    }
+
     /// Runs a pipeline whose commands all have keys of one slot.
     pub async fn query_pipe(&self, pipe: &redis::Pipeline) -> RedisResult<()> {
         match self {

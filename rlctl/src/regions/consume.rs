@@ -37,7 +37,13 @@ enum Outcome {
 }
 
 /// Follows region `name`'s stream until aborted.
-pub async fn run(regions: Arc<RegionsConf>, name: String, remote: Target, local: Store) {
+pub async fn run(
+    regions: Arc<RegionsConf>,
+    name: String,
+    remote: Target,
+    local: Store,
+    limit: Duration,
+) {
     let retry = Duration::from_millis(regions.retry_ms);
     // XREADGROUP BLOCK holds a connection: acknowledgements use another.
     let reader = remote.store_with_retry().await;
@@ -107,12 +113,17 @@ pub async fn run(regions: Arc<RegionsConf>, name: String, remote: Target, local:
             from = ">";
             continue;
         }
-        let outcomes = futures_util::future::join_all(
-            entries
-                .iter()
-                .map(|e| async { apply(&local, &name, e).await }),
-        )
-        .await;
+        let applies =
+            futures_util::future::join_all(entries.iter().map(|e| apply(&local, &name, e)));
+        // Each command has its timeout; this bounds the batch whatever happens.
+        let outcomes = match tokio::time::timeout(limit, applies).await {
+            Ok(o) => o,
+            Err(_) => {
+                tracing::warn!(region = %name, "applying the batch timed out; read again later");
+                from = "0";
+                continue;
+            }
+        };
         let mut done = Vec::new();
         let mut tally = Tally::default();
         for ((id, _), outcome) in entries.iter().zip(outcomes) {
@@ -151,7 +162,10 @@ async fn apply(local: &Store, remote: &str, (_, fields): &StreamEntry) -> Outcom
             change.region
         ));
     }
-    match local.query::<i64>(&change.merge_cmd()).await {
+    match local
+        .query_key::<i64>(&change.merge_cmd(), &change.key)
+        .await
+    {
         Ok(grew) => Outcome::Applied(grew),
         Err(e) if is_refusal(&e) => Outcome::Refused(format!("RL.REGION MERGE: {e}")),
         Err(e) => Outcome::Retry(format!("RL.REGION MERGE: {e}")),

@@ -50,6 +50,13 @@ impl Counter {
     }
 }
 
+/// The longest a batch of reads or merges on the local region may take:
+/// three command timeouts (each command is bounded by its own; this also
+/// bounds a batch that waits on a connection being re-established).
+fn batch_timeout(local: &Target) -> std::time::Duration {
+    local.timeout * 3
+}
+
 fn counts_key(regions: &RegionsConf) -> String {
     format!("{}:counts", regions.stream)
 }
@@ -89,6 +96,7 @@ pub async fn sync(conf: Config) -> Result<(), String> {
         .collect::<Result<Vec<_>, String>>()?;
     let conf = Arc::new(conf);
     let local = target.store_with_retry().await;
+    let limit = batch_timeout(&target);
     tracing::info!(region = %regions.local, remotes = remotes.len(), "sync started");
     let mut tasks = vec![tokio::spawn(produce::run(
         conf.clone(),
@@ -102,6 +110,7 @@ pub async fn sync(conf: Config) -> Result<(), String> {
             name,
             remote,
             local.clone(),
+            limit,
         )));
     }
     crate::watch::wait_for_stop().await;

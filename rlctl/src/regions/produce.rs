@@ -18,7 +18,7 @@
 
 use super::config::RegionsConf;
 use super::entry::{component_of, is_refusal, Change};
-use super::Counter;
+use super::{batch_timeout, Counter};
 use crate::config::Config;
 use crate::store::{self, Store, Target};
 use futures_util::StreamExt;
@@ -35,7 +35,8 @@ pub const CHANNEL: &str = "__keyevent@0__:rl.quota.region";
 pub async fn run(conf: Arc<Config>, regions: Arc<RegionsConf>, target: Target, local: Store) {
     let batch = usize::try_from(regions.publish_batch).unwrap_or(usize::MAX);
     let (tx, rx) = mpsc::channel::<Vec<u8>>(batch.saturating_mul(4).max(1));
-    let publisher = tokio::spawn(publish(regions, local, rx, batch));
+    let limit = batch_timeout(&target);
+    let publisher = tokio::spawn(publish(regions, local, rx, batch, limit));
     let refresh = Duration::from_millis(conf.redis.topology_refresh_ms);
     let t = target.clone();
     store::follow_primaries(target, refresh, move |url| {
@@ -99,6 +100,7 @@ async fn publish(
     local: Store,
     mut rx: mpsc::Receiver<Vec<u8>>,
     batch: usize,
+    limit: Duration,
 ) {
     let retry = Duration::from_millis(regions.retry_ms);
     let counter = Counter::new(local.clone(), &regions);
@@ -112,7 +114,7 @@ async fn publish(
             }
         }
         loop {
-            match publish_batch(&regions, &local, &keys).await {
+            match publish_batch(&regions, &local, &keys, limit).await {
                 Ok(n) => {
                     counter.add(&[("published", n)]).await;
                     break;
@@ -131,12 +133,16 @@ async fn publish_batch(
     regions: &RegionsConf,
     local: &Store,
     keys: &[Vec<u8>],
+    limit: Duration,
 ) -> Result<i64, String> {
     let reads = futures_util::future::join_all(
         keys.iter()
-            .map(|k| async move { local.query::<Value>(&Change::read_cmd(k)).await }),
-    )
-    .await;
+            .map(|k| async move { local.query_key::<Value>(&Change::read_cmd(k), k).await }),
+    );
+    // Each command has its timeout; this bounds the batch whatever happens.
+    let reads = tokio::time::timeout(limit, reads)
+        .await
+        .map_err(|_| "RL.REGION READ: the batch timed out".to_string())?;
     let mut pipe = redis::pipe();
     let mut n = 0;
     for (key, read) in keys.iter().zip(reads) {
