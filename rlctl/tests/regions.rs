@@ -92,7 +92,12 @@ fn steady_traffic_converges_and_a_partition_stays_within_its_bound() {
             p.add(&key, world.regions[r].name, 1);
         }
     }
-    wait_converged(&mut cons, &[key.clone()], &p.0, Duration::from_secs(30));
+    wait_converged(
+        &mut cons,
+        std::slice::from_ref(&key),
+        &p.0,
+        Duration::from_secs(30),
+    );
     world.link("eu", "us").cut();
     world.link("us", "eu").cut();
     for (r, name) in [(0, "eu"), (1, "us")] {
@@ -127,7 +132,12 @@ fn steady_traffic_converges_and_a_partition_stays_within_its_bound() {
     world.link("eu", "us").heal();
     world.link("us", "eu").heal();
     let backlog = admitted.values().sum::<u64>();
-    wait_converged(&mut cons, &[key.clone()], &p.0, convergence_bound(backlog));
+    wait_converged(
+        &mut cons,
+        std::slice::from_ref(&key),
+        &p.0,
+        convergence_bound(backlog),
+    );
     for con in cons.iter_mut() {
         let c = components(&mut **con, &key);
         assert_eq!(c["eu"], (200, 0), "eu's 50 + 150, counted once");
