@@ -217,6 +217,11 @@ impl World {
     /// `eu` and `us` (one server each; `aof` for both), `ap` (a cluster),
     /// a proxy on each link to `eu` and `us`, and the three workers.
     pub fn start(tag: &str, aof: bool) -> World {
+        World::launch(tag, aof, true)
+    }
+
+    /// [`World::start`]; `proxied`: false for direct links everywhere.
+    pub fn launch(tag: &str, aof: bool, proxied: bool) -> World {
         let regions = vec![
             Region::single("eu", aof),
             Region::single("us", aof),
@@ -234,8 +239,8 @@ impl World {
             );
             for remote in regions.iter().filter(|r| r.name != local.name) {
                 let proxy = match &remote.redis {
-                    Redis::Single(s) => Some(Proxy::start(s.port)),
-                    Redis::Cluster(_) => None,
+                    Redis::Single(s) if proxied => Some(Proxy::start(s.port)),
+                    _ => None,
                 };
                 text.push_str(&format!(
                     "\n[regions.remote.{}]\n{}",
