@@ -120,12 +120,12 @@ proptest! {
             }
         }
         // Then the latest of each, once more, everywhere: all agree.
-        for from in 0..3 {
-            if let Some(last) = snapshots[from].last().copied() {
-                for to in 0..3 {
-                    if to != from {
-                        views[to].merge(&[last]);
-                    }
+        let latest: Vec<Option<Component>> =
+            snapshots.iter().map(|s| s.last().copied()).collect();
+        for (to, view) in views.iter_mut().enumerate() {
+            for (from, last) in latest.iter().enumerate() {
+                if let (true, Some(last)) = (from != to, last) {
+                    view.merge(std::slice::from_ref(last));
                 }
             }
         }

@@ -167,7 +167,10 @@ fn acceptable_period_ends() {
         !is_acceptable_end(Period::Week, june_end(), n),
         "a Wednesday"
     );
-    assert!(is_acceptable_end(Period::Day, june_end(), n) == false);
+    assert!(
+        !is_acceptable_end(Period::Day, june_end(), n),
+        "a day end, but 15 days ahead"
+    );
     assert!(is_acceptable_end(
         Period::Day,
         days_from_civil(2026, 6, 17) * DAY_MS,

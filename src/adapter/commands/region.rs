@@ -218,7 +218,7 @@ mod tests {
                 "period_end_ms",
             ),
             (
-                format!("RL.REGION MERGE k MONTH -5 us 1 0"),
+                "RL.REGION MERGE k MONTH -5 us 1 0".to_string(),
                 "period_end_ms",
             ),
             (
