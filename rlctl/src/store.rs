@@ -374,13 +374,90 @@ pub async fn enable_notifications(con: &mut MultiplexedConnection) -> redis::Red
     Ok(())
 }
 
+/// Subscribes to `channels` on one node, after adding `E` and `d` to its
+/// `notify-keyspace-events` when `set_notify`: a connection to the node
+/// (for its reconciliation) and the subscription.
+pub async fn subscribe_node(
+    target: &Target,
+    url: &str,
+    set_notify: bool,
+    channels: &[&str],
+) -> Result<(MultiplexedConnection, redis::aio::PubSub), String> {
+    let mut con = target.node(url).await?;
+    if set_notify {
+        enable_notifications(&mut con)
+            .await
+            .map_err(|e| format!("notify-keyspace-events: {e}"))?;
+    }
+    let mut pubsub = target.pubsub(url).await?;
+    for channel in channels {
+        pubsub
+            .subscribe(*channel)
+            .await
+            .map_err(|e| format!("SUBSCRIBE {channel}: {e}"))?;
+    }
+    tracing::info!(node = %url, "subscribed");
+    Ok((con, pubsub))
+}
+
+/// `XREADGROUP GROUP group consumer COUNT count BLOCK block_ms STREAMS stream from`.
+pub fn xreadgroup(
+    group: &str,
+    consumer: &str,
+    count: u64,
+    block_ms: u64,
+    stream: &str,
+    from: &str,
+) -> Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(from);
+    cmd
+}
+
+/// `XGROUP CREATE stream group 0 MKSTREAM`; a group that exists is fine.
+pub async fn create_group(store: &Store, stream: &str, group: &str) -> RedisResult<()> {
+    let created: RedisResult<()> = store
+        .query(
+            redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(stream)
+                .arg(group)
+                .arg("0")
+                .arg("MKSTREAM"),
+        )
+        .await;
+    match created {
+        Err(e) if e.code() != Some("BUSYGROUP") => Err(e),
+        _ => Ok(()),
+    }
+}
+
 /// Runs one task per primary of `target` (listed again every `refresh`):
-/// `start(url)` starts a node's task; the task of a node that is no longer
-/// a primary is stopped, and a task that ended is started again.
-pub async fn follow_primaries<F>(target: Target, refresh: Duration, mut start: F)
+/// `follow(url)` is a node's task, run until it ends (its error logged);
+/// the task of a node that is no longer a primary is stopped, and a task
+/// that ended is started again.
+pub async fn follow_primaries<F, T>(target: Target, refresh: Duration, mut follow: F)
 where
-    F: FnMut(String) -> JoinHandle<()>,
+    F: FnMut(String) -> T,
+    T: std::future::Future<Output = Result<(), String>> + Send + 'static,
 {
+    let mut start = move |url: String| -> JoinHandle<()> {
+        let task = follow(url.clone());
+        tokio::spawn(async move {
+            if let Err(e) = task.await {
+                tracing::warn!(destination = "redis", node = %url, reason = %e, "subscription ended");
+            }
+        })
+    };
     let mut known: Vec<String> = Vec::new();
     let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
     let mut ticks = tokio::time::interval(refresh);

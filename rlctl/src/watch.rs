@@ -162,7 +162,7 @@ async fn follow_topology(conf: Arc<Config>, target: Target, tx: mpsc::Sender<Obs
     let refresh = Duration::from_millis(conf.redis.topology_refresh_ms);
     let t = target.clone();
     store::follow_primaries(target, refresh, move |url| {
-        tokio::spawn(follow_node(conf.clone(), t.clone(), url, tx.clone()))
+        follow_node(conf.clone(), t.clone(), url, tx.clone())
     })
     .await
 }
@@ -174,32 +174,10 @@ async fn follow_node(
     target: Target,
     url: String,
     tx: mpsc::Sender<Observation>,
-) {
-    if let Err(e) = follow_node_inner(&conf, &target, &url, &tx).await {
-        tracing::warn!(destination = "redis", node = %url, reason = %e, "subscription ended");
-    }
-}
-
-async fn follow_node_inner(
-    conf: &Config,
-    target: &Target,
-    url: &str,
-    tx: &mpsc::Sender<Observation>,
 ) -> Result<(), String> {
-    let mut con = target.node(url).await?;
-    if conf.redis.set_notify_config {
-        store::enable_notifications(&mut con)
-            .await
-            .map_err(|e| format!("notify-keyspace-events: {e}"))?;
-    }
-    let mut pubsub = target.pubsub(url).await?;
-    for channel in ["__keyevent@0__:rl.boxed", "__keyevent@0__:rl.released"] {
-        pubsub
-            .subscribe(channel)
-            .await
-            .map_err(|e| format!("SUBSCRIBE {channel}: {e}"))?;
-    }
-    tracing::info!(node = %url, "subscribed");
+    let channels = ["__keyevent@0__:rl.boxed", "__keyevent@0__:rl.released"];
+    let (mut con, mut pubsub) =
+        store::subscribe_node(&target, &url, conf.redis.set_notify_config, &channels).await?;
     let boxes = store::scan_boxes(&mut con, conf.redis.scan_count).await?;
     tracing::info!(node = %url, boxes = boxes.len(), "reconciled");
     for (key, _) in boxes {

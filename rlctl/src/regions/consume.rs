@@ -13,7 +13,7 @@
 use super::config::RegionsConf;
 use super::entry::{is_refusal, stream_entries, Change, StreamEntry};
 use super::Counter;
-use crate::store::{Store, Target};
+use crate::store::{self, Store, Target};
 use redis::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,25 +50,9 @@ pub async fn run(
     let acker = remote.store_with_retry().await;
     let group = regions.local.as_str();
     let stream = regions.stream.as_str();
-    loop {
-        let created: redis::RedisResult<()> = reader
-            .query(
-                redis::cmd("XGROUP")
-                    .arg("CREATE")
-                    .arg(stream)
-                    .arg(group)
-                    .arg("0")
-                    .arg("MKSTREAM"),
-            )
-            .await;
-        match created {
-            Ok(()) => break,
-            Err(e) if e.code() == Some("BUSYGROUP") => break,
-            Err(e) => {
-                tracing::warn!(region = %name, reason = %e, "cannot create the consumer group; trying again");
-                tokio::time::sleep(retry).await;
-            }
-        }
+    while let Err(e) = store::create_group(&reader, stream, group).await {
+        tracing::warn!(region = %name, reason = %e, "cannot create the consumer group; trying again");
+        tokio::time::sleep(retry).await;
     }
     tracing::info!(region = %name, "following");
     let counter = Counter::new(local.clone(), &regions);
@@ -76,19 +60,14 @@ pub async fn run(
     let mut failing = false;
     loop {
         let read: redis::RedisResult<Value> = reader
-            .query(
-                redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg(group)
-                    .arg(CONSUMER)
-                    .arg("COUNT")
-                    .arg(regions.read_count)
-                    .arg("BLOCK")
-                    .arg(regions.block_ms)
-                    .arg("STREAMS")
-                    .arg(stream)
-                    .arg(from),
-            )
+            .query(&store::xreadgroup(
+                group,
+                CONSUMER,
+                regions.read_count,
+                regions.block_ms,
+                stream,
+                from,
+            ))
             .await;
         let entries = match read
             .map_err(|e| e.to_string())

@@ -40,36 +40,22 @@ pub async fn run(conf: Arc<Config>, regions: Arc<RegionsConf>, target: Target, l
     let refresh = Duration::from_millis(conf.redis.topology_refresh_ms);
     let t = target.clone();
     store::follow_primaries(target, refresh, move |url| {
-        tokio::spawn(follow_node(conf.clone(), t.clone(), url, tx.clone()))
+        follow_node(conf.clone(), t.clone(), url, tx.clone())
     })
     .await;
     publisher.abort();
 }
 
-async fn follow_node(conf: Arc<Config>, target: Target, url: String, tx: mpsc::Sender<Vec<u8>>) {
-    if let Err(e) = follow_node_inner(&conf, &target, &url, &tx).await {
-        tracing::warn!(destination = "redis", node = %url, reason = %e, "subscription ended");
-    }
-}
-
-async fn follow_node_inner(
-    conf: &Config,
-    target: &Target,
-    url: &str,
-    tx: &mpsc::Sender<Vec<u8>>,
+/// Subscribes to one primary, hands over every key it holds, then the
+/// keys of its events until the connection ends.
+async fn follow_node(
+    conf: Arc<Config>,
+    target: Target,
+    url: String,
+    tx: mpsc::Sender<Vec<u8>>,
 ) -> Result<(), String> {
-    let mut con = target.node(url).await?;
-    if conf.redis.set_notify_config {
-        store::enable_notifications(&mut con)
-            .await
-            .map_err(|e| format!("notify-keyspace-events: {e}"))?;
-    }
-    let mut pubsub = target.pubsub(url).await?;
-    pubsub
-        .subscribe(CHANNEL)
-        .await
-        .map_err(|e| format!("SUBSCRIBE {CHANNEL}: {e}"))?;
-    tracing::info!(node = %url, "subscribed");
+    let (mut con, mut pubsub) =
+        store::subscribe_node(&target, &url, conf.redis.set_notify_config, &[CHANNEL]).await?;
     let stopped = |_| "the publisher stopped".to_string();
     let (mut cursor, mut keys) = (0, 0u64);
     loop {
