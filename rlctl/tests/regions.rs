@@ -173,7 +173,7 @@ fn a_killed_worker_and_a_restarted_redis_lose_and_double_nothing() {
             })
         })
         .collect();
-    // Mid-stream: eu's worker dies with entries in flight, and comes back.
+    // eu's worker dies with SIGKILL while traffic flows, and comes back.
     std::thread::sleep(Duration::from_millis(700));
     world.workers[0].as_mut().expect("eu's worker").kill9();
     std::thread::sleep(Duration::from_millis(700));
@@ -189,6 +189,47 @@ fn a_killed_worker_and_a_restarted_redis_lose_and_double_nothing() {
         }
     }
     let mut cons = world.cons();
+    wait_converged(
+        &mut cons,
+        &ledger.keys(),
+        &ledger.0,
+        Duration::from_secs(30),
+    );
+
+    // Now with entries surely in flight: eu's writes paused, eu's worker
+    // reads the last changes of 8 keys from us's stream (its first batch
+    // of them at least) and cannot apply them: pending in its group. It
+    // dies, eu resumes, and the new worker must apply them (no later entry
+    // of these keys would hide a loss).
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(5000)
+        .arg("WRITE")
+        .query(&mut *cons[0])
+        .expect("CLIENT PAUSE");
+    for t in 0..8 {
+        let key = format!("rl:{{t:last{t}}}:day");
+        assert!(take(&mut *cons[1], &key, 1000, 3));
+        ledger.add(&key, "us", 3);
+    }
+    common::wait_until(
+        Duration::from_secs(4),
+        "entries pending in eu's group",
+        || {
+            let p: (i64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+                .arg(STREAM)
+                .arg("eu")
+                .query(&mut *cons[1])
+                .expect("XPENDING");
+            p.0 > 0
+        },
+    );
+    world.workers[0].as_mut().expect("eu's worker").kill9();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query(&mut *cons[0])
+        .expect("CLIENT UNPAUSE");
+    world.workers[0] = Some(world.worker(0));
     let keys = ledger.keys();
     wait_converged(&mut cons, &keys, &ledger.0, Duration::from_secs(30));
 
