@@ -24,6 +24,12 @@
 #   lease      RL.LEASE ACQUIRE k 1000 1 on random keys
 #   distinct   RL.DISTINCT k member 100 3600 on stored keys, random members
 #              (compare with window)
+#   quota      RL.QUOTA k 1000000000 MONTH COST 1 on stored quota keys
+#   quota_region
+#              the same call with REGION (rl.region eu of eu,us,ap) on stored
+#              regional keys holding all three regions' components (the
+#              other two merged in): the cost of the region option against
+#              quota (target: at most 1.1x)
 #   incr       INCR on random keys
 #   lua        the Lua baseline (bench/baseline.lua) via EVALSHA
 # The peers (bench/peers.sh builds them into target/peers/):
@@ -72,6 +78,7 @@ cd "$ROOT"
 # The instruction targets: rl's server instructions per call at most this
 # many times the floor's with the same arguments, measured in this run.
 declare -A TARGET=(
+    [quota_region/quota]=1.1
     [take/floor_take]=1.2
     [throttle/floor_throttle]=1.2
     [window/floor_window]=1.3
@@ -79,12 +86,14 @@ declare -A TARGET=(
 )
 # Ratios printed besides (no target).
 RATIOS="take/floor_take take_live/floor_live take_plain/floor_plain throttle/floor_throttle
-throttle/cell cell/floor_throttle window/floor_window lease/floor_lease take/lua take/incr"
+throttle/cell cell/floor_throttle window/floor_window lease/floor_lease take/lua take/incr
+quota_region/quota"
 declare -A PEERS=(
     [take]=floor_take [take_live]=floor_live [take_plain]=floor_plain
     [throttle]="floor_throttle cell" [window]=floor_window [lease]=floor_lease
+    [quota_region]=quota
 )
-ALL="incr lua take take_live take_also take_plain throttle window lease cell floor_take floor_live floor_plain floor_throttle floor_window floor_lease"
+ALL="incr lua take take_live take_also take_plain throttle window lease quota quota_region cell floor_take floor_live floor_plain floor_throttle floor_window floor_lease"
 TARGETED="take floor_take throttle floor_throttle cell window floor_window lease floor_lease"
 
 CALLS=20000
@@ -207,6 +216,17 @@ workload() {
     window) stored "RL.WINDOW rl:{ws:{I}} 3000 60 COST 1" "RL.WINDOW rl:{ws:__rand_int__} 3000 60 COST 1"
         STAT=rl.window ;;
     lease) CMD="RL.LEASE ACQUIRE rl:{l:__rand_int__} 1000 1"; STAT="rl.lease|acquire" ;;
+    quota) stored "RL.QUOTA rl:{qs:{I}} 1000000000 MONTH COST 1" \
+        "RL.QUOTA rl:{qs:__rand_int__} 1000000000 MONTH COST 1"; STAT=rl.quota ;;
+    quota_region)
+        cli CONFIG SET rl.regions eu,us,ap >/dev/null
+        cli CONFIG SET rl.region eu >/dev/null
+        stored "RL.QUOTA rl:{qr:{I}} 1000000000 MONTH COST 1 REGION" \
+            "RL.QUOTA rl:{qr:__rand_int__} 1000000000 MONTH COST 1 REGION"
+        # the period end the keys count on, then the other regions' parts
+        end=$(cli RL.REGION READ "rl:{qr:000000000000}" | head -1)
+        pipe_keys "RL.REGION MERGE rl:{qr:{I}} MONTH $end us 1000 10 ap 2000 20" "$KEYS" 1
+        STAT=rl.quota ;;
     distinct) stored "RL.DISTINCT rl:{ds:{I}} seed 100 3600" \
         "RL.DISTINCT rl:{ds:__rand_int__} m:__rand_int__ 100 3600"; STAT=rl.distinct ;;
     incr) CMD="INCR bench:n:__rand_int__"; STAT=incr SO=- ;;

@@ -13,7 +13,7 @@ mod common;
 use common::*;
 
 /// Every command of the module that writes, as a call a test can send.
-const WRITERS: [&str; 10] = [
+const WRITERS: [&str; 11] = [
     "RL.TAKE rl:acl 5 5 60",
     "RL.WINDOW rl:acl:w 5 60",
     "RL.QUOTA rl:acl:q 5 DAY",
@@ -24,10 +24,15 @@ const WRITERS: [&str; 10] = [
     "RL.LEASE RELEASE rl:acl:l x",
     "RL.LEASE RENEW rl:acl:l x 60",
     "RL.APPLY rl:acl p",
+    "RL.REGION MERGE rl:acl:q DAY 0 us 1 0",
 ];
 
 /// The readers.
-const READERS: [&str; 2] = ["RL.BOX STATUS rl:acl", "RL.LEASE LIST rl:acl:l"];
+const READERS: [&str; 3] = [
+    "RL.BOX STATUS rl:acl",
+    "RL.LEASE LIST rl:acl:l",
+    "RL.REGION READ rl:acl:q",
+];
 
 /// A connection as `user` (password `pw`).
 fn connect_as(server: &Server, user: &str) -> redis::Connection {
@@ -76,7 +81,7 @@ fn declares_categories(con: &mut redis::Connection) -> bool {
 
 /// Every command and subcommand of the module, with the categories each
 /// declares besides `@ratelimit`.
-const CATEGORIES: [(&str, &[&str]); 13] = [
+const CATEGORIES: [(&str, &[&str]); 15] = [
     ("rl.take", &["write", "fast"]),
     ("rl.window", &["write"]),
     ("rl.quota", &["write", "fast"]),
@@ -90,6 +95,8 @@ const CATEGORIES: [(&str, &[&str]); 13] = [
     ("rl.lease|release", &["write"]),
     ("rl.lease|renew", &["write"]),
     ("rl.lease|list", &["read"]),
+    ("rl.region|read", &["read", "fast"]),
+    ("rl.region|merge", &["write", "fast"]),
 ];
 
 #[test]
@@ -133,12 +140,12 @@ fn write_and_read_permissions_follow_the_categories_or_the_documented_rules() {
             &mut admin,
             "nowrite",
             "~* +@all -rl.take -rl.window -rl.quota -cl.throttle -rl.box|trip -rl.box|release \
-             -rl.lease|acquire -rl.lease|release -rl.lease|renew -rl.apply",
+             -rl.lease|acquire -rl.lease|release -rl.lease|renew -rl.region|merge -rl.apply",
         );
         set_user(
             &mut admin,
             "reader",
-            "~* +@read +rl.box|status +rl.lease|list",
+            "~* +@read +rl.box|status +rl.lease|list +rl.region|read",
         );
         set_user(
             &mut admin,

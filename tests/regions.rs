@@ -14,28 +14,15 @@ use redis::{ConnectionLike, Value};
 /// Module arguments of a server in region `eu` of `eu,us,ap`.
 const EU: &[&str] = &["region", "eu", "regions", "eu,us,ap"];
 
-/// The epoch ms at which the current UTC month ends on `con`'s server
-/// clock (civil arithmetic written independently of the module's).
-fn month_end(con: &mut impl ConnectionLike) -> i64 {
+/// The server's time (ms) on `con`.
+fn server_ms(con: &mut impl ConnectionLike) -> i64 {
     let time: Vec<String> = redis::cmd("TIME").query(con).expect("TIME");
-    let days = time[0].parse::<i64>().expect("seconds") / 86_400;
-    let (mut y, mut m, mut d) = (1970i64, 1i64, 0i64);
-    let leap = |y: i64| (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    let len = |y: i64, m: i64| match m {
-        2 if leap(y) => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    };
-    // Walk months from 1970 to the month holding `days` (bounded: < 2000 years).
-    for _ in 0..24_000 {
-        if d + len(y, m) > days {
-            break;
-        }
-        d += len(y, m);
-        (y, m) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-    }
-    (d + len(y, m)) * 86_400_000
+    time[0].parse::<i64>().expect("seconds") * 1000
+}
+
+/// The epoch ms at which the current UTC month ends on `con`'s server.
+fn month_end(con: &mut impl ConnectionLike) -> i64 {
+    month_start(server_ms(con), 1)
 }
 
 /// `RL.REGION READ key` as `(period_end, period, [(region, added, refunded)])`,
@@ -136,7 +123,7 @@ fn merges_are_idempotent_and_commutative() {
         "any order, any repeat: the same"
     );
     // An older period is ignored; a newer one replaces the counts.
-    let past = month_end_before(end);
+    let past = month_start(end - 1, 0);
     assert_eq!(
         int(&mut con, &format!("RL.REGION MERGE a MONTH {past} us 99 0")),
         0
@@ -144,39 +131,12 @@ fn merges_are_idempotent_and_commutative() {
     assert_eq!(read(&mut con, "a").expect("a").2.len(), 2);
 }
 
-/// The end of the month before the one ending at `end` (a past period).
-fn month_end_before(end: i64) -> i64 {
-    // The month before ends where this one starts: 28 to 31 days earlier.
-    (28..=31)
-        .map(|d| end - d * 86_400_000)
-        .find(|&start| {
-            let days = start / 86_400_000;
-            // A first of the month: the day before it is the end of a month.
-            civil_day(days) == 1
-        })
-        .expect("a month is 28 to 31 days")
-}
-
-/// Day of the month of `days` since 1970-01-01.
-fn civil_day(days: i64) -> i64 {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    doy - (153 * mp + 2) / 5 + 1
-}
-
 #[test]
 fn bad_input_is_refused_whole() {
     let server = Server::start(EU);
     let mut con = server.client();
     let end = month_end(&mut con);
-    let next = end + 40 * 86_400_000;
-    let next = next - (civil_day(next / 86_400_000) - 1) * 86_400_000;
-    let far = next + 40 * 86_400_000;
-    let far = far - (civil_day(far / 86_400_000) - 1) * 86_400_000;
+    let (next, far) = (month_start(end, 1), month_start(end, 2));
     let cases = [
         (
             format!("RL.REGION MERGE k MONTH {end} sa 1 0"),
@@ -330,6 +290,11 @@ fn configs_are_module_configs_and_checked() {
     call_ok(&mut con, "CONFIG SET rl.region us");
     ints(&mut con, "RL.QUOTA k 10 DAY REGION");
     assert_eq!(read(&mut con, "k").expect("k").2, comps(&[("us", 1, 0)]));
+    // As config directives (redis.conf lines, or command-line options).
+    let configured = Server::start(&["--rl.regions", "eu,us", "--rl.region", "us"]);
+    let mut c = configured.client();
+    ints(&mut c, "RL.QUOTA k 10 DAY REGION");
+    assert_eq!(read(&mut c, "k").expect("k").2, comps(&[("us", 1, 0)]));
     // A bad load argument keeps the module from loading.
     let plain = Server::start_plain(&[]);
     let module = module_path();
@@ -426,6 +391,13 @@ fn local_changes_are_announced_and_merges_are_not() {
     let mut args: Vec<&str> = EU.to_vec();
     args.extend_from_slice(&["--notify-keyspace-events", "KEd"]);
     let server = Server::start(&args);
+    let replica = start_replica(&server);
+    call_ok(
+        &mut replica.client(),
+        "CONFIG SET notify-keyspace-events KEd",
+    );
+    let mut replica_sub = replica.client();
+    let mut replica_events = rl_events(&mut replica_sub);
     let mut sub_con = server.client();
     let mut pubsub = rl_events(&mut sub_con);
     let mut con = server.client();
@@ -469,6 +441,17 @@ fn local_changes_are_announced_and_merges_are_not() {
         .set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
     assert_eq!(next_event(&mut pubsub), None, "no further event");
+    // A replica applies the effects and announces nothing of rl's.
+    wait_replica(&mut con, 1, 5000);
+    assert!(read(&mut replica.client(), "{t}:b").is_some(), "replicated");
+    replica_events
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    assert_eq!(
+        next_event(&mut replica_events),
+        None,
+        "a replica announces nothing"
+    );
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! the server as module string configs (load arguments `region <name>`,
 //! `regions <list>`, `CONFIG GET`/`CONFIG SET`). A value is checked when
 //! set; whether the region is one of the list is checked by each call
-//! that needs both ([`current`]), as the two are set one at a time.
+//! that needs both ([`local`], [`current`]), as the two are set one at a
+//! time.
 
 use std::sync::Mutex;
 
@@ -14,17 +15,29 @@ use redis_module::{RedisError, RedisString};
 use crate::adapter::errors::ArgError;
 use crate::core::region::{parse_region_list, RegionListError, RegionName, MAX_REGIONS};
 
-/// `rl.region`: this server's region, if any.
-pub struct LocalRegion(Mutex<Option<RegionName>>);
+/// The config `rl.region`: this server's region, if any.
+pub struct LocalRegion;
 
-/// `rl.regions`: every region.
-pub struct AllRegions(Mutex<ArrayVec<RegionName, MAX_REGIONS>>);
+/// The config `rl.regions`: every region.
+pub struct AllRegions;
 
-/// The value of `rl.region`.
-pub static LOCAL: LocalRegion = LocalRegion(Mutex::new(None));
+/// `rl.region`, as registered.
+pub static LOCAL: LocalRegion = LocalRegion;
 
-/// The value of `rl.regions`.
-pub static ALL: AllRegions = AllRegions(Mutex::new(ArrayVec::new_const()));
+/// `rl.regions`, as registered.
+pub static ALL: AllRegions = AllRegions;
+
+/// Both configs' values, in one place so that a call reads them with one
+/// lock (commands and config changes run on the server's main thread).
+struct Config {
+    local: Option<RegionName>,
+    all: ArrayVec<RegionName, MAX_REGIONS>,
+}
+
+static CONFIG: Mutex<Config> = Mutex::new(Config {
+    local: None,
+    all: ArrayVec::new_const(),
+});
 
 /// The regions as a call sees them: its own, and every one.
 #[derive(Clone, Debug)]
@@ -38,17 +51,23 @@ pub struct Regions {
 /// This server's region, when regions are on and it is one of
 /// `rl.regions`.
 pub fn local() -> Result<RegionName, ArgError> {
-    let local = LOCAL
-        .0
-        .lock()
-        .map_err(|_| ArgError::RegionsOff)?
-        .ok_or(ArgError::RegionsOff)?;
-    let listed = ALL
-        .0
-        .lock()
-        .map_err(|_| ArgError::RegionsOff)?
-        .contains(&local);
-    if listed {
+    let config = CONFIG.lock().map_err(|_| ArgError::RegionsOff)?;
+    checked_local(&config)
+}
+
+/// The regions, when they are on (see [`local`]).
+pub fn current() -> Result<Regions, ArgError> {
+    let config = CONFIG.lock().map_err(|_| ArgError::RegionsOff)?;
+    let local = checked_local(&config)?;
+    Ok(Regions {
+        local,
+        all: config.all.clone(),
+    })
+}
+
+fn checked_local(config: &Config) -> Result<RegionName, ArgError> {
+    let local = config.local.ok_or(ArgError::RegionsOff)?;
+    if config.all.contains(&local) {
         Ok(local)
     } else {
         Err(ArgError::LocalNotListed {
@@ -57,20 +76,22 @@ pub fn local() -> Result<RegionName, ArgError> {
     }
 }
 
-/// The regions, when they are on (see [`local`]).
-pub fn current() -> Result<Regions, ArgError> {
-    let local = local()?;
-    let all = ALL.0.lock().map_err(|_| ArgError::RegionsOff)?.clone();
-    Ok(Regions { local, all })
-}
-
 fn refused(text: &'static str) -> RedisError {
     RedisError::Str(text)
 }
 
+/// Change the values under the lock.
+fn update(change: impl FnOnce(&mut Config)) -> Result<(), RedisError> {
+    let mut config = CONFIG
+        .lock()
+        .map_err(|_| refused("the rl region configs are unavailable"))?;
+    change(&mut config);
+    Ok(())
+}
+
 impl ConfigurationValue<RedisString> for LocalRegion {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        let name = self.0.lock().ok().and_then(|n| *n);
+        let name = CONFIG.lock().ok().and_then(|c| c.local);
         RedisString::create(None, name.as_ref().map_or("", RegionName::as_str))
     }
 
@@ -83,17 +104,13 @@ impl ConfigurationValue<RedisString> for LocalRegion {
                 "rl.region must be empty or 1 to 32 bytes of A-Z a-z 0-9 _ -",
             ))?)
         };
-        *self
-            .0
-            .lock()
-            .map_err(|_| refused("rl.region is unavailable"))? = name;
-        Ok(())
+        update(|c| c.local = name)
     }
 }
 
 impl ConfigurationValue<RedisString> for AllRegions {
     fn get(&self, _: &ConfigurationContext) -> RedisString {
-        let names = self.0.lock().map(|n| n.clone()).unwrap_or_default();
+        let names = CONFIG.lock().map(|c| c.all.clone()).unwrap_or_default();
         let text: Vec<&str> = names.iter().map(RegionName::as_str).collect();
         RedisString::create(None, text.join(",").as_str())
     }
@@ -106,10 +123,6 @@ impl ConfigurationValue<RedisString> for AllRegions {
             RegionListError::TooMany => refused("rl.regions: at most 16 regions"),
             RegionListError::Repeated => refused("rl.regions: a region is given more than once"),
         })?;
-        *self
-            .0
-            .lock()
-            .map_err(|_| refused("rl.regions is unavailable"))? = names;
-        Ok(())
+        update(|c| c.all = names)
     }
 }

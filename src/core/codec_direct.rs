@@ -1,25 +1,34 @@
 //! The encoding of the records most calls write (a bucket, a sliding or
-//! fixed window, or both, and nothing else), written with `rmp`'s
+//! fixed window, or both, and nothing else; regional quota counts alone),
+//! written with `rmp`'s
 //! MessagePack writers directly: the very bytes serde writes through
 //! `rmp_serde` (a test compares them), without serde's per-field
 //! machinery, which costs more than the record's own arithmetic. Every
 //! other record goes through serde ([`super::codec`]).
 
-use rmp::encode::{write_sint, write_uint};
+use rmp::encode::{write_array_len, write_sint, write_str, write_uint};
 use rmp::Marker;
 
 use super::bucket::Bucket;
 use super::payload::PAYLOAD_VERSION;
 use super::record::Record;
+use super::region::RegionCounts;
 use super::window::WindowState;
 
 /// Append `record`'s payload (the version byte, then its parts) to `out`
 /// when it is one of the shapes written here; false (and `out` untouched)
 /// otherwise.
 pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
+    let present = record.present().bits();
     let written_here = (1u32 << Record::BUCKET_INDEX) | (1 << Record::WINDOW_INDEX);
-    if record.present().bits() & !written_here != 0 {
-        return false;
+    if present & !written_here != 0 {
+        return match record.part::<Box<RegionCounts>>() {
+            Some(counts) if present == 1 << Record::REGIONS_INDEX => {
+                append_regions(counts, out);
+                true
+            }
+            _ => false,
+        };
     }
     let window = record.part::<WindowState>();
     if matches!(window, Some(WindowState::Exact { .. })) {
@@ -46,6 +55,29 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
     }
     nils(out, parts.saturating_sub(Record::WINDOW_INDEX + 1));
     true
+}
+
+/// A record holding regional counts alone.
+fn append_regions(counts: &RegionCounts, out: &mut Vec<u8>) {
+    let parts = Record::parts_in(PAYLOAD_VERSION);
+    let components = counts.components();
+    // The parts header, the counts' three fields, at most 45 bytes per
+    // component (a 32-byte name and two integers).
+    out.reserve(2 + parts + 16 + 45 * components.len());
+    out.push(PAYLOAD_VERSION);
+    out.push(Marker::FixArray(parts as u8).to_u8());
+    nils(out, Record::REGIONS_INDEX);
+    out.push(Marker::FixArray(3).to_u8());
+    let _ = write_sint(out, counts.end);
+    let _ = write_uint(out, u64::from(counts.period.code()));
+    let _ = write_array_len(out, components.len() as u32);
+    for c in components {
+        out.push(Marker::FixArray(3).to_u8());
+        let _ = write_str(out, c.region.as_str());
+        let _ = write_uint(out, c.added);
+        let _ = write_uint(out, c.refunded);
+    }
+    nils(out, parts.saturating_sub(Record::REGIONS_INDEX + 1));
 }
 
 fn nil(out: &mut Vec<u8>) {
@@ -118,6 +150,36 @@ mod tests {
             let mut direct = Vec::new();
             prop_assert!(try_append(&record, &mut direct));
             prop_assert_eq!(direct, encode_with_serde(&record));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_direct_bytes_of_regional_counts_are_serdes(
+            parts in prop::collection::vec((0usize..20, 1u64..=crate::core::region::MAX_COMPONENT, any::<u64>()), 1..17),
+            month in 0i64..1200,
+        ) {
+            use crate::core::quota::{days_from_civil, Period};
+            use crate::core::region::{Component, RegionName};
+            let end = days_from_civil(2000 + month / 12, (month % 12) as u32 + 1, 1) * 86_400_000;
+            let incoming: Vec<Component> = parts
+                .iter()
+                .filter_map(|&(i, added, r)| {
+                    Some(Component {
+                        region: RegionName::new(format!("r-{i}").as_bytes())?,
+                        added,
+                        refunded: r % (added + 1),
+                    })
+                })
+                .collect();
+            let mut counts = RegionCounts::new(Period::Month, end);
+            counts.merge(&incoming);
+            let mut record = Record::default();
+            record.set_part(Some(Box::new(counts)));
+            let mut direct = Vec::new();
+            prop_assert!(try_append(&record, &mut direct));
+            prop_assert_eq!(&direct, &encode_with_serde(&record));
+            prop_assert_eq!(crate::core::codec::decode(&direct), Ok(record));
         }
     }
 

@@ -39,7 +39,7 @@ impl Period {
     }
 
     /// The period's code in a payload.
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         self as u8
     }
 }

@@ -504,6 +504,9 @@ impl Record {
     /// The bucket part's position in encoding order.
     pub(crate) const BUCKET_INDEX: usize = PartIndex::bucket as usize;
 
+    /// The regional counts' position in encoding order.
+    pub(crate) const REGIONS_INDEX: usize = PartIndex::regions as usize;
+
     /// The leases part's position in encoding order.
     pub(crate) const LEASES_INDEX: usize = PartIndex::leases as usize;
 

@@ -28,7 +28,9 @@ pub const MAX_REGION_NAME: usize = 32;
 pub const MAX_COMPONENT: u64 = MAX_COUNT;
 
 /// A region name: 1 to [`MAX_REGION_NAME`] bytes of `A-Z a-z 0-9 _ -`,
-/// kept inline (no allocation). Ordered as its bytes.
+/// kept inline (no allocation), the rest of its array zero. Ordered as its
+/// bytes: as no name holds a zero byte, comparing the zero-padded arrays
+/// orders names as their bytes do (a prefix first).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RegionName {
     len: u8,
@@ -58,15 +60,19 @@ impl RegionName {
         &self.bytes[..usize::from(self.len).min(MAX_REGION_NAME)]
     }
 
-    /// The name as text (always ASCII).
+    /// The name as text.
     pub fn as_str(&self) -> &str {
-        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+        let bytes = self.as_bytes();
+        debug_assert!(bytes.is_ascii());
+        // SAFETY: `new` admits only ASCII bytes (alphanumerics, `_`, `-`),
+        // and a name is never changed after: always valid UTF-8.
+        unsafe { std::str::from_utf8_unchecked(bytes) }
     }
 }
 
 impl Ord for RegionName {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.as_bytes().cmp(other.as_bytes())
+        self.bytes.cmp(&other.bytes)
     }
 }
 
@@ -228,11 +234,11 @@ impl RegionCounts {
         let Some(c) = self.component_mut(local) else {
             return false;
         };
+        // `cost > 0`: the component is not left `(0, 0)`, unless it
+        // already was at the bound.
         let before = c.added;
         c.added = c.added.saturating_add(cost).min(MAX_COMPONENT);
-        let changed = c.added != before;
-        self.drop_zeros();
-        changed
+        c.added != before
     }
 
     /// Give back up to `points` of `local`'s own count; the points given.
@@ -264,10 +270,6 @@ impl RegionCounts {
             }
         }
         grown
-    }
-
-    fn drop_zeros(&mut self) {
-        self.components.retain(|c| c.added > 0);
     }
 }
 

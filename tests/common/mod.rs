@@ -44,6 +44,7 @@
 //! * `decision.rs` — `Decision`: the limiter reply by name.
 //! * `clock.rs` — `TimeShift`: a server clock moved by the test.
 //! * `calls.rs` — calling the rl commands as text lines; whole-dataset snapshots.
+//! * `calendar.rs` — UTC dates as epoch ms, counted independently of the module.
 //! * `faults.rs` — the reliability suite: figures, signals, DUMP trailers, raw RESP.
 //! * `mutations.rs` — keys of every kind of value, mutations of their bytes.
 //! * `fake_master.rs` — a fake master serving RDBs and a stream to a replica.
@@ -90,6 +91,10 @@ pub use self::clock::*;
 mod calls;
 #[allow(unused_imports)]
 pub use self::calls::*;
+
+mod calendar;
+#[allow(unused_imports)]
+pub use self::calendar::*;
 
 mod faults;
 #[allow(unused_imports)]

@@ -58,6 +58,15 @@ pub fn make_every_kind(con: &mut Connection, p: &str) -> Vec<String> {
             ],
         ),
         (
+            "regional",
+            &[
+                "CONFIG SET rl.regions eu,us,ap",
+                "CONFIG SET rl.region eu",
+                "RL.QUOTA {k} 100 MONTH COST 3 REGION",
+                "RL.QUOTA {k} 100 MONTH REFUND 1 REGION",
+            ],
+        ),
+        (
             "everything",
             &[
                 "RL.TAKE {k} 3 1 100 COST 3",
