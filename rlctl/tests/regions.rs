@@ -71,6 +71,12 @@ fn steady_traffic_converges_and_a_partition_stays_within_its_bound() {
     let world = World::start("regions-steady", false);
     let mut cons = world.cons();
     let keys: Vec<String> = (0..6).map(|t| format!("rl:{{t:{t}}}:month")).collect();
+    if let Redis::Cluster(ap) = &world.regions[2].redis {
+        let mut primaries: Vec<usize> = keys.iter().map(|k| ap.primary_for(k)).collect();
+        primaries.sort();
+        primaries.dedup();
+        assert_eq!(primaries.len(), 3, "the keys live on every primary of ap");
+    }
     let mut ledger = Ledger::default();
     traffic(&world, &mut cons, &mut ledger, &keys, 40);
     wait_converged(&mut cons, &keys, &ledger.0, Duration::from_secs(30));
@@ -173,14 +179,25 @@ fn a_killed_worker_and_a_restarted_redis_lose_and_double_nothing() {
             })
         })
         .collect();
-    // eu's worker dies with SIGKILL while traffic flows, and comes back.
+    // eu's worker dies with SIGKILL while traffic flows, and comes back;
+    // keys counted in eu only while it was down reach the others by the
+    // scan of its start.
     std::thread::sleep(Duration::from_millis(700));
     world.workers[0].as_mut().expect("eu's worker").kill9();
+    let mut down = Ledger::default();
+    {
+        let mut eu = world.regions[0].con();
+        for t in 0..4 {
+            let key = format!("rl:{{t:down{t}}}:day");
+            assert!(take(&mut *eu, &key, 1000, 2));
+            down.add(&key, "eu", 2);
+        }
+    }
     std::thread::sleep(Duration::from_millis(700));
     world.workers[0] = Some(world.worker(0));
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let mut ledger = Ledger::default();
+    let mut ledger = down;
     for l in ledgers {
         for (k, comps) in l.join().expect("traffic thread").0 {
             for (region, (added, _)) in comps {
@@ -189,6 +206,26 @@ fn a_killed_worker_and_a_restarted_redis_lose_and_double_nothing() {
         }
     }
     let mut cons = world.cons();
+    wait_converged(
+        &mut cons,
+        &ledger.keys(),
+        &ledger.0,
+        Duration::from_secs(30),
+    );
+
+    // A lost subscription: the changes made before eu's worker subscribes
+    // again are found by the scan that follows every subscription.
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut *cons[0])
+        .expect("CLIENT KILL TYPE pubsub");
+    for t in 0..4 {
+        let key = format!("rl:{{t:gap{t}}}:day");
+        assert!(take(&mut *cons[0], &key, 1000, 1));
+        ledger.add(&key, "eu", 1);
+    }
     wait_converged(
         &mut cons,
         &ledger.keys(),
