@@ -372,6 +372,26 @@ fn bad_entries_are_refused_counted_and_never_applied() {
             .expect("XPENDING");
         assert_eq!(pending.0, 0, "{name}: bad entries acknowledged");
     }
+    // `rlctl regions status` shows the same counters and an empty backlog.
+    let out = common::rlctl(&world.configs[0], &["regions", "status", "--json"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(status["region"], "eu");
+    let from_us = status["remotes"]
+        .as_array()
+        .expect("remotes")
+        .iter()
+        .find(|r| r["region"] == "us")
+        .expect("us")
+        .clone();
+    assert_eq!(from_us["malformed"], malformed);
+    assert_eq!(from_us["refused"], refused);
+    assert_eq!(from_us["group"]["pending"], 0);
+    assert!(status["published"].as_i64().is_some());
     // eu's own component is never changed by a remote entry.
     assert!(components(&mut *cons[0], "rl:{t:b4}:month").is_empty());
 }
