@@ -78,6 +78,9 @@ pub struct Config {
     /// Monthly quota alerts.
     #[serde(default)]
     pub quota: QuotaConf,
+    /// Multi-region quota sync (`rlctl regions sync`); `[redis]` is the
+    /// local region.
+    pub regions: Option<crate::regions::config::RegionsConf>,
 }
 
 /// `[redis]`.

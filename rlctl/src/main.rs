@@ -8,6 +8,7 @@ mod deliver;
 mod ops;
 mod owner;
 mod quota;
+mod regions;
 mod retry;
 mod secrets;
 mod store;
@@ -148,11 +149,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Multi-region quotas: the sync worker and its counters (`[regions]`).
+    Regions {
+        #[command(subcommand)]
+        command: RegionsCommand,
+    },
     /// Validate the configuration (and, with --secrets, the environment variables it names).
     CheckConfig {
         /// Also check that every secret's environment variable is set.
         #[arg(long)]
         secrets: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum RegionsCommand {
+    /// Run the sync worker of the local region (until SIGINT or SIGTERM).
+    ///
+    /// Publishes the local component of every quota key counted with
+    /// `RL.QUOTA ... REGION` to the local stream (`regions.stream`), and
+    /// merges every other region's components from that region's stream
+    /// (`RL.REGION MERGE`), acknowledging an entry only once it is applied.
+    /// Run one worker per region; `[redis]` is the local region.
+    #[command(verbatim_doc_comment)]
+    Sync,
+    /// Per remote region: entries applied, refused, malformed; the consumer
+    /// group's backlog on that region's stream.
+    Status {
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -229,6 +255,10 @@ async fn run(cli: Cli) -> Result<Done, String> {
         Command::Undelivered { since, json } => {
             ops::undelivered(&conf, since.as_deref(), json).await
         }
+        Command::Regions { command } => match command {
+            RegionsCommand::Sync => regions::sync(conf).await,
+            RegionsCommand::Status { json } => regions::status(&conf, json).await,
+        },
         Command::CheckConfig { secrets } => {
             if secrets {
                 secrets::Secrets::from_env(&conf)?;

@@ -89,39 +89,17 @@ pub async fn consume(
     let store = target.store_with_retry().await;
     let stream = &conf.keys.quota_stream;
     let group = &conf.keys.quota_group;
-    let created: redis::RedisResult<()> = reader
-        .query(
-            redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(stream)
-                .arg(group)
-                .arg("0")
-                .arg("MKSTREAM"),
-        )
-        .await;
-    if let Err(e) = created {
-        if e.code() != Some("BUSYGROUP") {
-            tracing::error!(destination = "redis", reason = %e, "cannot create the quota consumer group");
-        }
+    if let Err(e) = crate::store::create_group(&reader, stream, group).await {
+        tracing::error!(destination = "redis", reason = %e, "cannot create the quota consumer group");
     }
     let block_ms = (conf.redis.timeout_ms / 2).clamp(1, 1000);
     // First the entries this consumer had read but not acknowledged ("0"), then new ones.
     let mut from = "0".to_string();
     loop {
         let reply: redis::RedisResult<Option<StreamReply>> = reader
-            .query(
-                redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg(group)
-                    .arg(CONSUMER)
-                    .arg("COUNT")
-                    .arg(100)
-                    .arg("BLOCK")
-                    .arg(block_ms)
-                    .arg("STREAMS")
-                    .arg(stream)
-                    .arg(&from),
-            )
+            .query(&crate::store::xreadgroup(
+                group, CONSUMER, 100, block_ms, stream, &from,
+            ))
             .await;
         let entries = match reply {
             Ok(r) => r

@@ -2,11 +2,13 @@
 //! primaries (discovered from `CLUSTER NODES`), direct per-node
 //! connections, and the rl commands rlctl uses.
 
-use crate::config::Config;
+use crate::config::{Config, RedisConf};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, RedisResult};
+use std::collections::HashMap;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 /// Connection details shared by every connection rlctl opens.
 #[derive(Debug, Clone)]
@@ -24,11 +26,16 @@ pub struct Target {
 impl Target {
     /// From the configuration and the password read from the environment.
     pub fn new(conf: &Config, password: Option<String>) -> Target {
+        Target::of(&conf.redis, password)
+    }
+
+    /// From one Redis section (`[redis]`, `[regions.remote.<name>]`).
+    pub fn of(redis: &RedisConf, password: Option<String>) -> Target {
         Target {
-            urls: conf.redis.urls.clone(),
-            cluster: conf.redis.cluster,
+            urls: redis.urls.clone(),
+            cluster: redis.cluster,
             password,
-            timeout: Duration::from_millis(conf.redis.timeout_ms),
+            timeout: Duration::from_millis(redis.timeout_ms),
         }
     }
 
@@ -218,6 +225,32 @@ impl Store {
             Store::Cluster(c) => cmd.query_async(&mut c.clone()).await,
         }
     }
+
+    /// Runs one command on the primary of `key`'s slot, for commands whose
+    /// key is not their first argument (`RL.REGION READ key`): a cluster
+    /// client would route them by their subcommand and follow a MOVED.
+    pub async fn query_key<T: FromRedisValue>(&self, cmd: &Cmd, key: &[u8]) -> RedisResult<T> {
+        match self {
+            Store::Single(c) => cmd.query_async(&mut (**c).clone()).await,
+            Store::Cluster(c) => {
+                use redis::cluster_routing::{
+                    get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                };
+                let route = Route::new(get_slot(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let v = c.clone().route_command(cmd, routing).await?;
+                T::from_redis_value(&v)
+            }
+        }
+    }
+
+    /// Runs a pipeline whose commands all have keys of one slot.
+    pub async fn query_pipe(&self, pipe: &redis::Pipeline) -> RedisResult<()> {
+        match self {
+            Store::Single(c) => pipe.query_async(&mut (**c).clone()).await,
+            Store::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+        }
+    }
 }
 
 /// `RL.BOX STATUS` of a key.
@@ -280,15 +313,7 @@ pub async fn scan_boxes(
     let mut cursor: u64 = 0;
     let mut out = Vec::new();
     loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(count)
-            .arg("TYPE")
-            .arg("rl-record")
-            .query_async(con)
-            .await
-            .map_err(|e| format!("SCAN: {e}"))?;
+        let (next, keys) = scan_records(con, cursor, count).await?;
         for raw in keys {
             let Ok(key) = String::from_utf8(raw) else {
                 continue;
@@ -302,6 +327,163 @@ pub async fn scan_boxes(
             return Ok(out);
         }
         cursor = next;
+    }
+}
+
+/// One `SCAN cursor COUNT count TYPE rl-record` on one node: the next
+/// cursor (0 at the end) and the keys of this page.
+pub async fn scan_records(
+    con: &mut MultiplexedConnection,
+    cursor: u64,
+    count: u64,
+) -> Result<(u64, Vec<Vec<u8>>), String> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(count)
+        .arg("TYPE")
+        .arg("rl-record")
+        .query_async(con)
+        .await
+        .map_err(|e| format!("SCAN: {e}"))
+}
+
+/// Adds `E` (keyevent channel) and `d` (module events) to the server's
+/// `notify-keyspace-events`, keeping what is there.
+pub async fn enable_notifications(con: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    let (_, flags): (String, String) = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(con)
+        .await?;
+    let mut wanted = flags.clone();
+    if !wanted.contains('E') {
+        wanted.push('E');
+    }
+    if !wanted.contains('d') && !wanted.contains('A') {
+        wanted.push('d');
+    }
+    if wanted != flags {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg(&wanted)
+            .query_async::<()>(con)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Subscribes to `channels` on one node, after adding `E` and `d` to its
+/// `notify-keyspace-events` when `set_notify`: a connection to the node
+/// (for its reconciliation) and the subscription.
+pub async fn subscribe_node(
+    target: &Target,
+    url: &str,
+    set_notify: bool,
+    channels: &[&str],
+) -> Result<(MultiplexedConnection, redis::aio::PubSub), String> {
+    let mut con = target.node(url).await?;
+    if set_notify {
+        enable_notifications(&mut con)
+            .await
+            .map_err(|e| format!("notify-keyspace-events: {e}"))?;
+    }
+    let mut pubsub = target.pubsub(url).await?;
+    for channel in channels {
+        pubsub
+            .subscribe(*channel)
+            .await
+            .map_err(|e| format!("SUBSCRIBE {channel}: {e}"))?;
+    }
+    tracing::info!(node = %url, "subscribed");
+    Ok((con, pubsub))
+}
+
+/// `XREADGROUP GROUP group consumer COUNT count BLOCK block_ms STREAMS stream from`.
+pub fn xreadgroup(
+    group: &str,
+    consumer: &str,
+    count: u64,
+    block_ms: u64,
+    stream: &str,
+    from: &str,
+) -> Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(from);
+    cmd
+}
+
+/// `XGROUP CREATE stream group 0 MKSTREAM`; a group that exists is fine.
+pub async fn create_group(store: &Store, stream: &str, group: &str) -> RedisResult<()> {
+    let created: RedisResult<()> = store
+        .query(
+            redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(stream)
+                .arg(group)
+                .arg("0")
+                .arg("MKSTREAM"),
+        )
+        .await;
+    match created {
+        Err(e) if e.code() != Some("BUSYGROUP") => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Runs one task per primary of `target` (listed again every `refresh`):
+/// `follow(url)` is a node's task, run until it ends (its error logged);
+/// the task of a node that is no longer a primary is stopped, and a task
+/// that ended is started again.
+pub async fn follow_primaries<F, T>(target: Target, refresh: Duration, mut follow: F)
+where
+    F: FnMut(String) -> T,
+    T: std::future::Future<Output = Result<(), String>> + Send + 'static,
+{
+    let mut start = move |url: String| -> JoinHandle<()> {
+        let task = follow(url.clone());
+        tokio::spawn(async move {
+            if let Err(e) = task.await {
+                tracing::warn!(destination = "redis", node = %url, reason = %e, "subscription ended");
+            }
+        })
+    };
+    let mut known: Vec<String> = Vec::new();
+    let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
+    let mut ticks = tokio::time::interval(refresh);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let primaries = match target.primaries(&mut known).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(destination = "redis", reason = %e, "cannot list the primaries");
+                continue;
+            }
+        };
+        tasks.retain(|url, task| {
+            let keep = primaries.contains(url) && !task.is_finished();
+            if !keep {
+                tracing::info!(node = %url, "no longer followed (not a primary, or its subscription ended)");
+                task.abort();
+            }
+            keep
+        });
+        for url in primaries {
+            if let std::collections::hash_map::Entry::Vacant(slot) = tasks.entry(url.clone()) {
+                slot.insert(start(url));
+            }
+        }
     }
 }
 

@@ -1,30 +1,16 @@
 //! Validation of a parsed configuration: every error names its field.
 
-use crate::config::{Config, Dest, Tier, BOX_PLACEHOLDERS, QUOTA_PLACEHOLDERS, UNOWNED_TIER};
+use crate::config::{
+    Config, Dest, RedisConf, Tier, BOX_PLACEHOLDERS, QUOTA_PLACEHOLDERS, UNOWNED_TIER,
+};
 
 impl Config {
     /// Checks every field and the consistency between sections.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        if self.redis.urls.is_empty() {
-            return Err("redis.urls: give at least one URL".into());
+        validate_redis("redis", &self.redis)?;
+        if let Some(r) = &self.regions {
+            r.validate()?;
         }
-        for (i, url) in self.redis.urls.iter().enumerate() {
-            let parsed = redis::parse_redis_url(url)
-                .ok_or_else(|| format!("redis.urls[{i}]: not a redis:// URL: {url:?}"))?;
-            if parsed.scheme() != "redis" {
-                return Err(format!(
-                    "redis.urls[{i}]: {url:?}: only redis:// (this build has no TLS to Redis)"
-                ));
-            }
-        }
-        if !self.redis.cluster && self.redis.urls.len() > 1 {
-            return Err(
-                "redis.urls: several URLs need `cluster = true` (one server has one URL)".into(),
-            );
-        }
-        positive("redis.topology_refresh_ms", self.redis.topology_refresh_ms)?;
-        positive("redis.scan_count", self.redis.scan_count)?;
-        positive("redis.timeout_ms", self.redis.timeout_ms)?;
         positive("keys.audit_maxlen", self.keys.audit_maxlen)?;
         for (field, v) in [
             ("keys.audit_stream", &self.keys.audit_stream),
@@ -188,7 +174,35 @@ impl Config {
     }
 }
 
-fn positive(field: &str, v: u64) -> Result<(), String> {
+/// Checks a Redis section (`[redis]`, `[regions.remote.<name>]`); errors
+/// name the field under `section`.
+pub(crate) fn validate_redis(section: &str, r: &RedisConf) -> Result<(), String> {
+    if r.urls.is_empty() {
+        return Err(format!("{section}.urls: give at least one URL"));
+    }
+    for (i, url) in r.urls.iter().enumerate() {
+        let parsed = redis::parse_redis_url(url)
+            .ok_or_else(|| format!("{section}.urls[{i}]: not a redis:// URL: {url:?}"))?;
+        if parsed.scheme() != "redis" {
+            return Err(format!(
+                "{section}.urls[{i}]: {url:?}: only redis:// (this build has no TLS to Redis)"
+            ));
+        }
+    }
+    if !r.cluster && r.urls.len() > 1 {
+        return Err(format!(
+            "{section}.urls: several URLs need `cluster = true` (one server has one URL)"
+        ));
+    }
+    positive(
+        &format!("{section}.topology_refresh_ms"),
+        r.topology_refresh_ms,
+    )?;
+    positive(&format!("{section}.scan_count"), r.scan_count)?;
+    positive(&format!("{section}.timeout_ms"), r.timeout_ms)
+}
+
+pub(crate) fn positive(field: &str, v: u64) -> Result<(), String> {
     if v == 0 {
         return Err(format!("{field}: must be greater than 0"));
     }

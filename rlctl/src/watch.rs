@@ -25,12 +25,10 @@ use crate::owner;
 use crate::secrets::Secrets;
 use crate::store::{self, now_ms, BoxStatus, Store, Target};
 use futures_util::StreamExt;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 /// Two reads of one box's end may differ by the time between them and the
 /// clock of the machine: within this much they are the same trip.
@@ -144,7 +142,8 @@ pub async fn run(conf: Config, secrets: Secrets) -> Result<(), String> {
     Ok(())
 }
 
-async fn wait_for_stop() {
+/// Returns at SIGINT or SIGTERM.
+pub(crate) async fn wait_for_stop() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
@@ -160,38 +159,12 @@ async fn wait_for_stop() {
 }
 
 async fn follow_topology(conf: Arc<Config>, target: Target, tx: mpsc::Sender<Observation>) {
-    let mut known: Vec<String> = Vec::new();
-    let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
-    let mut ticks = tokio::time::interval(Duration::from_millis(conf.redis.topology_refresh_ms));
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let primaries = match target.primaries(&mut known).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(destination = "redis", reason = %e, "cannot list the primaries");
-                continue;
-            }
-        };
-        tasks.retain(|url, task| {
-            let keep = primaries.contains(url) && !task.is_finished();
-            if !keep {
-                tracing::info!(node = %url, "no longer followed (not a primary, or its subscription ended)");
-                task.abort();
-            }
-            keep
-        });
-        for url in primaries {
-            if let std::collections::hash_map::Entry::Vacant(slot) = tasks.entry(url.clone()) {
-                slot.insert(tokio::spawn(follow_node(
-                    conf.clone(),
-                    target.clone(),
-                    url,
-                    tx.clone(),
-                )));
-            }
-        }
-    }
+    let refresh = Duration::from_millis(conf.redis.topology_refresh_ms);
+    let t = target.clone();
+    store::follow_primaries(target, refresh, move |url| {
+        follow_node(conf.clone(), t.clone(), url, tx.clone())
+    })
+    .await
 }
 
 /// Subscribes to one primary, reconciles it, then forwards its events
@@ -201,32 +174,10 @@ async fn follow_node(
     target: Target,
     url: String,
     tx: mpsc::Sender<Observation>,
-) {
-    if let Err(e) = follow_node_inner(&conf, &target, &url, &tx).await {
-        tracing::warn!(destination = "redis", node = %url, reason = %e, "subscription ended");
-    }
-}
-
-async fn follow_node_inner(
-    conf: &Config,
-    target: &Target,
-    url: &str,
-    tx: &mpsc::Sender<Observation>,
 ) -> Result<(), String> {
-    let mut con = target.node(url).await?;
-    if conf.redis.set_notify_config {
-        enable_notifications(&mut con)
-            .await
-            .map_err(|e| format!("notify-keyspace-events: {e}"))?;
-    }
-    let mut pubsub = target.pubsub(url).await?;
-    for channel in ["__keyevent@0__:rl.boxed", "__keyevent@0__:rl.released"] {
-        pubsub
-            .subscribe(channel)
-            .await
-            .map_err(|e| format!("SUBSCRIBE {channel}: {e}"))?;
-    }
-    tracing::info!(node = %url, "subscribed");
+    let channels = ["__keyevent@0__:rl.boxed", "__keyevent@0__:rl.released"];
+    let (mut con, mut pubsub) =
+        store::subscribe_node(&target, &url, conf.redis.set_notify_config, &channels).await?;
     let boxes = store::scan_boxes(&mut con, conf.redis.scan_count).await?;
     tracing::info!(node = %url, boxes = boxes.len(), "reconciled");
     for (key, _) in boxes {
@@ -255,34 +206,6 @@ async fn follow_node_inner(
         tx.send(obs).await.map_err(|_| "processor stopped")?;
     }
     Err("connection closed".into())
-}
-
-/// Adds `E` (keyevent channel) and `d` (module events) to the server's
-/// `notify-keyspace-events`, keeping what is there.
-async fn enable_notifications(
-    con: &mut redis::aio::MultiplexedConnection,
-) -> redis::RedisResult<()> {
-    let (_, flags): (String, String) = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("notify-keyspace-events")
-        .query_async(con)
-        .await?;
-    let mut wanted = flags.clone();
-    if !wanted.contains('E') {
-        wanted.push('E');
-    }
-    if !wanted.contains('d') && !wanted.contains('A') {
-        wanted.push('d');
-    }
-    if wanted != flags {
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("notify-keyspace-events")
-            .arg(&wanted)
-            .query_async::<()>(con)
-            .await?;
-    }
-    Ok(())
 }
 
 /// Observations whose processing failed (Redis unreachable: a shard

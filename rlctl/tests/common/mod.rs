@@ -5,7 +5,11 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod receivers;
+pub mod regions;
+
+pub use cluster::Cluster;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -73,6 +77,8 @@ pub struct Server {
     pub port: u16,
     pub dir: PathBuf,
     child: Option<Child>,
+    /// The arguments after the module path (module arguments first).
+    extra: Vec<String>,
 }
 
 impl Server {
@@ -81,14 +87,33 @@ impl Server {
         Server::launch(false, &[])
     }
 
-    fn launch(cluster: bool, extra: &[&str]) -> Server {
+    /// A server with `extra` after the module path: the module's load
+    /// arguments first (`region eu ...`), then `--options`.
+    pub fn launch(cluster: bool, extra: &[&str]) -> Server {
         let port = free_port(cluster);
         let dir = fresh_dir(&format!("redis-{port}"));
-        let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
+        let mut server = Server {
+            port,
+            dir,
+            child: None,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    /// Starts the process on the server's port and directory (what it
+    /// persisted is loaded) and waits until it answers.
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))
+            .expect("log file");
         let mut cmd = Command::new("redis-server");
         cmd.args([
             "--port",
-            &port.to_string(),
+            &self.port.to_string(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -97,30 +122,31 @@ impl Server {
             "no",
         ])
         .arg("--dir")
-        .arg(&dir)
+        .arg(&self.dir)
         .arg("--loadmodule")
         .arg(module_path())
-        .args(extra)
+        .args(&self.extra)
         .stdout(log.try_clone().expect("log"))
         .stderr(log);
-        let child = cmd
-            .spawn()
-            .expect("spawn redis-server (is it installed? make deps)");
-        let server = Server {
-            port,
-            dir,
-            child: Some(child),
-        };
+        self.child = Some(
+            cmd.spawn()
+                .expect("spawn redis-server (is it installed? make deps)"),
+        );
+        let port = self.port;
         wait_until(
             Duration::from_secs(15),
             &format!("redis-server on {port}"),
             || {
-                server
-                    .try_client()
+                self.try_client()
                     .is_some_and(|mut c| redis::cmd("PING").query::<String>(&mut c).is_ok())
             },
         );
-        server
+    }
+
+    /// SIGKILL, then the same server again from what it persisted.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
     }
 
     /// `redis://127.0.0.1:<port>`.
@@ -158,166 +184,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill9();
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A cluster of `masters` primaries with `replicas` replicas each.
-pub struct Cluster {
-    pub nodes: Vec<Server>,
-}
-
-impl Cluster {
-    /// Starts the nodes, creates the cluster, waits until every node agrees.
-    pub fn start(masters: usize, replicas: usize) -> Cluster {
-        let args = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "2000",
-            // A replica may take over whatever the age of its data (a
-            // loaded machine can delay its exchanges with the primary).
-            "--cluster-replica-validity-factor",
-            "0",
-        ];
-        let nodes: Vec<Server> = (0..masters * (1 + replicas))
-            .map(|_| Server::launch(true, &args))
-            .collect();
-        let out = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let cluster = Cluster { nodes };
-        wait_until(Duration::from_secs(60), "a consistent cluster", || {
-            cluster.consistent(masters * (1 + replicas))
-        });
-        wait_until(Duration::from_secs(60), "every replica in sync", || {
-            cluster.replicas_in_sync() == masters * replicas
-        });
-        cluster
-    }
-
-    fn consistent(&self, total: usize) -> bool {
-        let mut views = Vec::new();
-        for n in self.nodes.iter().filter(|n| n.child.is_some()) {
-            let Some(mut c) = n.try_client() else {
-                return false;
-            };
-            let Ok(info) = redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c) else {
-                return false;
-            };
-            if !info.contains("cluster_state:ok")
-                || !info.contains(&format!("cluster_known_nodes:{total}"))
-            {
-                return false;
-            }
-            let Ok(nodes) = redis::cmd("CLUSTER").arg("NODES").query::<String>(&mut c) else {
-                return false;
-            };
-            let mut masters: Vec<String> = nodes
-                .lines()
-                .filter(|l| {
-                    l.contains("master") && !l.contains("fail") && l.split_whitespace().count() > 8
-                })
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("").to_string())
-                .collect();
-            masters.sort();
-            views.push(masters);
-        }
-        views.windows(2).all(|w| w[0] == w[1])
-    }
-
-    /// Replicas whose link to their primary is up.
-    fn replicas_in_sync(&self) -> usize {
-        self.live()
-            .filter(|n| {
-                let Some(mut c) = n.try_client() else {
-                    return false;
-                };
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut c)
-                    .unwrap_or_default();
-                info.contains("role:slave") && info.contains("master_link_status:up")
-            })
-            .count()
-    }
-
-    /// The nodes still running.
-    pub fn live(&self) -> impl Iterator<Item = &Server> {
-        self.nodes.iter().filter(|n| n.child.is_some())
-    }
-
-    /// Seed URLs (every node).
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(Server::url).collect()
-    }
-
-    /// A cluster-aware client over the live nodes.
-    pub fn client(&self) -> redis::cluster::ClusterConnection {
-        let urls: Vec<String> = self
-            .nodes
-            .iter()
-            .filter(|n| n.child.is_some())
-            .map(Server::url)
-            .collect();
-        redis::cluster::ClusterClientBuilder::new(urls)
-            .connection_timeout(Duration::from_secs(2))
-            .response_timeout(Duration::from_secs(5))
-            .build()
-            .expect("cluster client")
-            .get_connection()
-            .expect("cluster connection")
-    }
-
-    /// The node serving `key`'s slot as a primary, by `CLUSTER NODES` of a live node.
-    pub fn primary_for(&self, key: &str) -> usize {
-        let slot = redis::cluster_routing::get_slot(key.as_bytes());
-        let live = self
-            .nodes
-            .iter()
-            .find(|n| n.child.is_some())
-            .expect("a live node");
-        let text: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query(&mut live.client())
-            .expect("CLUSTER NODES");
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
-                continue;
-            }
-            let serves = f[8..].iter().any(|r| {
-                let mut it = r.split('-');
-                let lo: u16 = it.next().and_then(|x| x.parse().ok()).unwrap_or(u16::MAX);
-                let hi: u16 = it.next().and_then(|x| x.parse().ok()).unwrap_or(lo);
-                (lo..=hi).contains(&slot)
-            });
-            if serves {
-                let port: u16 = f[1]
-                    .split('@')
-                    .next()
-                    .and_then(|a| a.rsplit(':').next())
-                    .and_then(|p| p.parse().ok())
-                    .expect("port");
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| n.port == port)
-                    .expect("known node");
-            }
-        }
-        panic!("no primary serves slot {slot}");
     }
 }
 
@@ -361,28 +227,46 @@ impl Worker {
     /// Starts the worker and waits until it has subscribed to `primaries`
     /// nodes and reconciled them.
     pub fn start(dir: &Path, config: &Path, env: &[(&str, String)], primaries: usize) -> Worker {
+        Worker::run(dir, config, env, &["watch"], |log| {
+            log.matches("reconciled").count() >= primaries
+        })
+    }
+
+    /// Starts `rlctl --config <config> <args>` and waits (30 s at most)
+    /// until its log satisfies `ready`.
+    pub fn run(
+        dir: &Path,
+        config: &Path,
+        env: &[(&str, String)],
+        args: &[&str],
+        ready: impl Fn(&str) -> bool,
+    ) -> Worker {
         static N: AtomicU32 = AtomicU32::new(0);
-        let log = dir.join(format!("watch-{}.log", N.fetch_add(1, Ordering::SeqCst)));
+        let log = dir.join(format!(
+            "{}-{}.log",
+            args.join("-"),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
         let file = std::fs::File::create(&log).expect("worker log");
         let child = Command::new(rlctl_bin())
             .arg("--config")
             .arg(config)
-            .arg("watch")
+            .args(args)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .env("RLCTL_LOG", "info")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
             .stderr(file)
             .spawn()
-            .expect("spawn rlctl watch");
+            .expect("spawn rlctl");
         let w = Worker {
             child: Some(child),
             log,
         };
         wait_until(
             Duration::from_secs(30),
-            "the worker to reconcile every primary",
-            || w.log_text().matches("reconciled").count() >= primaries,
+            &format!("rlctl {args:?} to be ready"),
+            || ready(&w.log_text()),
         );
         w
     }
