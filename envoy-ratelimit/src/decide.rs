@@ -14,6 +14,7 @@ use std::borrow::Borrow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
@@ -121,7 +122,7 @@ impl SentinelStore {
 
     async fn query(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
         let mut c = self.connection().await?;
-        let r = pipe.query_async(&mut c).await;
+        let r = send(&mut c, pipe).await;
         if r.is_err() {
             *self.conn.write().await = None;
         }
@@ -129,12 +130,22 @@ impl SentinelStore {
     }
 }
 
+/// Sends `pipe` (no command of it ignored): one value per command. A pipe
+/// of one command goes as that command, without the pipeline's wrapping.
+async fn send<C: ConnectionLike>(conn: &mut C, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+    let mut cmds = pipe.cmd_iter();
+    match (cmds.next(), cmds.next()) {
+        (Some(cmd), None) => Ok(vec![cmd.query_async(conn).await?]),
+        _ => pipe.query_async(conn).await,
+    }
+}
+
 impl Store {
     async fn run(&self, pipe: &Pipeline, timeout: Duration) -> RedisResult<Vec<Value>> {
         let fut = async {
             match self {
-                Store::Single(c) => pipe.query_async(&mut ConnectionManager::clone(c)).await,
-                Store::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+                Store::Single(c) => send(&mut ConnectionManager::clone(c), pipe).await,
+                Store::Cluster(c) => send(&mut c.clone(), pipe).await,
                 Store::Sentinel(s) => s.query(pipe).await,
             }
         };
@@ -377,7 +388,7 @@ pub async fn decide(
             .iter()
             .map(|g| {
                 let mut p = redis::pipe();
-                p.add_command(command(&sendable, g, Mode::Refund)).ignore();
+                p.add_command(command(&sendable, g, Mode::Refund));
                 p
             })
             .collect();
