@@ -304,8 +304,8 @@ bench-app-python: deps build
 # its local rate limit filter, with the rate-limit filter asking a floor
 # service (the same gRPC stack answering OK without Redis) and asking
 # rl-envoy, in interleaved rounds; prints RATIO lines (to the plain proxy,
-# and rl to the floor), p99 and Redis CPU per decision. Results:
-# bench/RESULTS.md.
+# and rl to the floor), p99 and the CPU time per request of Envoy, the
+# service and Redis. Results: bench/RESULTS.md.
 bench-envoy: deps build
 	RL_MODULE=$(MODULE) bash bench/envoy.sh
 

@@ -14,8 +14,9 @@
 #   rl      the rate-limit filter asking rl-envoy
 # then runs wrk on each, interleaved (plain local floor rl, then again),
 # over $RL_BENCH_ENVOY_ROUNDS rounds after a warm-up of each. It prints one
-# line per run (requests/s, p99, non-2xx answers; for rl the CPU time of
-# redis-server per decision), the medians per target, and
+# line per run (requests/s, p99, non-2xx answers, and the CPU time per
+# request of Envoy, of the rate-limit service and of redis-server: steadier
+# than requests/s on a shared machine), the medians per target, and
 #   RATIO <name>_vs_plain <x>   median over the rounds of <name>'s requests/s
 #                               over the plain proxy's in that round
 #   RATIO rl_vs_floor <x>       likewise, rl over the floor service
@@ -29,6 +30,8 @@
 #   RL_BENCH_ENVOY_SECS=5         seconds per wrk run
 #   RL_BENCH_ENVOY_CONNECTIONS=20 wrk connections (-c)
 #   RL_BENCH_ENVOY_CONCURRENCY=1  Envoy's worker threads (--concurrency)
+#   RL_BENCH_ENVOY_SERVICE_THREADS=1  threads of rl-envoy and of the floor
+#                                 service alike (--worker-threads; 0: one per core)
 #   ENVOY_BIN=path                the envoy binary (default: .ci/get-envoy's)
 
 set -euo pipefail
@@ -40,6 +43,7 @@ ROUNDS=${RL_BENCH_ENVOY_ROUNDS:-3}
 SECS=${RL_BENCH_ENVOY_SECS:-5}
 CONNS=${RL_BENCH_ENVOY_CONNECTIONS:-20}
 CONCURRENCY=${RL_BENCH_ENVOY_CONCURRENCY:-1}
+SERVICE_THREADS=${RL_BENCH_ENVOY_SERVICE_THREADS:-1}
 TARGETS=(plain local floor rl)
 HOST=127.0.0.1
 T_START=$(date +%s)
@@ -124,10 +128,13 @@ descriptors:
 YAML
 RL_GRPC=$(free_port); RL_HTTP=$(free_port); FLOOR=$(free_port)
 target/release/rl-envoy --config-dir "$WORK/config" --redis-url "redis://$HOST:$REDIS_PORT/" \
-    --grpc-addr "$HOST:$RL_GRPC" --http-addr "$HOST:$RL_HTTP" > "$WORK/rl-envoy.log" 2>&1 &
+    --grpc-addr "$HOST:$RL_GRPC" --http-addr "$HOST:$RL_HTTP" --worker-threads "$SERVICE_THREADS" \
+    > "$WORK/rl-envoy.log" 2>&1 &
 PIDS+=("$!")
-target/release/examples/floor "$HOST:$FLOOR" > "$WORK/floor.log" 2>&1 &
+declare -A SERVICE_PID=([rl]=$!)
+target/release/examples/floor "$HOST:$FLOOR" "$SERVICE_THREADS" > "$WORK/floor.log" 2>&1 &
 PIDS+=("$!")
+SERVICE_PID[floor]=$!
 wait_http "http://$HOST:$RL_HTTP/healthcheck"
 
 declare -A PORT
@@ -214,27 +221,33 @@ YAML
 "$ENVOY" -c "$WORK/envoy.yaml" --concurrency "$CONCURRENCY" --disable-hot-restart -l warning \
     > "$WORK/envoy.log" 2>&1 &
 PIDS+=("$!")
+ENVOY_PID=$!
 wait_http "http://$HOST:$ADMIN/ready"
 for t in "${TARGETS[@]}"; do wait_http "http://$HOST:${PORT[$t]}/"; done
-log "envoy $("$ENVOY" --version | grep -o '[0-9.]*/Clean' | cut -d/ -f1), concurrency $CONCURRENCY; $ROUNDS rounds of ${SECS}s, $CONNS connections"
+log "envoy $("$ENVOY" --version | grep -o '[0-9.]*/Clean' | cut -d/ -f1), concurrency $CONCURRENCY; services' threads $SERVICE_THREADS; $ROUNDS rounds of ${SECS}s, $CONNS connections"
 
-redis_cpu_us() { redis-cli -h "$HOST" -p "$REDIS_PORT" INFO cpu | awk -F: '/^used_cpu_(sys|user):/ { s += $2 } END { printf "%d", s * 1000000 }'; }
+# cpu_ns PID: the CPU time of a process's threads in ns (schedstat: exact,
+# where /proc/PID/stat counts 10 ms ticks)
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'; }
 
-declare -A RPS
+declare -A RPS CPU
 run() { # run TARGET ROUND
-    local t=$1 out rps p99 non2xx reqs cpu0 cpu1 extra=""
-    cpu0=$(redis_cpu_us)
+    local t=$1 out rps p99 non2xx reqs e0 e1 s0=0 s1=0 r0 r1 extra
+    e0=$(cpu_ns "$ENVOY_PID"); r0=$(cpu_ns "$MASTER_PID")
+    [[ -n "${SERVICE_PID[$t]:-}" ]] && s0=$(cpu_ns "${SERVICE_PID[$t]}")
     out=$(wrk -t1 -c"$CONNS" -d"${SECS}s" --latency "http://$HOST:${PORT[$t]}/")
-    cpu1=$(redis_cpu_us)
+    e1=$(cpu_ns "$ENVOY_PID"); r1=$(cpu_ns "$MASTER_PID")
+    [[ -n "${SERVICE_PID[$t]:-}" ]] && s1=$(cpu_ns "${SERVICE_PID[$t]}")
     rps=$(awk '/^Requests\/sec:/ { print $2 }' <<<"$out")
     p99=$(awk '$1 == "99%" { print $2 }' <<<"$out")
     reqs=$(awk '/requests in/ { print $1 }' <<<"$out")
     non2xx=$(awk '/Non-2xx/ { print $NF }' <<<"$out")
-    if [[ "$t" == rl && "${reqs:-0}" -gt 0 ]]; then
-        extra=$(awk -v c=$((cpu1 - cpu0)) -v n="$reqs" 'BEGIN { printf "  redis %.2f us/decision", c / n }')
-    fi
+    # CPU per request (us) of Envoy, of the rate-limit service, of redis-server
+    extra=$(awk -v e=$((e1 - e0)) -v s=$((s1 - s0)) -v r=$((r1 - r0)) -v n="${reqs:-0}" \
+        'BEGIN { if (n > 0) printf "  cpu us/req: envoy %.1f service %.1f redis %.1f", e / n / 1000, s / n / 1000, r / n / 1000 }')
     printf 'round %d %-6s %10.0f req/s  p99 %-8s non-2xx %s%s\n' "$2" "$t" "$rps" "$p99" "${non2xx:-0}" "$extra"
     RPS[$t,$2]=$rps
+    CPU[$t,$2]=$extra
 }
 
 for t in "${TARGETS[@]}"; do wrk -t1 -c"$CONNS" -d1s "http://$HOST:${PORT[$t]}/" >/dev/null; done
@@ -243,8 +256,13 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+column() { # column TARGET FIELD: the median over the rounds of a CPU field
+    for r in $(seq 1 "$ROUNDS"); do awk -v f="$2" '{ for (i = 1; i < NF; i++) if ($i == f) print $(i + 1) }' <<<"${CPU[$1,$r]}"; done | median
+}
 for t in "${TARGETS[@]}"; do
-    printf 'median %-6s %10.0f req/s\n' "$t" "$(for r in $(seq 1 "$ROUNDS"); do echo "${RPS[$t,$r]}"; done | median)"
+    printf 'median %-6s %10.0f req/s  cpu us/req: envoy %s service %s redis %s\n' "$t" \
+        "$(for r in $(seq 1 "$ROUNDS"); do echo "${RPS[$t,$r]}"; done | median)" \
+        "$(column "$t" envoy)" "$(column "$t" service)" "$(column "$t" redis)"
 done
 ratio() { # ratio A B: median over rounds of A/B
     for r in $(seq 1 "$ROUNDS"); do awk -v a="${RPS[$1,$r]}" -v b="${RPS[$2,$r]}" 'BEGIN { printf "%.3f\n", a / b }'; done | median

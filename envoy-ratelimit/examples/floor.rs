@@ -1,9 +1,12 @@
 //! The floor of `make bench-envoy` (bench/envoy.sh): the same gRPC stack as
-//! rl-envoy (tonic, envoy-types, the multi-threaded tokio runtime),
-//! answering `OK` to every ShouldRateLimit without asking Redis.
+//! rl-envoy (tonic, envoy-types, the runtime and server of
+//! `envoy_ratelimit::runtime`), answering `OK` to every ShouldRateLimit
+//! without asking Redis.
 //!
-//! Usage: `floor 127.0.0.1:PORT`.
+//! Usage: `floor 127.0.0.1:PORT [WORKER_THREADS]` (threads as rl-envoy's
+//! `--worker-threads`, default 0: one per core).
 
+use envoy_ratelimit::runtime;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
@@ -26,15 +29,16 @@ impl RateLimitService for Floor {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr = std::env::args()
-        .nth(1)
-        .ok_or("usage: floor 127.0.0.1:PORT")?
-        .parse()?;
-    tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(Floor))
-        .serve(addr)
-        .await?;
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let usage = "usage: floor 127.0.0.1:PORT [WORKER_THREADS]";
+    let mut args = std::env::args().skip(1);
+    let addr = args.next().ok_or(usage)?.parse()?;
+    let threads = args.next().map(|t| t.parse()).transpose()?.unwrap_or(0);
+    runtime::build(threads)?.block_on(async {
+        runtime::grpc_server()
+            .add_service(RateLimitServiceServer::new(Floor))
+            .serve(addr)
+            .await
+    })?;
     Ok(())
 }

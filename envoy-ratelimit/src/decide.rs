@@ -10,11 +10,11 @@
 //! compensation, not isolation: a concurrent request may see the charge for
 //! the instant before the refund.
 
+use std::borrow::Borrow;
+use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::AsyncConnectionConfig;
@@ -121,7 +121,7 @@ impl SentinelStore {
 
     async fn query(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
         let mut c = self.connection().await?;
-        let r = pipe.query_async(&mut c).await;
+        let r = send(&mut c, pipe).await;
         if r.is_err() {
             *self.conn.write().await = None;
         }
@@ -129,12 +129,22 @@ impl SentinelStore {
     }
 }
 
+/// Sends `pipe` (no command of it ignored): one value per command. A pipe
+/// of one command goes as that command, without the pipeline's wrapping.
+async fn send<C: ConnectionLike>(conn: &mut C, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+    let mut cmds = pipe.cmd_iter();
+    match (cmds.next(), cmds.next()) {
+        (Some(cmd), None) => Ok(vec![cmd.query_async(conn).await?]),
+        _ => pipe.query_async(conn).await,
+    }
+}
+
 impl Store {
     async fn run(&self, pipe: &Pipeline, timeout: Duration) -> RedisResult<Vec<Value>> {
         let fut = async {
             match self {
-                Store::Single(c) => pipe.query_async(&mut ConnectionManager::clone(c)).await,
-                Store::Cluster(c) => pipe.query_async(&mut c.clone()).await,
+                Store::Single(c) => send(&mut ConnectionManager::clone(c), pipe).await,
+                Store::Cluster(c) => send(&mut c.clone(), pipe).await,
                 Store::Sentinel(s) => s.query(pipe).await,
             }
         };
@@ -173,19 +183,20 @@ enum Mode {
 }
 
 /// Groups of indices into `checks` (see the module's documentation).
-pub fn group(checks: &[Check], by_tag: bool) -> Vec<Vec<usize>> {
+pub fn group<C: Borrow<Check>>(checks: &[C], by_tag: bool) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for (i, c) in checks.iter().enumerate() {
+        let c = c.borrow();
         let alone = c.shadow || c.rule.strikes.is_some();
         let fits = |g: &Vec<usize>| {
-            let f = &checks[g[0]];
+            let f = checks[g[0]].borrow();
             g.len() < 16
                 && !f.shadow
                 && f.rule.strikes.is_none()
                 && f.rule.algorithm == c.rule.algorithm
                 && f.cost == c.cost
                 && (!by_tag || f.tag == c.tag)
-                && g.iter().all(|&j| checks[j].key != c.key)
+                && g.iter().all(|&j| checks[j].borrow().key != c.key)
         };
         match (alone, groups.iter_mut().find(|g| fits(g))) {
             (false, Some(g)) => g.push(i),
@@ -229,8 +240,8 @@ fn bucket_args(cmd: &mut Cmd, c: &Check) {
 }
 
 /// The one command deciding `members` (indices into `checks`).
-fn command(checks: &[Check], members: &[usize], mode: Mode) -> Cmd {
-    let first = &checks[members[0]];
+fn command<C: Borrow<Check>>(checks: &[C], members: &[usize], mode: Mode) -> Cmd {
+    let first = checks[members[0]].borrow();
     let mut cmd = redis::cmd(match first.rule.algorithm {
         Algorithm::TokenBucket => "RL.TAKE",
         Algorithm::Calendar => "RL.QUOTA",
@@ -244,7 +255,7 @@ fn command(checks: &[Check], members: &[usize], mode: Mode) -> Cmd {
     };
     for &i in &members[1..] {
         cmd.arg("ALSO");
-        bucket_args(&mut cmd, &checks[i]);
+        bucket_args(&mut cmd, checks[i].borrow());
     }
     match first.rule.algorithm {
         Algorithm::Fixed => {
@@ -317,17 +328,17 @@ pub async fn decide(
     timeout: Duration,
 ) -> RedisResult<Vec<Outcome>> {
     let mut outcomes: Vec<Option<Outcome>> = vec![None; checks.len()];
-    let mut sendable = Vec::new();
+    // the checks to send, and their indices in `checks`
+    let mut sendable: Vec<&Check> = Vec::with_capacity(checks.len());
+    let mut index = Vec::with_capacity(checks.len());
     for (i, c) in checks.iter().enumerate() {
         if c.capacity() == 0 || c.cost > c.capacity() {
             outcomes[i] = Some(never_fits(c));
         } else {
-            sendable.push(c.clone());
+            sendable.push(c);
+            index.push(i);
         }
     }
-    let index: Vec<usize> = (0..checks.len())
-        .filter(|&i| outcomes[i].is_none())
-        .collect();
     let groups = group(&sendable, store.is_cluster());
     // one pipeline per group: its call, then a probe of each member when
     // several (the call's reply describes only the binding one)
@@ -358,7 +369,7 @@ pub async fn decide(
             charged.push(g);
         }
         for (n, &m) in g.iter().enumerate() {
-            let c = &sendable[m];
+            let c = sendable[m];
             let o = if g.len() == 1 {
                 outcome(c, &call, !ok)
             } else {
@@ -376,14 +387,14 @@ pub async fn decide(
             .iter()
             .map(|g| {
                 let mut p = redis::pipe();
-                p.add_command(command(&sendable, g, Mode::Refund)).ignore();
+                p.add_command(command(&sendable, g, Mode::Refund));
                 p
             })
             .collect();
         run_all(store, &pipes, timeout).await?;
         for g in &charged {
             for &m in g.iter() {
-                let c = &sendable[m];
+                let c = sendable[m];
                 if let Some(o) = outcomes[index[m]].as_mut() {
                     o.remaining = (o.remaining + c.cost).min(c.capacity());
                 }
@@ -406,6 +417,9 @@ async fn run_all(
         return Ok(Vec::new());
     }
     match store {
+        Store::Single(_) | Store::Sentinel(_) if pipes.len() == 1 => {
+            Ok(vec![store.run(&pipes[0], timeout).await?])
+        }
         Store::Single(_) | Store::Sentinel(_) => {
             let mut all = redis::pipe();
             let mut sizes = Vec::with_capacity(pipes.len());

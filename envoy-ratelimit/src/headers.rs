@@ -8,10 +8,9 @@ pub fn seconds(ms: u64) -> u64 {
     ms.div_ceil(1000)
 }
 
-/// A structured-field String: `"..."` with `\` and `"` escaped; bytes
-/// outside printable ASCII (which a String cannot hold) become `?`.
-pub fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+/// Appends a structured-field String: `"..."` with `\` and `"` escaped;
+/// bytes outside printable ASCII (which a String cannot hold) become `?`.
+fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -24,7 +23,6 @@ pub fn sf_string(s: &str) -> String {
         }
     }
     out.push('"');
-    out
 }
 
 /// One policy of `RateLimit-Policy`: `"name";q=quota;w=window`.
@@ -40,30 +38,32 @@ pub struct Policy {
 
 /// The `RateLimit-Policy` value: the policies, once each, in order.
 pub fn policy_field(policies: &[Policy]) -> String {
-    let mut seen = Vec::new();
-    let mut items = Vec::new();
-    for p in policies {
-        if seen.contains(&&p.name) {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(policies.len() * 48);
+    for (i, p) in policies.iter().enumerate() {
+        if policies[..i].iter().any(|q| q.name == p.name) {
             continue;
         }
-        seen.push(&p.name);
-        items.push(format!(
-            "{};q={};w={}",
-            sf_string(&p.name),
-            p.quota,
-            p.window
-        ));
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        push_sf_string(&mut out, &p.name);
+        let _ = write!(out, ";q={};w={}", p.quota, p.window);
     }
-    items.join(", ")
+    out
 }
 
 /// The `RateLimit` value of the binding policy: `r` points left, `t`
 /// seconds until its quota is back (none for a penalty box).
 pub fn ratelimit_field(name: &str, remaining: u64, reset_s: Option<u64>) -> String {
-    match reset_s {
-        Some(t) => format!("{};r={remaining};t={t}", sf_string(name)),
-        None => format!("{};r={remaining}", sf_string(name)),
+    use std::fmt::Write;
+    let mut out = String::with_capacity(name.len() + 32);
+    push_sf_string(&mut out, name);
+    let _ = write!(out, ";r={remaining}");
+    if let Some(t) = reset_s {
+        let _ = write!(out, ";t={t}");
     }
+    out
 }
 
 #[cfg(test)]

@@ -31,31 +31,46 @@ pub enum HashTag {
 /// with [`HashTag::FirstEntry`], the first entry, `}` and `%` escaped so
 /// that the tag is never cut short.
 pub fn tag(mode: HashTag, domain: &str, entries: &[(&str, &str)]) -> String {
-    let mut t = escape(domain);
+    let mut t = String::with_capacity(domain.len() + 32);
+    push_escaped(&mut t, domain);
     if let (HashTag::FirstEntry, Some((k, v))) = (mode, entries.first()) {
         t.push('|');
-        t.push_str(&escape(k));
+        push_escaped(&mut t, k);
         t.push('_');
-        t.push_str(&escape(v));
+        push_escaped(&mut t, v);
     }
     t
 }
 
-fn escape(s: &str) -> String {
-    s.replace('%', "%25").replace('}', "%7D")
+fn push_escaped(out: &mut String, s: &str) {
+    if !s.contains(['%', '}']) {
+        out.push_str(s);
+        return;
+    }
+    for c in s.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '}' => out.push_str("%7D"),
+            _ => out.push(c),
+        }
+    }
 }
 
 /// The key of one rule of a descriptor, before the fixed window's start and
-/// salt: `<prefix>{<tag>}<rest>:<rule><algorithm letter><unit seconds>`,
-/// `rest` being `.key_value` for each entry not in the tag.
+/// salt: `<prefix>{<tag>}<rest>:<rule>`, `tag` being [`tag`]'s for the
+/// descriptor and `rest` `.key_value` for each entry not in the tag.
 pub fn base_key(
     prefix: &str,
     mode: HashTag,
-    domain: &str,
+    tag: &str,
     entries: &[(&str, &str)],
     rule: &str,
 ) -> String {
-    let mut k = format!("{prefix}{{{}}}", tag(mode, domain, entries));
+    let mut k = String::with_capacity(prefix.len() + tag.len() + rule.len() + 48);
+    k.push_str(prefix);
+    k.push('{');
+    k.push_str(tag);
+    k.push('}');
     let skip = usize::from(mode == HashTag::FirstEntry);
     for (key, value) in entries.iter().skip(skip) {
         k.push('.');
@@ -95,34 +110,53 @@ const MAX_SALT: u32 = 64;
 /// [`fixed_window_ms`] holds `[start - unit/2, start + 1.5 unit)` (see the
 /// module's documentation).
 pub fn aligned_key(base: &str, start_s: u64, unit: Unit) -> String {
+    use std::fmt::Write;
     let u = unit.seconds() * 1000;
     let w = fixed_window_ms(unit);
     let from = (start_s * 1000).saturating_sub(u / 2);
     let to = start_s * 1000 + u + u / 2; // exclusive
-    let plain = format!("{base}:{start_s}");
+    let mut key = String::with_capacity(base.len() + 24);
+    key.push_str(base);
+    let _ = write!(key, ":{start_s}");
+    let plain = fnv1a(FNV_BASIS, key.as_bytes());
+    let mut salt_text = String::with_capacity(4);
     for salt in 0..MAX_SALT {
-        let key = if salt == 0 {
-            plain.clone()
+        let h = if salt == 0 {
+            plain
         } else {
-            format!("{plain}~{salt}")
+            salt_text.clear();
+            let _ = write!(salt_text, "~{salt}");
+            fnv1a(plain, salt_text.as_bytes())
         };
-        let off = key_offset(key.as_bytes(), w);
+        let off = offset_of_hash(h, w);
         // windows are [off + k w, off + (k + 1) w)
         let first = (from + w - off % w) / w;
         let last = (to - 1 + w - off % w) / w;
         if first == last {
+            key.push_str(&salt_text);
             return key;
         }
     }
-    plain
+    key
+}
+
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a 64 of `bytes`, continuing from the state `h`.
+fn fnv1a(h: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(h, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// rl's per-key boundary offset of a window of `window_ms` (the module's
 /// documented function: FNV-1a 64, MurmurHash3's fmix64, scaled).
 pub fn key_offset(key: &[u8], window_ms: u64) -> u64 {
-    let mut h = key.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    offset_of_hash(fnv1a(FNV_BASIS, key), window_ms)
+}
+
+/// The offset from a key's FNV-1a 64 hash: fmix64, scaled to the window.
+fn offset_of_hash(mut h: u64, window_ms: u64) -> u64 {
     h ^= h >> 33;
     h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
     h ^= h >> 33;
@@ -138,12 +172,14 @@ mod tests {
     #[test]
     fn tags_and_keys() {
         let e = [("remote_address", "10.0.0.1"), ("path", "/a}b")];
+        let first = tag(HashTag::FirstEntry, "d", &e);
         assert_eq!(
-            base_key("rl:", HashTag::FirstEntry, "d", &e, "0f60"),
+            base_key("rl:", HashTag::FirstEntry, &first, &e, "0f60"),
             "rl:{d|remote_address_10.0.0.1}.path_/a}b:0f60"
         );
+        let domain = tag(HashTag::Domain, "d%}", &e[..1]);
         assert_eq!(
-            base_key("rl:", HashTag::Domain, "d%}", &e[..1], "0t1"),
+            base_key("rl:", HashTag::Domain, &domain, &e[..1], "0t1"),
             "rl:{d%25%7D}.remote_address_10.0.0.1:0t1"
         );
         assert_eq!(tag(HashTag::FirstEntry, "d", &[("k", "}")]), "d|k_%7D");
@@ -171,6 +207,36 @@ mod tests {
                 assert_eq!((lo + w - off) / w, (hi + w - off) / w, "{key} offset {off}");
             }
         }
+    }
+
+    #[test]
+    fn aligned_keys_take_the_first_salt_that_qualifies() {
+        // the search as the definition reads: format each candidate, hash it
+        let reference = |base: &str, start: u64, unit: Unit| {
+            let (u, w) = (unit.seconds() * 1000, fixed_window_ms(unit));
+            let (from, to) = (start * 1000 - u / 2, start * 1000 + u + u / 2);
+            (0..MAX_SALT)
+                .map(|s| match s {
+                    0 => format!("{base}:{start}"),
+                    _ => format!("{base}:{start}~{s}"),
+                })
+                .find(|k| {
+                    let off = key_offset(k.as_bytes(), w);
+                    (from + w - off % w) / w == (to - 1 + w - off % w) / w
+                })
+                .unwrap_or_else(|| format!("{base}:{start}"))
+        };
+        let mut salted = 0;
+        for unit in [Unit::Second, Unit::Minute, Unit::Day] {
+            for i in 0..300u64 {
+                let base = format!("rl-envoy:{{bench|generic_key_{i}}}:0f{}", unit.seconds());
+                let start = (1_700_000_000 / unit.seconds() + i) * unit.seconds();
+                let key = aligned_key(&base, start, unit);
+                assert_eq!(key, reference(&base, start, unit));
+                salted += usize::from(key.contains('~'));
+            }
+        }
+        assert!(salted > 100, "{salted} salted keys");
     }
 
     #[test]

@@ -8,4 +8,5 @@ pub mod http;
 pub mod keys;
 pub mod metrics;
 pub mod reload;
+pub mod runtime;
 pub mod service;

@@ -11,7 +11,7 @@ use envoy_ratelimit::decide::{SentinelStore, Store};
 use envoy_ratelimit::keys::HashTag;
 use envoy_ratelimit::metrics::Metrics;
 use envoy_ratelimit::service::{Options, RateLimiter};
-use envoy_ratelimit::{http, reload};
+use envoy_ratelimit::{http, reload, runtime};
 
 /// Envoy's rate-limit service (envoy.service.ratelimit.v3), deciding in
 /// Redis with the rl module; reads envoyproxy/ratelimit's configuration.
@@ -73,6 +73,10 @@ struct Args {
     /// How often the configuration directory is checked for changes, in ms.
     #[arg(long, env = "RL_ENVOY_RELOAD_MS", default_value_t = 1000)]
     reload_ms: u64,
+    /// Threads of the service: 1 handles everything on one thread (the
+    /// fewest CPU cycles per request: see README.md), 0 one per core.
+    #[arg(long, env = "RL_ENVOY_WORKER_THREADS", default_value_t = 0)]
+    worker_threads: usize,
     /// Logs as JSON lines instead of text.
     #[arg(long, env = "RL_ENVOY_LOG_JSON")]
     log_json: bool,
@@ -109,8 +113,7 @@ async fn connect(args: &Args, timeout: Duration) -> redis::RedisResult<Store> {
     }
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args = Args::parse();
     let logs = tracing_subscriber::fmt().with_max_level(args.log_level);
     if args.log_json {
@@ -118,7 +121,10 @@ async fn main() {
     } else {
         logs.init();
     }
-    if let Err(e) = run(args).await {
+    let result = runtime::build(args.worker_threads)
+        .map_err(|e| format!("cannot start the runtime: {e}").into())
+        .and_then(|rt| rt.block_on(run(args)));
+    if let Err(e) = result {
         tracing::error!("{e}");
         eprintln!("rl-envoy: {e}");
         std::process::exit(1);
@@ -159,7 +165,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(args.http_addr).await?;
     tokio::spawn(http::serve(listener, store, metrics, timeout));
     tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "serving");
-    tonic::transport::Server::builder()
+    runtime::grpc_server()
         .add_service(health)
         .add_service(RateLimitServiceServer::new(service))
         .serve_with_shutdown(args.grpc_addr, async {

@@ -39,8 +39,9 @@ pub struct Metrics {
     pub config_load_success: IntCounter,
     /// `ratelimit_service_config_load_error`.
     pub config_load_error: IntCounter,
-    /// `ratelimit_service_total_requests{grpc_method}`.
-    pub total_requests: IntCounterVec,
+    /// `ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}`
+    /// (resolved once: no label lookup per request).
+    pub should_rate_limit_requests: IntCounter,
 }
 
 impl Metrics {
@@ -87,10 +88,10 @@ impl Metrics {
                 "ratelimit_service_config_load_error",
                 "configuration loads that failed (the previous one stays)",
             ),
+            should_rate_limit_requests: total_requests.with_label_values(&["ShouldRateLimit"]),
             registry,
             per_limit,
             errors,
-            total_requests,
         }
     }
 

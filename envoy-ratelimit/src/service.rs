@@ -149,12 +149,14 @@ impl RateLimiter {
                 hits,
             }));
         }
-        let replaced: HashSet<&str> = out
+        if out.iter().flatten().all(|a| a.limit.replaces.is_empty()) {
+            return Ok(out);
+        }
+        let replaced: HashSet<String> = out
             .iter()
             .flatten()
-            .flat_map(|a| a.limit.replaces.iter().map(String::as_str))
+            .flat_map(|a| a.limit.replaces.iter().cloned())
             .collect();
-        let replaced: HashSet<String> = replaced.into_iter().map(str::to_string).collect();
         for slot in out.iter_mut() {
             if slot
                 .as_ref()
@@ -167,16 +169,24 @@ impl RateLimiter {
     }
 
     fn checks(&self, req: &RateLimitRequest, applied: &[Option<Applied>], now: u64) -> Vec<Check> {
-        let mut checks = Vec::new();
+        use std::fmt::Write;
+        let mut checks = Vec::with_capacity(applied.len());
+        let mut entries: Vec<(&str, &str)> = Vec::new();
+        let mut id = String::new();
         for (i, a) in applied.iter().enumerate() {
             let Some(a) = a else { continue };
-            let entries: Vec<(&str, &str)> = req.descriptors[i]
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_str()))
-                .collect();
+            entries.clear();
+            entries.extend(
+                req.descriptors[i]
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str())),
+            );
+            let tag = keys::tag(self.options.hash_tag, &req.domain, &entries);
             for (n, rule) in a.limit.rules.iter().enumerate() {
-                let id = format!(
+                id.clear();
+                let _ = write!(
+                    id,
                     "{n}{}{}",
                     algorithm_letter(rule.algorithm),
                     rule.unit.seconds()
@@ -184,7 +194,7 @@ impl RateLimiter {
                 let base = keys::base_key(
                     &self.options.key_prefix,
                     self.options.hash_tag,
-                    &req.domain,
+                    &tag,
                     &entries,
                     &id,
                 );
@@ -201,7 +211,7 @@ impl RateLimiter {
                     desc: i,
                     rule: rule.clone(),
                     key,
-                    tag: keys::tag(self.options.hash_tag, &req.domain, &entries),
+                    tag: tag.clone(),
                     cost: a.hits,
                     shadow: a.limit.shadow_mode,
                     fixed_reset_ms,
@@ -294,8 +304,9 @@ impl RateLimiter {
             })
             .collect();
         let mut policies = Vec::new();
-        // the binding policy: (over, retry or remaining, name, remaining, reset)
-        let mut binding: Option<(bool, u64, String, u64, Option<u64>)> = None;
+        // the binding policy: (over, retry or remaining, index in
+        // `policies`, remaining, reset)
+        let mut binding: Option<(bool, u64, usize, u64, Option<u64>)> = None;
         let mut over_all = false;
         let mut rule_no = vec![0usize; applied.len()];
         let mut desc_best: Vec<Option<(bool, u64, usize)>> = vec![None; applied.len()];
@@ -306,10 +317,9 @@ impl RateLimiter {
             if n == 0 {
                 self.count(a, &c.rule, o);
             }
-            let name = policy_name(a, n);
             let window = c.rule.unit.seconds();
             policies.push(Policy {
-                name: name.clone(),
+                name: policy_name(a, n),
                 quota: u64::from(c.rule.requests_per_unit),
                 window,
             });
@@ -331,7 +341,7 @@ impl RateLimiter {
             } else {
                 Some(headers::seconds(o.reset_ms).min(window))
             };
-            let b = (counts, key, name, o.remaining, reset);
+            let b = (counts, key, policies.len() - 1, o.remaining, reset);
             if binding
                 .as_ref()
                 .is_none_or(|(bo, bk, ..)| binds(counts, key, *bo, *bk))
@@ -361,7 +371,8 @@ impl RateLimiter {
             };
         }
         let mut headers_out = Vec::new();
-        if let Some((_, _, name, remaining, reset)) = &binding {
+        if let Some((_, _, p, remaining, reset)) = binding {
+            let name = &policies[p].name;
             let mut add = |k: &str, v: String| {
                 headers_out.push(HeaderValue {
                     key: k.to_string(),
@@ -372,7 +383,7 @@ impl RateLimiter {
             add("RateLimit-Policy", headers::policy_field(&policies));
             add(
                 "RateLimit",
-                headers::ratelimit_field(name, *remaining, *reset),
+                headers::ratelimit_field(name, remaining, reset),
             );
             if over_all {
                 let retry = binding_retry(checks, outcomes, applied);
@@ -440,10 +451,7 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.metrics
-            .total_requests
-            .with_label_values(&["ShouldRateLimit"])
-            .inc();
+        self.metrics.should_rate_limit_requests.inc();
         self.answer(request.get_ref()).await.map(Response::new)
     }
 }
