@@ -100,7 +100,7 @@ def test_late_reply_given_back(late_app: App, own_server: RedisServer) -> None:
         assert [httpx.get(late_app.url + path).status_code for _ in range(3)] == [200] * 3
     calls = window_calls(r0)
     # the next charges wait in Redis past the app's 0.3 s budget, and run then
-    r0.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+    r0.execute_command("CLIENT", "PAUSE", "5000", "WRITE")  # until UNPAUSE below
     try:
         assert httpx.get(late_app.url + "/closed", timeout=10).status_code == 503
         r = httpx.get(late_app.url + "/local", timeout=10)

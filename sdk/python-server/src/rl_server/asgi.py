@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import uuid
 from dataclasses import dataclass, field
 from typing import (Any, Awaitable, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple,
@@ -154,11 +155,19 @@ class RateLimitMiddleware:
         command giving back what it took, or None) sent then."""
         call = asyncio.ensure_future(self.rl.run(command))
         try:
-            # shielded: the deadline stops the wait, not the call
-            return await asyncio.wait_for(asyncio.shield(call), self.timeout)
+            return await self._wait(call)
         except BaseException:
             self.late.settle(call, lambda reply: self._maybe_run(undo(reply)), f"late {command.args[0]!s}")
             raise
+
+    if sys.version_info >= (3, 11):
+        async def _wait(self, call: "asyncio.Future[T]") -> T:
+            # shielded: the deadline stops the wait, not the call
+            async with asyncio.timeout(self.timeout):
+                return await asyncio.shield(call)
+    else:
+        async def _wait(self, call: "asyncio.Future[T]") -> T:
+            return await asyncio.wait_for(asyncio.shield(call), self.timeout)
 
     def _maybe_run(self, command: Optional[Command[Any]]) -> Optional[Awaitable[Any]]:
         return None if command is None else self.rl.run(command)
