@@ -95,8 +95,9 @@ class RateLimitMiddleware:
         if isinstance(redis, str):
             if not redis.startswith(("redis://", "rediss://", "unix://")):
                 raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
-            # socket_timeout None: every call has the deadline of _call, and
-            # redis-py's own (5 s by default) costs a task per command sent
+            # socket_timeout None: every call has the deadline of _call (a late
+            # one the background's bound), and redis-py's own (5 s by default)
+            # would cut a late reply short
             redis = aioredis.Redis.from_url(redis, socket_timeout=None, socket_connect_timeout=timeout)
         elif not hasattr(redis, "execute_command"):
             raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
