@@ -129,7 +129,8 @@ class App:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        os.unlink(self.log.name)
+        if os.path.exists(self.log.name):  # closed once already
+            os.unlink(self.log.name)
 
 
 def key_offset_ms(key: bytes, window_ms: int) -> int:

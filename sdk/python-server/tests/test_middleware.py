@@ -174,13 +174,20 @@ def test_lease_released_when_the_client_leaves(starlette_app: App, flushed: Redi
     assert httpx.get(f"{starlette_app.url}/work").status_code == 200
 
 
-def test_starlette_50_concurrent_clients(starlette_app: App) -> None:
+def test_starlette_50_concurrent_clients(starlette_app: App, flushed: RedisServer) -> None:
     began = time.monotonic()
     codes = hammer(starlette_app.url + "/hello")
-    elapsed = time.monotonic() - began
+    refilled = int((time.monotonic() - began) * 30 / 60)
+    admitted, late = codes.count(200), codes.count(503)
+    assert len(codes) == 150 and codes.count(429) == 150 - admitted - late, sorted(set(codes))
     # a bucket of 30 refilling 30 a minute: never more than 30 + what refilled meanwhile
-    assert len(codes) == 150 and 30 <= codes.count(200) <= 30 + int(elapsed * 30 / 60)
-    assert codes.count(429) == 150 - codes.count(200)
+    assert admitted <= 30 + refilled
+    # nor fewer than 30 but for calls past the 0.25 s budget (503s on a busy machine), the
+    # points Redis took for them given back: then what is left makes up the difference
+    assert admitted >= 30 or late > 0, (admitted, late)
+    r0 = redis.Redis(port=flushed.port)
+    until(lambda: admitted + int(r0.execute_command("RL.TAKE", "rl:hello:127.0.0.1", 30, 30, 60, "COST", 0)[2])
+          >= 30, f"the points of {late} late calls given back", 20)
 
 
 def test_lease_renewed_while_the_request_runs(flushed: RedisServer) -> None:

@@ -1,6 +1,7 @@
 """The middleware when Redis is killed and comes back, or is slow, under
 each failure setting (503 fail closed; the local limiter, marked degraded);
-bad configuration refused at start with the option named."""
+what a call answered after its deadline, or a request failed midway, took
+is given back; bad configuration refused at start with the option named."""
 
 from __future__ import annotations
 
@@ -74,6 +75,54 @@ def test_redis_slow(app: App, own_server: RedisServer) -> None:
     finally:
         r0.execute_command("CLIENT", "UNPAUSE")
     until(lambda: pay(app).status_code == 200, "fast again")
+
+
+@pytest.fixture
+def late_app(own_server: RedisServer) -> Iterator[App]:
+    a = App([str(HERE / "apps" / "late_reply.py")], {"REDIS_URL": own_server.url})
+    yield a
+    a.close()
+
+
+def window_calls(r0: redis.Redis) -> int:
+    """RL.WINDOW commands the server has run."""
+    return int(r0.info("commandstats").get("cmdstat_rl.window", {}).get("calls", 0))
+
+
+def window_left(r0: redis.Redis, key: str) -> int:
+    """What is left in one of late_reply.py's windows (COST 0 spends nothing)."""
+    return int(r0.execute_command("RL.WINDOW", key, 10, 600, "EXACT", "COST", 0)[2])
+
+
+def test_late_reply_given_back(late_app: App, own_server: RedisServer) -> None:
+    r0 = redis.Redis(port=own_server.port)
+    for path in ("/closed", "/local"):
+        assert [httpx.get(late_app.url + path).status_code for _ in range(3)] == [200] * 3
+    calls = window_calls(r0)
+    # the next charges wait in Redis past the app's 0.3 s budget, and run then
+    r0.execute_command("CLIENT", "PAUSE", "5000", "WRITE")  # until UNPAUSE below
+    try:
+        assert httpx.get(late_app.url + "/closed", timeout=10).status_code == 503
+        r = httpx.get(late_app.url + "/local", timeout=10)
+        assert r.status_code == 200 and r.headers[responses.DEGRADED] == "fallback"
+    finally:
+        r0.execute_command("CLIENT", "UNPAUSE")
+    # each late charge, once it has run, is refunded: two charges, two refunds
+    until(lambda: window_calls(r0) >= calls + 4, "the late charges and their refunds", 20)
+    late_app.close()  # nothing more can be sent: a second refund would be counted below
+    assert window_calls(r0) == calls + 4
+    assert window_left(r0, "rl:late:closed") == 7 and window_left(r0, "rl:late:local") == 7
+
+
+def test_charge_given_back_when_a_later_command_fails(late_app: App, own_server: RedisServer) -> None:
+    r0 = redis.Redis(port=own_server.port)
+    assert httpx.get(late_app.url + "/two").status_code == 200
+    r0.set("rl:late:two-quota", "not a quota")  # RL.QUOTA now answers WRONGTYPE
+    calls = window_calls(r0)
+    assert httpx.get(late_app.url + "/two").status_code == 503
+    until(lambda: window_calls(r0) >= calls + 2, "the window's charge and its refund")
+    late_app.close()
+    assert window_calls(r0) == calls + 2 and window_left(r0, "rl:late:two") == 9
 
 
 def test_lease_route_fails_closed_then_recovers(own_server: RedisServer) -> None:

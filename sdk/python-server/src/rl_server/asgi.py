@@ -4,8 +4,9 @@ all-or-nothing), a request cost, the penalty box, concurrency leases held
 for the request (released when it ends, fails or the client leaves), a
 per-resource lock answered 409 at once, a required Idempotency-Key, shadow
 mode, and per route what happens when Redis fails (503, or an in-process
-limiter marked degraded). Responses carry the gateway's RateLimit-Policy,
-RateLimit and Retry-After fields and its problem bodies.
+limiter marked degraded; what a late reply or a failed request took is
+given back). Responses carry the gateway's RateLimit-Policy, RateLimit and
+Retry-After fields and its problem bodies.
 
     app.add_middleware(RateLimitMiddleware, redis="redis://127.0.0.1:6379",
                        routes={"POST /payments": Route(rates=[Rate(...)])})
@@ -20,17 +21,18 @@ import math
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple
+from typing import (Any, Awaitable, Callable, Dict, List, Mapping, MutableMapping, Optional, Sequence, Tuple,
+                    TypeVar)
 
-import redis
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from . import commands, responses
 from .client import AsyncRL
 from .commands import Command
-from .decisions import Decision, Status
+from .decisions import Decision, Lease, Status
 from .fallback import LocalLimiter
+from .late import REDIS_FAILURES, Background
 from .responses import Binding, Policy
 from .routes import (Concurrency, Quota, Rate, Route, Window, compile_routes, cost_of, keyed, match,
                      window_seconds)
@@ -41,9 +43,13 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+T = TypeVar("T")
+#: (items, keys) of a group charged for a request: what a refund gives back
+Charge = Tuple[Sequence[Any], List[str]]
+
 log = logging.getLogger("rl_server")
-#: what a Redis call that failed raises (an error reply is a RedisError too)
-REDIS_FAILURES = (redis.RedisError, OSError, asyncio.TimeoutError)
+#: most calls and refunds left running after their request, and their seconds
+LATE_LIMIT, LATE_SECONDS = 1000, 10.0
 _KIND = {Rate: "bucket", Window: "window", Quota: "quota"}
 
 
@@ -89,8 +95,9 @@ class RateLimitMiddleware:
         if isinstance(redis, str):
             if not redis.startswith(("redis://", "rediss://", "unix://")):
                 raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
-            # socket_timeout None: every call has the deadline of _call, and
-            # redis-py's own (5 s by default) costs a task per command sent
+            # socket_timeout None: every call has the deadline of _call (a late
+            # one the background's bound), and redis-py's own (5 s by default)
+            # would cut a late reply short
             redis = aioredis.Redis.from_url(redis, socket_timeout=None, socket_connect_timeout=timeout)
         elif not hasattr(redis, "execute_command"):
             raise ValueError(f"redis must be a redis:// URL or a redis.asyncio client, got {redis!r}")
@@ -104,6 +111,8 @@ class RateLimitMiddleware:
         self.shadow = shadow
         self.request_id_header = request_id_header.lower().encode("latin-1")
         self.local = LocalLimiter()
+        #: late calls and the refunds of failed requests
+        self.late = Background(LATE_LIMIT, LATE_SECONDS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -139,26 +148,46 @@ class RateLimitMiddleware:
 
     # -- deciding ---------------------------------------------------------
 
+    async def _call(self, command: Command[T],
+                    undo: Callable[[T], Optional[Command[Any]]] = lambda _: None) -> T:
+        """``command``'s reply, or TimeoutError past ``timeout``. A call that
+        timed out (or whose request was cancelled) may still run in Redis: it
+        is let finish in the background, and ``undo`` of its reply (a
+        command giving back what it took, or None) sent then."""
+        call = asyncio.ensure_future(self.rl.run(command))
+        try:
+            return await self._wait(call)
+        except BaseException:
+            self.late.settle(call, lambda reply: self._maybe_run(undo(reply)), f"late {command.args[0]!s}")
+            raise
+
     if sys.version_info >= (3, 11):
-        async def _call(self, command: Command[Any]) -> Any:
-            # a deadline on this task: no task made per call, as wait_for does
+        async def _wait(self, call: "asyncio.Future[T]") -> T:
+            # shielded: the deadline stops the wait, not the call
             async with asyncio.timeout(self.timeout):
-                return await self.rl.run(command)
+                return await asyncio.shield(call)
     else:
-        async def _call(self, command: Command[Any]) -> Any:
-            return await asyncio.wait_for(self.rl.run(command), self.timeout)
+        async def _wait(self, call: "asyncio.Future[T]") -> T:
+            return await asyncio.wait_for(asyncio.shield(call), self.timeout)
+
+    def _maybe_run(self, command: Optional[Command[Any]]) -> Optional[Awaitable[Any]]:
+        return None if command is None else self.rl.run(command)
 
     async def _decide(self, route: Route, request: Request, params: Mapping[str, str],
                       rid: str) -> _Outcome:
         out = _Outcome()
         policies = route_policies(route)
         path = request.url.path
+        # the groups charged so far, given back if a later one refuses or fails
+        refunds: List[Charge] = []
+        cost = 0
         try:
             for lease, key in zip(route.leases, keyed(route.leases, request, params)):
                 lid = uuid.uuid4().hex
                 # recorded before the call: a timed-out ACQUIRE may have been granted
                 out.leases.append((key, lid, float(lease.ttl)))
-                got = await self._call(commands.lease_acquire(key, lease.max, lease.ttl, lid))
+                got = await self._call(commands.lease_acquire(key, lease.max, lease.ttl, lid),
+                                       _release_if_granted(key, lid))
                 if not got.granted:
                     out.leases.pop()
                     await self._release(out)
@@ -166,8 +195,6 @@ class RateLimitMiddleware:
                         self.conf, policies, lease.name, lease.max, float(lease.ttl),
                         float(lease.expected), lease.status, got.retry_after_ms, path, rid, route.tier))
             cost = await cost_of(route.cost, request)
-            # the groups charged so far, given back if a later one refuses
-            refunds: List[Tuple[Sequence[Any], List[str]]] = []
             bindings: List[Binding] = []
             penalty = route.penalty
             groups: Tuple[Sequence[Any], ...] = (route.rates, route.windows, route.quotas)
@@ -181,8 +208,11 @@ class RateLimitMiddleware:
                     d = Decision(Status.THROTTLED, _capacity_of(b), 0, -1, -1, 0, None, smallest)
                 else:
                     keys = keyed(items, request, params)
-                    d = await self._call(_group_command(items, keys, cost=cost, penalty=penalty))
+                    d = await self._call(_group_command(items, keys, cost=cost, penalty=penalty),
+                                         _refund_if_allowed(items, keys, cost))
                     b = items[d.binding]
+                    if d.allowed and cost > 0:
+                        refunds.append((items, keys))
                 penalty = None
                 boxed = d.status is Status.BOXED
                 binding = Binding(b.name, d.limit, 0 if boxed else d.remaining,
@@ -195,16 +225,20 @@ class RateLimitMiddleware:
                         self.conf, policies, _limiter_view(route, b, cost), binding, d.box_level,
                         d.retry_after_ms, d.strikes_remaining, path, rid, route.tier))
                 bindings.append(binding)
-                if cost > 0:
-                    refunds.append((items, keys))
         except BaseException:
+            if refunds:  # in the background: the request is answered without waiting for Redis
+                self.late.spawn(self._refund(refunds, cost), "refund of a failed request")
             await self._release(out)
             raise
         out.headers = responses.admitted(self.conf, policies, _tightest(bindings)).headers
         return out
 
-    async def _refund(self, refunds: Sequence[Tuple[Sequence[Any], List[str]]], cost: int) -> None:
-        for items, keys in refunds:  # a later limiter refused: give back what earlier ones took
+    async def _refund(self, refunds: List[Charge], cost: int) -> None:
+        """Gives back what the groups of ``refunds`` took, each once: a group
+        leaves the list as its refund is sent (a refund cut short by a
+        cancellation finishes in the background, the rest stay listed)."""
+        while refunds:
+            items, keys = refunds.pop(0)
             try:
                 await self._call(_group_command(items, keys, refund=cost))
             except REDIS_FAILURES as err:
@@ -334,8 +368,8 @@ class RateLimitMiddleware:
         out.local_leases = []
         leases, out.leases = out.leases, []
         for key, lid, _ in reversed(leases):
-            try:  # shielded: a cancelled request still gives its slot back
-                await asyncio.shield(self._call(commands.lease_release(key, lid)))
+            try:  # a cancelled request's release still runs (in the background)
+                await self._call(commands.lease_release(key, lid))
             except REDIS_FAILURES as err:
                 log.warning("rl: lease release failed (it expires with its ttl): %s", err)
 
@@ -396,6 +430,17 @@ def _group_command(items: Sequence[Any], keys: Sequence[str], cost: int = 1,
         return commands.window(ws[0], *ws[1:], cost=cost, mode=first.mode, penalty=penalty, refund=refund)
     qs = [commands.Quota(k, i.limit, i.period) for i, k in zip(items, keys)]
     return commands.quota(qs[0], *qs[1:], cost=cost, penalty=penalty, refund=refund)
+
+
+def _refund_if_allowed(items: Sequence[Any], keys: Sequence[str], cost: int
+                       ) -> Callable[[Decision], Optional[Command[Decision]]]:
+    """What gives back a group's charge that turns out to have been allowed."""
+    return lambda d: _group_command(items, keys, refund=cost) if d.allowed and cost > 0 else None
+
+
+def _release_if_granted(key: str, lid: str) -> Callable[[Lease], Optional[Command[bool]]]:
+    """What gives back a lease that turns out to have been granted."""
+    return lambda got: commands.lease_release(key, lid) if got.granted else None
 
 
 def _tightest(bindings: Sequence[Binding]) -> Optional[Binding]:
