@@ -107,7 +107,7 @@ impl RlKey {
     pub fn record(&self) -> Result<Option<&Record>, WrongType> {
         match &self.held {
             Held::Nothing => Ok(None),
-            Held::Value(value) => Ok(Some(value.get().record().unwrap_or(&self.local))),
+            Held::Value(lent) => Ok(Some(lent.get().record().unwrap_or(&self.local))),
             Held::Pending => Ok(Some(&self.local)),
             Held::Other => Err(WrongType),
         }
@@ -146,7 +146,7 @@ impl RlKey {
     pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
         match &mut self.held {
             Held::Nothing => Ok(None),
-            Held::Value(value) => Ok(Some(match value.get_mut().record_mut() {
+            Held::Value(lent) => Ok(Some(match lent.get_mut().record_mut() {
                 Some(record) => record,
                 None => &mut self.local,
             })),
@@ -182,7 +182,7 @@ impl RlKey {
     /// the key before the command ends.
     pub fn store(&mut self, record: Record) {
         let record = match &mut self.held {
-            Held::Value(value) => match value.write(record) {
+            Held::Value(lent) => match lent.write(record) {
                 Ok(kept) => {
                     if let Some(kept) = kept {
                         self.set_local(kept);
@@ -191,11 +191,11 @@ impl RlKey {
                 }
                 // Another form now: it replaces the one the key holds.
                 Err(record) => {
-                    let (value, kept) = Value::of(record);
+                    let (new, kept) = Value::of(record);
                     // SAFETY: the key holds a value of ours, so `self.raw`
                     // is an open, non-null handle; the `Lent` of the old
                     // value in `held` is replaced next, unused.
-                    let lent = unsafe { value::replace(self.raw, value) };
+                    let lent = unsafe { value::replace(self.raw, new) };
                     self.adopt(lent, kept);
                     return;
                 }
@@ -206,13 +206,13 @@ impl RlKey {
             }
             Held::Other => record,
         };
-        let (value, kept) = Value::of(record);
+        let (new, kept) = Value::of(record);
         let lent = if self.raw.is_null() {
             None
         } else {
             // SAFETY: `self.raw` is an open, non-null handle, holding no
             // value of ours (`held` says so).
-            unsafe { value::set(self.raw, value) }
+            unsafe { value::set(self.raw, new) }
         };
         self.adopt(lent, kept);
     }
@@ -240,9 +240,9 @@ impl RlKey {
     /// Put a record changed beside the key (a compact form's, a new one's)
     /// in Redis; a record in Redis was changed where it lives.
     pub fn write_back(&mut self) {
-        let compact = |value: &Lent| value.get().record().is_none();
+        let compact = |lent: &Lent| lent.get().record().is_none();
         match &self.held {
-            Held::Value(value) if !compact(value) => {}
+            Held::Value(lent) if !compact(lent) => {}
             Held::Value(_) | Held::Pending => {
                 let record = std::mem::take(&mut self.local);
                 self.store(record);
@@ -352,7 +352,7 @@ impl From<Holding> for Held {
     fn from(holding: Holding) -> Held {
         match holding {
             Holding::Nothing => Held::Nothing,
-            Holding::Ours(value) => Held::Value(value),
+            Holding::Ours(lent) => Held::Value(lent),
             Holding::Other => Held::Other,
         }
     }
@@ -362,7 +362,7 @@ impl From<Holding> for Held {
 /// form, or nothing.
 fn copy_of_compact(held: &Held) -> Record {
     match held {
-        Held::Value(value) => value.get().compact_record().unwrap_or_default(),
+        Held::Value(lent) => lent.get().compact_record().unwrap_or_default(),
         Held::Nothing | Held::Pending | Held::Other => Record::default(),
     }
 }
