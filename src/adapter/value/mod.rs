@@ -88,6 +88,7 @@ impl Value {
 
     /// `record` as a value, and the record itself when the value is its
     /// compact form (for an open key to keep beside it).
+    #[inline]
     pub fn of(record: Record) -> (Value, Option<Record>) {
         if let Some(bucket) = record.bare_bucket() {
             return (Value::Bucket(Box::new(bucket)), Some(record));
@@ -173,11 +174,13 @@ impl Lent {
     /// the `Lent` before Redis may free or change the value (the callback
     /// returns, the key is closed, written by another handle or deleted),
     /// and must not reach the value otherwise meanwhile.
+    #[inline]
     pub unsafe fn from_raw(raw: *mut c_void) -> Option<Lent> {
         untag(raw).map(Lent)
     }
 
     /// The value, read.
+    #[inline]
     pub fn get(&self) -> ValueRef<'_> {
         // SAFETY: the pointer leads to a live value of its form while the
         // `Lent` exists (the promise of `from_raw`), and only the `Lent`
@@ -193,6 +196,7 @@ impl Lent {
     }
 
     /// The value, to write in place.
+    #[inline]
     pub fn get_mut(&mut self) -> ValueMut<'_> {
         // SAFETY: as in `get`; the exclusive borrow of `self` makes this
         // the only reference to the value while it lasts.
@@ -210,6 +214,7 @@ impl Lent {
     /// `Ok` with the record back when the value is a compact copy of it
     /// (for the key to keep beside it); otherwise `Err(record)`, and the
     /// key must be given [`Value::of`] it.
+    #[inline]
     pub fn write(&mut self, record: Record) -> Result<Option<Record>, Record> {
         match self.get_mut() {
             ValueMut::Record(r) => {
@@ -233,6 +238,7 @@ fn tagged<T>(ptr: *mut T, tag: usize) -> *mut c_void {
 
 /// The form and untagged pointer of a value pointer (`None` for null or a
 /// tag `into_raw` never makes).
+#[inline]
 fn untag(raw: *mut c_void) -> Option<Form> {
     let untagged = NonNull::new(raw.map_addr(|addr| addr & !TAGS))?;
     match raw.addr() & TAGS {
@@ -245,6 +251,7 @@ fn untag(raw: *mut c_void) -> Option<Form> {
 
 impl<'a> ValueRef<'a> {
     /// The whole record, when the value is one (not a compact form).
+    #[inline]
     pub fn record(self) -> Option<&'a Record> {
         match self {
             ValueRef::Record(r) => Some(r),
@@ -254,6 +261,7 @@ impl<'a> ValueRef<'a> {
 
     /// The record a compact form stands for (its penalty in the spare
     /// allocation when there is one); `None` for a whole record.
+    #[inline]
     pub fn compact_record(self) -> Option<Record> {
         match self {
             ValueRef::Record(_) => None,
@@ -311,6 +319,7 @@ impl<'a> ValueRef<'a> {
 impl<'a> ValueMut<'a> {
     /// Write `record` into a compact form of the same shape; false (and
     /// nothing written) for another shape or a whole record.
+    #[inline]
     fn write_compact(self, record: &Record) -> bool {
         match self {
             ValueMut::Bucket(bare) => match record.bare_bucket() {
@@ -327,6 +336,7 @@ impl<'a> ValueMut<'a> {
     }
 
     /// The whole record, when the value is one.
+    #[inline]
     pub fn record_mut(self) -> Option<&'a mut Record> {
         match self {
             ValueMut::Record(r) => Some(r),
@@ -343,6 +353,7 @@ thread_local! {
 }
 
 /// `penalty` boxed, in the spare allocation when there is one.
+#[inline]
 fn boxed_penalty(penalty: Penalty) -> Box<Penalty> {
     match SPARE_PENALTY.take() {
         Some(mut spare) => {
@@ -355,6 +366,7 @@ fn boxed_penalty(penalty: Penalty) -> Box<Penalty> {
 
 /// Keep `record`'s penalty allocation, if any, for the next compact form
 /// read (the record is left without a penalty).
+#[inline]
 pub fn recycle_penalty(record: &mut Record) {
     if let Some(spare) = record.penalty.take() {
         SPARE_PENALTY.set(Some(spare));
