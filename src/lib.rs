@@ -11,8 +11,10 @@ pub mod adapter;
 pub mod core;
 
 /// Declare the module with the given global allocator: Redis's in the
-/// server (so `used_memory` counts rl's values), the system one in tests
-/// and benchmarks, which run without Redis.
+/// server (so `used_memory` counts rl's values), the system one in
+/// benchmarks, which run without Redis, and in unit tests the system one
+/// counting live bytes (which the value tests compare with the memory a
+/// value reports).
 macro_rules! declare_module {
     ($alloc:ty, $init:expr) => {
         redis_module::redis_module! {
@@ -44,5 +46,7 @@ declare_module!(
     redis_module::alloc::RedisAlloc,
     redis_module::alloc::RedisAlloc
 );
-#[cfg(any(test, feature = "system-alloc"))]
+#[cfg(all(not(test), feature = "system-alloc"))]
 declare_module!(std::alloc::System, std::alloc::System);
+#[cfg(test)]
+declare_module!(adapter::value::Counting, adapter::value::Counting);

@@ -1,7 +1,8 @@
 //! RL.DISTINCT against a real redis-server (its clock moved by the
 //! `TimeShift` shim): the documented behaviour, bad input, the box it trips
 //! (and that `RL.TAKE` then meets), the credential-stuffing pattern,
-//! replication and AOF replay.
+//! replication and AOF replay, and what a call replicates: the member it
+//! saw and the members it trimmed, not the set.
 
 mod common;
 
@@ -286,6 +287,67 @@ fn replicas_and_the_aof_hold_the_same_members() {
         "DUMP and PEXPIRETIME"
     );
     master.kill9();
+    master.restart();
+    assert_eq!(
+        snapshot(&mut master.client()),
+        on_master,
+        "after replaying the AOF"
+    );
+}
+
+#[test]
+fn a_call_replicates_its_member_not_the_set_and_replicas_end_with_the_same_bytes() {
+    let clock = TimeShift::new();
+    let master = Server::start_with(&clock.prefix(), AOF_EVERY_WRITE);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    let key = "login:{ip}";
+    for i in 0..150 {
+        clock.advance_ms(1);
+        decide(&mut con, &format!("RL.DISTINCT {key} subject-{i} 100 60"));
+    }
+    let whole = dump(&mut con, key).len();
+    assert!(whole > 1000, "101 members kept: a DUMP of {whole} bytes");
+    // A fixed pseudo-random sequence: members old and new, clock steps up
+    // to 2 s in a 60 s window (members leave it), now and then a window of
+    // 5 s (most leave at once), a PEEK, a box tripped above the limit.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let offset = || info_u64(&master, "replication", "master_repl_offset");
+    let mut largest = 0;
+    for _ in 0..300 {
+        clock.advance_ms(next(2000) as i64);
+        let member = next(400);
+        let window = if next(25) == 0 { 5 } else { 60 };
+        let option = match next(20) {
+            0 => " PEEK",
+            1 => " TRIP 1 1",
+            _ => "",
+        };
+        let before = offset();
+        decide(
+            &mut con,
+            &format!("RL.DISTINCT {key} subject-{member} 100 {window}{option}"),
+        );
+        largest = largest.max(offset() - before);
+    }
+    assert!(
+        largest < 200,
+        "at most {largest} replicated bytes per call (the set: {whole})"
+    );
+    wait_replica(&mut con, 1, 10_000);
+    let on_master = snapshot(&mut con);
+    assert!(on_master.contains_key(key), "{:?}", on_master.keys());
+    assert_eq!(
+        snapshot(&mut replica.client()),
+        on_master,
+        "DUMP and PEXPIRETIME"
+    );
     master.restart();
     assert_eq!(
         snapshot(&mut master.client()),

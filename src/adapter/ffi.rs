@@ -1,13 +1,18 @@
 //! What every part of the adapter needs to call Redis: the [`api!`] macro
 //! (a module API function pointer), the call context ([`Ctx`]) and argument
-//! ([`Arg`]) handles, [`guard`], and the calls shared by the commands, each
-//! wrapped once (the clock, the replies, keyspace events, the getkeys
-//! API). The calls that belong to one concern are made where it lives,
-//! through [`api!`] too: opening, reading and writing keys in
-//! [`super::key`], the type's callbacks and the value's memory in
-//! [`super::rtype`], replication in [`super::store`], registration in
-//! [`super::commands`] and [`super::init`], `INFO` in [`super::stats`].
-//! Every `unsafe` block, here and there, says why it is sound.
+//! ([`Arg`]) handles, [`guard`], and the calls shared by the commands and
+//! callbacks, each wrapped once here (the clock, the replies, keyspace
+//! events, the getkeys API). Not every raw call is here: the calls that
+//! belong to one concern are made where it lives, through [`api!`] too:
+//! the key handle (open, expiry, delete, close) in [`super::key`]; a key's
+//! value (read, set, replace) and the type's callbacks in
+//! [`super::value`], which alone reaches a value's memory; replication in
+//! [`super::store`]; registration in [`super::commands`] and
+//! [`super::init`]; `INFO` in [`super::stats`]. The API that older servers
+//! lack is read from its pointer, which may be null, where it is used
+//! (`RM_SetAbsExpire` in [`super::key`], the ACL and command-info calls in
+//! `commands/acl.rs`). Every `unsafe` block, here and there, says why it
+//! is sound.
 //!
 //! Every entry point from Redis into Rust goes through [`guard`] so that a
 //! panic can never unwind across the FFI boundary.
@@ -112,10 +117,16 @@ pub unsafe fn args<'a>(argv: *mut RStr, argc: c_int) -> &'a [Arg] {
     unsafe { std::slice::from_raw_parts(argv.cast::<Arg>(), len) }
 }
 
-/// The server clock in milliseconds since the epoch.
+/// The server clock in milliseconds since the epoch, read in a command.
 pub fn now_ms(_ctx: Ctx) -> i64 {
-    // SAFETY: takes no argument; the server's cached clock, readable on its
-    // main thread, where every command runs.
+    clock_ms()
+}
+
+/// The server clock in milliseconds since the epoch (in a command, a type
+/// callback, or between the calls that set an expiry).
+pub fn clock_ms() -> i64 {
+    // SAFETY: takes no argument; the server's clock, read on its main
+    // thread, where every command and type callback runs.
     unsafe { api!(RedisModule_Milliseconds)() }
 }
 

@@ -1,21 +1,16 @@
 //! An open key: what it holds, read once at open, and the one place a
 //! record is put into Redis ([`RlKey::store`]). A key whose record has a
 //! compact form keeps that in Redis (a bare bucket, a bucket with a
-//! penalty: see [`super::rtype`]); while the key is open its record is a
-//! copy beside it, written back by [`super::store::Call::commit`].
+//! penalty: see [`super::value`]); while the key is open its record is a
+//! copy beside it, written back by [`super::store::Call::commit`]. The
+//! value itself is reached only through [`super::value`]'s safe API.
 
-use std::cell::Cell;
-
-use std::ffi::c_void;
 use std::os::raw::{c_int, c_longlong};
 
 use redis_module::raw;
 
-use super::ffi::{api, Arg, Ctx};
-use super::rtype::{compact_value, free_value, from_raw, into_raw, rl_type, Stored};
-use crate::core::bucket::Bucket;
-use crate::core::packed::BucketWithPenalty;
-use crate::core::penalty::Penalty;
+use super::ffi::{api, clock_ms, Arg, Ctx};
+use super::value::{self, Holding, Lent, Value};
 use crate::core::record::Record;
 use crate::core::time::Millis;
 
@@ -37,12 +32,12 @@ pub enum Access {
 /// Invariants the `unsafe` blocks below rest on: `raw` is the handle
 /// `RM_OpenKey` returned in the running command's context (null for a
 /// missing key opened only to read), open until `drop`; `held` says what
-/// the key holds now, and a pointer in it is the key's value, which Redis
-/// owns and keeps while the key holds it. Nothing but this `RlKey` changes
-/// the key while the command runs (a command's keys are distinct: the
-/// parsers refuse a key given twice), and every write it makes updates
-/// `held`; so a pointer in `held` is valid, and borrowing `self` is the
-/// only way to reach what it points to.
+/// the key holds now, and the [`Lent`] in it is the key's value, which
+/// Redis owns and keeps while the key holds it. Nothing but this `RlKey`
+/// changes the key while the command runs (a command's keys are distinct:
+/// the parsers refuse a key given twice), and every write it makes updates
+/// `held`; so the `Lent` in `held` is valid, and borrowing `self` is the
+/// only way to reach it.
 pub struct RlKey {
     raw: *mut raw::RedisModuleKey,
     /// The key name as Redis gave it.
@@ -60,16 +55,13 @@ pub struct RlKey {
 }
 
 /// What an open key holds.
-#[derive(Clone, Copy)]
 enum Held {
     /// Nothing (no key, or the key could not be opened).
     Nothing,
-    /// An rl record, owned by Redis, read and changed where it lives.
-    Record(*mut Record),
-    /// A bare bucket, owned by Redis; the key's `local` record holds a copy.
-    Bucket(*mut Bucket),
-    /// A bucket with a penalty, owned by Redis; `local` holds a copy.
-    BucketWithPenalty(*mut BucketWithPenalty),
+    /// A value of the type, owned by Redis: a whole record is read and
+    /// changed where it lives; of a compact form, the key's `local` record
+    /// holds a copy.
+    Value(Lent),
     /// A record made in this call and not in Redis yet: the key's `local`.
     Pending,
     /// A value of another type.
@@ -86,13 +78,16 @@ impl RlKey {
         // SAFETY: `ctx` is the context of the running command and `name` a
         // string Redis passed to it; the handle is closed by `drop`.
         let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
-        let held = held_by(raw);
+        // SAFETY: the handle just opened, kept open by the key until
+        // `drop`; the `Lent` goes into `held` (the invariants of `RlKey`).
+        let held = Held::from(unsafe { value::held_by(raw) });
+        let local = copy_of_compact(&held);
         RlKey {
             raw,
             name,
             created: false,
             held,
-            local: copy_of_compact(held),
+            local,
         }
     }
 
@@ -104,42 +99,16 @@ impl RlKey {
 
     /// Keep `local`'s penalty allocation, if any, for the next key.
     fn recycle_local_penalty(&mut self) {
-        if let Some(spare) = self.local.penalty.take() {
-            SPARE_PENALTY.set(Some(spare));
-        }
-    }
-
-    /// Write `record` into the compact form the key holds, when it has that
-    /// form.
-    fn write_compact(&mut self, record: &Record) -> bool {
-        match self.held {
-            // SAFETY: `bare` is the key's value (the invariants of
-            // `RlKey`), reached only through `&mut self`.
-            Held::Bucket(bare) => match (record.bare_bucket(), unsafe { bare.as_mut() }) {
-                (Some(bucket), Some(bare)) => *bare = bucket,
-                _ => return false,
-            },
-            Held::BucketWithPenalty(both) => {
-                // SAFETY: as above.
-                match (BucketWithPenalty::of(record), unsafe { both.as_mut() }) {
-                    (Some(packed), Some(both)) => *both = packed,
-                    _ => return false,
-                }
-            }
-            Held::Nothing | Held::Record(_) | Held::Pending | Held::Other => return false,
-        }
-        true
+        value::recycle_penalty(&mut self.local);
     }
 
     /// The record held by the key: `None` when the key does not exist,
     /// `WrongType` when it holds another type.
     pub fn record(&self) -> Result<Option<&Record>, WrongType> {
-        match self.held {
+        match &self.held {
             Held::Nothing => Ok(None),
-            // SAFETY: `record` is the key's value (the invariants of
-            // `RlKey`); the borrow of `self` bounds the reference.
-            Held::Record(record) => Ok(unsafe { record.as_ref() }),
-            Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => Ok(Some(&self.local)),
+            Held::Value(lent) => Ok(Some(lent.get().record().unwrap_or(&self.local))),
+            Held::Pending => Ok(Some(&self.local)),
             Held::Other => Err(WrongType),
         }
     }
@@ -175,14 +144,13 @@ impl RlKey {
     /// is changed where it lives; a bare bucket or a new record is written
     /// back).
     pub fn record_mut(&mut self) -> Result<Option<&mut Record>, WrongType> {
-        match self.held {
+        match &mut self.held {
             Held::Nothing => Ok(None),
-            // SAFETY: `record` is the key's value (the invariants of
-            // `RlKey`), reached only through this `&mut self`.
-            Held::Record(record) => Ok(unsafe { record.as_mut() }),
-            Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => {
-                Ok(Some(&mut self.local))
-            }
+            Held::Value(lent) => Ok(Some(match lent.get_mut().record_mut() {
+                Some(record) => record,
+                None => &mut self.local,
+            })),
+            Held::Pending => Ok(Some(&mut self.local)),
             Held::Other => Err(WrongType),
         }
     }
@@ -213,74 +181,58 @@ impl RlKey {
     /// type too). Nothing is replicated: [`super::store::Call::commit`]
     /// the key before the command ends.
     pub fn store(&mut self, record: Record) {
-        match self.held {
-            Held::Record(existing) => {
-                // SAFETY: `existing` is the key's value (the invariants of
-                // `RlKey`), reached only through `&mut self`.
-                if let Some(existing) = unsafe { existing.as_mut() } {
-                    *existing = record;
-                    return;
-                }
-            }
-            Held::Bucket(_) | Held::BucketWithPenalty(_) => {
-                if self.write_compact(&record) {
-                    self.set_local(record);
+        let record = match &mut self.held {
+            Held::Value(lent) => match lent.write(record) {
+                Ok(kept) => {
+                    if let Some(kept) = kept {
+                        self.set_local(kept);
+                    }
                     return;
                 }
                 // Another form now: it replaces the one the key holds.
-                let (value, kept) = value_of(record);
-                let mut old = std::ptr::null_mut();
-                // SAFETY: the key holds a value of ours, so `self.raw` is an
-                // open, non-null handle; `value` is a fresh value of the
-                // type, `old` a place for the one it replaces.
-                let replaced = unsafe {
-                    api!(RedisModule_ModuleTypeReplaceValue)(self.raw, rl_type(), value, &mut old)
-                };
-                // Ours to free: the value Redis gave back, or the one it
-                // did not take.
-                if replaced == raw::REDISMODULE_OK as c_int {
-                    // SAFETY: Redis gave `old` back: a value of ours that
-                    // nothing owns anymore (`held` is updated next).
-                    unsafe { free_value(old) };
-                    self.adopt(value, kept);
-                } else {
-                    // SAFETY: Redis did not take `value`: still only ours.
-                    unsafe { free_value(value) };
-                    self.set_local(copy_of_compact(self.held));
+                Err(record) => {
+                    let (new, kept) = Value::of(record);
+                    // SAFETY: the key holds a value of ours, so `self.raw`
+                    // is an open, non-null handle; the `Lent` of the old
+                    // value in `held` is replaced next, unused.
+                    let lent = unsafe { value::replace(self.raw, new) };
+                    self.adopt(lent, kept);
+                    return;
                 }
-                return;
+            },
+            Held::Nothing | Held::Pending => {
+                self.created = true;
+                record
             }
-            Held::Nothing | Held::Pending => self.created = true,
-            Held::Other => {}
-        }
-        let (value, kept) = value_of(record);
-        let set = if self.raw.is_null() {
-            raw::REDISMODULE_ERR as c_int
-        } else {
-            // SAFETY: `self.raw` is an open, non-null handle (Redis refuses
-            // the value if it is not open for writing); `value` is a fresh
-            // value of the registered type.
-            unsafe { api!(RedisModule_ModuleTypeSetValue)(self.raw, rl_type(), value) }
+            Held::Other => record,
         };
-        if set == raw::REDISMODULE_OK as c_int {
-            self.adopt(value, kept);
+        let (new, kept) = Value::of(record);
+        let lent = if self.raw.is_null() {
+            None
         } else {
-            // SAFETY: not taken (a key not open for writing): `value` is
-            // still only ours.
-            unsafe { free_value(value) };
-            self.held = held_by(self.raw);
-            self.set_local(copy_of_compact(self.held));
-        }
+            // SAFETY: `self.raw` is an open, non-null handle, holding no
+            // value of ours (`held` says so).
+            unsafe { value::set(self.raw, new) }
+        };
+        self.adopt(lent, kept);
     }
 
-    /// Hold `value`, just put in the key; `kept` is the record of a compact
+    /// Hold `lent`, just put in the key (`None`: Redis did not take it, and
+    /// the key holds what it held); `kept` is the record of a compact
     /// value (its copy beside the key).
-    fn adopt(&mut self, value: *mut c_void, kept: Option<Record>) {
-        // SAFETY: `value` came from `value_of` and the key now holds it.
-        self.held = held_as(unsafe { from_raw(value) });
+    fn adopt(&mut self, lent: Option<Lent>, kept: Option<Record>) {
+        let Some(lent) = lent else {
+            // SAFETY: `self.raw` is null or open; the `Lent` goes into
+            // `held` (the invariants of `RlKey`).
+            self.held = Held::from(unsafe { value::held_by(self.raw) });
+            let local = copy_of_compact(&self.held);
+            self.set_local(local);
+            return;
+        };
+        self.held = Held::Value(lent);
         let local = match kept {
             Some(record) => record,
-            None => copy_of_compact(self.held),
+            None => copy_of_compact(&self.held),
         };
         self.set_local(local);
     }
@@ -288,12 +240,14 @@ impl RlKey {
     /// Put a record changed beside the key (a compact form's, a new one's)
     /// in Redis; a record in Redis was changed where it lives.
     pub fn write_back(&mut self) {
-        match self.held {
-            Held::Bucket(_) | Held::BucketWithPenalty(_) | Held::Pending => {
+        let compact = |lent: &Lent| lent.get().record().is_none();
+        match &self.held {
+            Held::Value(lent) if !compact(lent) => {}
+            Held::Value(_) | Held::Pending => {
                 let record = std::mem::take(&mut self.local);
                 self.store(record);
             }
-            Held::Nothing | Held::Record(_) | Held::Other => {}
+            Held::Nothing | Held::Other => {}
         }
     }
 
@@ -315,15 +269,12 @@ impl RlKey {
             unsafe { set_abs(self.raw, at) };
             return true;
         }
-        let clock = api!(RedisModule_Milliseconds);
         let set = api!(RedisModule_SetExpire);
         for _ in 0..8 {
-            // SAFETY: takes no argument.
-            let before = unsafe { clock() };
+            let before = clock_ms();
             // SAFETY: `self.raw` is an open, non-null key handle.
             unsafe { set(self.raw, at.saturating_sub(before).max(0)) };
-            // SAFETY: takes no argument.
-            if unsafe { clock() } == before {
+            if clock_ms() == before {
                 return at > before;
             }
         }
@@ -397,86 +348,22 @@ impl RlKey {
     }
 }
 
-/// What the open key `raw` holds (null: nothing).
-fn held_by(raw: *mut raw::RedisModuleKey) -> Held {
-    if raw.is_null() {
-        return Held::Nothing;
-    }
-    // SAFETY: `raw` is an open, non-null key handle.
-    let kind = unsafe { api!(RedisModule_KeyType)(raw) } as isize;
-    if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-        return Held::Nothing;
-    }
-    if kind != raw::REDISMODULE_KEYTYPE_MODULE
-        // SAFETY: as above, a key holding a module value.
-        || unsafe { api!(RedisModule_ModuleTypeGetType)(raw) } != rl_type()
-    {
-        return Held::Other;
-    }
-    // SAFETY: as above, a key holding a value of our type.
-    let value = unsafe { api!(RedisModule_ModuleTypeGetValue)(raw) };
-    // SAFETY: a value of our type is made by `into_raw`/`compact_value`
-    // (every path that puts one in Redis), and the key owns it.
-    held_as(unsafe { from_raw(value) })
-}
-
-/// `record` as a type value, and the record itself when the value is its
-/// compact form (for the key to keep beside it).
-fn value_of(record: Record) -> (*mut c_void, Option<Record>) {
-    match compact_value(&record) {
-        Some(compact) => (compact, Some(record)),
-        None => (into_raw(record), None),
+impl From<Holding> for Held {
+    fn from(holding: Holding) -> Held {
+        match holding {
+            Holding::Nothing => Held::Nothing,
+            Holding::Ours(lent) => Held::Value(lent),
+            Holding::Other => Held::Other,
+        }
     }
 }
 
 /// The record a key holding `held` keeps beside it: a copy of its compact
 /// form, or nothing.
-fn copy_of_compact(held: Held) -> Record {
+fn copy_of_compact(held: &Held) -> Record {
     match held {
-        // SAFETY: the pointer is the value of the key that holds `held`
-        // (the invariants of `RlKey`), read to copy it.
-        Held::Bucket(bucket) => match unsafe { bucket.as_ref() } {
-            Some(bucket) => Record::with_bucket(*bucket),
-            None => Record::default(),
-        },
-        // SAFETY: as above.
-        Held::BucketWithPenalty(both) => match unsafe { both.as_ref() } {
-            Some(both) => {
-                let mut record = Record::with_bucket(both.bucket);
-                record.penalty = Some(boxed_penalty(both.penalty.unpack()));
-                record
-            }
-            None => Record::default(),
-        },
-        Held::Nothing | Held::Record(_) | Held::Pending | Held::Other => Record::default(),
-    }
-}
-
-/// What a key holding `stored` holds.
-fn held_as(stored: Option<Stored>) -> Held {
-    match stored {
-        Some(Stored::Record(record)) => Held::Record(record),
-        Some(Stored::Bucket(bucket)) => Held::Bucket(bucket),
-        Some(Stored::BucketWithPenalty(both)) => Held::BucketWithPenalty(both),
-        None => Held::Nothing,
-    }
-}
-
-thread_local! {
-    /// One penalty allocation kept from the last key that held a bucket
-    /// with a penalty, for the next (the server runs commands on one
-    /// thread): opening such a key then allocates nothing.
-    static SPARE_PENALTY: Cell<Option<Box<Penalty>>> = const { Cell::new(None) };
-}
-
-/// `penalty` boxed, in the spare allocation when there is one.
-fn boxed_penalty(penalty: Penalty) -> Box<Penalty> {
-    match SPARE_PENALTY.take() {
-        Some(mut spare) => {
-            *spare = penalty;
-            spare
-        }
-        None => Box::new(penalty),
+        Held::Value(lent) => lent.get().compact_record().unwrap_or_default(),
+        Held::Nothing | Held::Pending | Held::Other => Record::default(),
     }
 }
 

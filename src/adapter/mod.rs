@@ -8,9 +8,9 @@ pub mod ffi;
 pub mod key;
 pub mod regions;
 pub mod reply;
-pub mod rtype;
 pub mod stats;
 pub mod store;
+pub mod value;
 
 use redis_module::{raw, Context, RedisString, Status};
 
@@ -34,7 +34,7 @@ pub fn init(ctx: &Context, _args: &[RedisString]) -> Status {
             api!(RedisModule_SetModuleOptions)(raw_ctx, options as i32);
             api!(RedisModule_RegisterInfoFunc)(raw_ctx, Some(stats::info));
         }
-        rtype::register(rl_ctx) && commands::register(rl_ctx)
+        value::rtype::register(rl_ctx) && commands::register(rl_ctx)
     });
     if ok {
         Status::Ok

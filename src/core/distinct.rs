@@ -42,6 +42,11 @@ use super::penalty::{ActiveBox, Penalty, MANUAL};
 use super::time::{after, Millis};
 use super::window::fnv1a_64;
 
+mod change;
+
+pub use change::DistinctChange;
+use change::DistinctEdit;
+
 /// The 64-bit hash a member is kept as: FNV-1a 64 of the member's bytes
 /// (offset basis `0xcbf29ce484222325`, prime `0x100000001b3`, the hash
 /// of window offsets). A fixed function, never a randomized hasher, so a master, its
@@ -98,7 +103,7 @@ pub struct DistinctEffects {
 ///
 /// Encoded as `[window_ms, [[hash, seen], ...]]`, the pairs in increasing
 /// hash order (the only order a payload may have).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct DistinctState {
     /// The window of the latest write: what retention counts with.
     window_ms: u64,
@@ -106,7 +111,19 @@ pub struct DistinctState {
     by_member: BTreeMap<u64, Millis>,
     /// `(seen, hash)` of each member: the oldest first.
     by_time: BTreeSet<(Millis, u64)>,
+    /// How the set changed since it was last committed.
+    edit: DistinctEdit,
 }
+
+/// Equal when they hold the same window and members (the index follows;
+/// the edit is bookkeeping).
+impl PartialEq for DistinctState {
+    fn eq(&self, other: &DistinctState) -> bool {
+        self.window_ms == other.window_ms && self.by_member == other.by_member
+    }
+}
+
+impl Eq for DistinctState {}
 
 impl DistinctState {
     /// An empty set for windows of `window_ms` (never stored empty).
@@ -115,6 +132,7 @@ impl DistinctState {
             window_ms,
             by_member: BTreeMap::new(),
             by_time: BTreeSet::new(),
+            edit: DistinctEdit::Whole,
         }
     }
 
@@ -145,13 +163,18 @@ impl DistinctState {
         self.by_time.insert((seen, hash));
     }
 
-    fn remove_oldest_other_than(&mut self, keep: u64) -> bool {
-        let Some(&(seen, hash)) = self.by_time.iter().find(|&&(_, h)| h != keep) else {
-            return false;
-        };
+    fn remove(&mut self, hash: u64) {
+        if let Some(seen) = self.by_member.remove(&hash) {
+            self.by_time.remove(&(seen, hash));
+        }
+    }
+
+    /// Remove the oldest member other than `keep`; its hash.
+    fn remove_oldest_other_than(&mut self, keep: u64) -> Option<u64> {
+        let &(seen, hash) = self.by_time.iter().find(|&&(_, h)| h != keep)?;
         self.by_time.remove(&(seen, hash));
         self.by_member.remove(&hash);
-        true
+        Some(hash)
     }
 
     /// Drop the members seen at or before `cutoff` (they no longer count).
@@ -231,7 +254,20 @@ pub fn record(state: &mut DistinctState, d: &Distinct, member: u64, now: Millis)
     let keep = usize::try_from(d.limit)
         .unwrap_or(usize::MAX)
         .saturating_add(1);
-    while state.len() > keep && state.remove_oldest_other_than(member) {}
+    let mut trimmed = Vec::new();
+    while state.len() > keep {
+        match state.remove_oldest_other_than(member) {
+            Some(hash) => trimmed.push(hash),
+            None => break,
+        }
+    }
+    let change = DistinctChange {
+        window_ms: d.window_ms,
+        member,
+        seen: at,
+        trimmed,
+    };
+    state.edit = std::mem::take(&mut state.edit).then(change);
     let oldest = state.by_time.first().map_or(at, |&(s, _)| s);
     reading(d, state.len() as u64, oldest, now)
 }
@@ -306,6 +342,10 @@ impl Part for DistinctState {
 
     fn heap_bytes(&self, _allocated: &dyn Fn(*const u8) -> usize) -> usize {
         self.len() * HEAP_BYTES_PER_MEMBER
+    }
+
+    fn mark_committed(&mut self) {
+        DistinctState::mark_committed(self);
     }
 }
 

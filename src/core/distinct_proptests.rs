@@ -3,13 +3,18 @@
 //! moving forward, members from a small alphabet so they repeat), the
 //! decision agrees with the model's counted set (the member plus the
 //! `limit` most recent other members that still count), `PEEK` changes
-//! nothing, and a key never keeps more than `limit + 1` members.
+//! nothing, and a key never keeps more than `limit + 1` members. And the
+//! replication of a recording call: its patch carries only the member and
+//! what was trimmed, and replayed on the replica's record (the master's
+//! before the call) gives the master's bytes.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
 use super::distinct::{decide, member_hash, Distinct, DistinctCall, DistinctState};
+use super::patch::{decode_patch, encode_patch_append};
+use super::record::Holds;
 use super::testkit::{config, decode, encode, Millis, Penalty, Record, Status, T0};
 
 /// The model: last sighting of every member recorded.
@@ -107,6 +112,54 @@ proptest! {
             record.set_part(Some(state));
             let back = decode(&encode(&record)).expect("decodes");
             prop_assert_eq!(back, record);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn a_recording_call_replicates_its_change_to_the_same_bytes(
+        calls in prop::collection::vec((1u64..6, 1u64..3_000, step()), 1..60),
+    ) {
+        // The master's record as committed, and the replica's copy.
+        let mut master = Record::default();
+        let mut replica = Record::default();
+        let mut penalty = Penalty::default();
+        let mut now = T0;
+        for (limit, window_ms, (dt, m, peek)) in calls {
+            now += dt;
+            let call = DistinctCall {
+                distinct: Distinct { limit, window_ms },
+                member: member_hash(&[m]),
+                peek,
+                trip: None,
+            };
+            let existed = master.part::<Box<DistinctState>>().is_some();
+            let mut fresh = None;
+            let slot = Holds::<Box<DistinctState>>::slot(&mut master).unwrap_or(&mut fresh);
+            let (_, fx) = decide(slot, &mut penalty, &call, now);
+            if !fx.state {
+                continue;
+            }
+            if let Some(state) = fresh {
+                master.set_part(Some(state));
+            }
+            // What `Call::commit` does with a key it did not create.
+            master.prune(now);
+            let plan = master.patch_plan(now);
+            prop_assert_eq!(plan.distinct.is_some(), existed, "a change once the set exists");
+            let mut bytes = Vec::new();
+            encode_patch_append(&master, &plan, now, &mut bytes);
+            master.clear_touched();
+            if existed {
+                let trimmed = plan.distinct.as_ref().map_or(0, |c| c.trimmed.len());
+                prop_assert!(bytes.len() <= 48 + 9 * trimmed, "{} bytes", bytes.len());
+            }
+            let patch = decode_patch(&bytes, now).map_err(|e| TestCaseError::fail(format!("{e:?}")))?;
+            replica = patch.apply_onto(replica);
+            prop_assert_eq!(encode(&replica), encode(&master), "at +{}", now - T0);
         }
     }
 }

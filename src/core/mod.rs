@@ -42,4 +42,4 @@ mod shaping_proptests;
 #[cfg(test)]
 mod take_proptests;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;

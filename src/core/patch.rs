@@ -9,17 +9,22 @@
 //! unchanged, part..., (charge)]`: the payload version whose parts follow,
 //! the master's time of the call (ms), the mask of unchanged parts (bit
 //! `i`: the `i`-th part in encoding order), then every part of that version
-//! in encoding order, an unchanged one as nil, and last, only when the call
-//! did nothing to an exact log but charge it at `now`, that log's
-//! [`LogCharge`], the points of its entry at `now` (the log is then
-//! marked unchanged). So
-//! an `RL.WINDOW ... EXACT` call replicates a few bytes per key however
-//! long its log. Only canonical bytes decode.
+//! in encoding order, an unchanged one as nil, and last the edits the
+//! replica redoes on a part marked unchanged, in this order, each only
+//! when it or a later one is there (nil when absent): the [`LogCharge`]
+//! of an exact log the call did nothing to but charge at `now` (the points
+//! of its entry at `now`), the [`LeaseChange`](super::lease::LeaseChange)
+//! of a lease set in which one lease changed, the
+//! [`DistinctChange`](super::distinct::DistinctChange) of a member set one
+//! `RL.DISTINCT` call recorded in. So an `RL.WINDOW ... EXACT`, `RL.LEASE` or
+//! `RL.DISTINCT` call replicates a few bytes per key however large its
+//! part. Only canonical bytes decode.
 //!
 //! Applying it ([`Patch::apply_onto`]): the sent parts replace the base's,
 //! the unchanged parts come from the base, a log charge is redone on the
 //! base's log (its dead entries dropped at `now`, its entry at `now` made
-//! to hold the points sent: what the master did), then the record is pruned at the
+//! to hold the points sent: what the master did), a lease or member-set
+//! change is redone on the base's set, then the record is pruned at the
 //! master's `now` (the master pruned the unchanged parts at that time
 //! before it encoded, and pruning is deterministic), so a replica holding
 //! the master's previous state ends with exactly the master's bytes. A
@@ -31,6 +36,7 @@
 
 use serde::{Serialize, Serializer};
 
+use super::distinct::DistinctState;
 use super::lease::Leases;
 use super::part::{within_reach, MAX_AHEAD_MS, MAX_COUNT};
 use super::patch_plan::{LogCharge, PatchPlan};
@@ -110,10 +116,15 @@ pub fn decode_patch(bytes: &[u8], server_now: Millis) -> Result<Patch, CodecErro
             && change.deadline.is_none_or(|d| within_reach(d, server_now))
             && kept(Record::LEASES_INDEX)
     });
+    let distinct_ok = plan
+        .distinct
+        .as_ref()
+        .is_none_or(|change| change.is_plausible(server_now) && kept(Record::DISTINCT_INDEX));
     let plausible_now = now >= 0 && now <= server_now.saturating_add(MAX_AHEAD_MS as Millis);
     if !within
         || !log_ok
         || !lease_ok
+        || !distinct_ok
         || !plausible_now
         || canonical != bytes
         || !sent.is_valid()
@@ -142,8 +153,10 @@ impl Record {
     /// What a patch of this record (pruned at the call's `now`, not new to
     /// the replica) may leave to the replica: the parts not reached, an
     /// exact log that was only charged at `now` (its new entry is all the
-    /// patch carries, [`LogCharge`]), and a lease set in which one lease
-    /// changed ([`LeaseChange`](super::lease::LeaseChange)).
+    /// patch carries, [`LogCharge`]), a lease set in which one lease
+    /// changed ([`LeaseChange`](super::lease::LeaseChange)), and a member
+    /// set one call recorded in
+    /// ([`DistinctChange`](super::distinct::DistinctChange)).
     pub fn patch_plan(&self, now: Millis) -> PatchPlan {
         let mut unchanged = self.untouched_present();
         let log = match self.part::<WindowState>() {
@@ -157,10 +170,18 @@ impl Record {
         if lease.is_some() {
             unchanged.insert(Record::LEASES_INDEX as u32);
         }
+        let distinct = self
+            .part::<Box<DistinctState>>()
+            .and_then(|set| set.change())
+            .cloned();
+        if distinct.is_some() {
+            unchanged.insert(Record::DISTINCT_INDEX as u32);
+        }
         PatchPlan {
             unchanged,
             log,
             lease,
+            distinct,
         }
     }
 
@@ -175,6 +196,11 @@ impl Record {
         if let Some(change) = &plan.lease {
             if let Some(Some(leases)) = Holds::<Box<Leases>>::slot(self) {
                 leases.replay(change);
+            }
+        }
+        if let Some(change) = &plan.distinct {
+            if let Some(Some(set)) = Holds::<Box<DistinctState>>::slot(self) {
+                set.replay(change, now);
             }
         }
     }

@@ -1,7 +1,9 @@
 //! What a patch ([`super::patch`]) leaves to the replica: the parts it
 //! keeps as they are, and the one edit it redoes on a large part (a log
-//! charge, a lease change) instead of receiving the part.
+//! charge, a lease change, a member set's change) instead of receiving
+//! the part.
 
+use super::distinct::DistinctChange;
 use super::lease::LeaseChange;
 use super::part::PartMask;
 
@@ -16,6 +18,9 @@ pub struct PatchPlan {
     /// The one lease to set or remove in the replica's set (its part
     /// unchanged).
     pub lease: Option<LeaseChange>,
+    /// The one `RL.DISTINCT` call to redo on the replica's member set (its
+    /// part unchanged).
+    pub distinct: Option<DistinctChange>,
 }
 
 /// The one entry an exact log gained in a call that only charged it (its

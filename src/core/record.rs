@@ -12,7 +12,7 @@ use serde::ser::SerializeTuple;
 use serde::{Deserializer, Serializer};
 
 use super::bucket::Bucket;
-use super::distinct::DistinctState;
+use super::distinct::{DistinctChange, DistinctState};
 use super::lease::{LeaseChange, Leases};
 use super::part::{Part, PartMask};
 use super::patch_plan::{LogCharge, PatchPlan};
@@ -264,7 +264,11 @@ macro_rules! parts {
                 serializer: S,
             ) -> Result<S::Ok, S::Error> {
                 let unchanged = plan.unchanged;
-                let edits = if plan.lease.is_some() {
+                // The edits in order (log, lease, member set), up to the
+                // last one there, the others before it as nil.
+                let edits = if plan.distinct.is_some() {
+                    3
+                } else if plan.lease.is_some() {
                     2
                 } else {
                     usize::from(plan.log.is_some())
@@ -285,8 +289,11 @@ macro_rules! parts {
                 if edits > 0 {
                     fields.serialize_element(&plan.log)?;
                 }
-                if let Some(lease) = &plan.lease {
-                    fields.serialize_element(lease)?;
+                if edits > 1 {
+                    fields.serialize_element(&plan.lease)?;
+                }
+                if let Some(distinct) = &plan.distinct {
+                    fields.serialize_element(distinct)?;
                 }
                 fields.end()
             }
@@ -315,12 +322,13 @@ macro_rules! parts {
                             Holds::<$oty>::set(&mut record, part);
                         })*
                         let log = seq.next_element::<Option<LogCharge>>()?.flatten();
-                        let lease = seq.next_element::<LeaseChange>()?;
+                        let lease = seq.next_element::<Option<LeaseChange>>()?.flatten();
+                        let distinct = seq.next_element::<DistinctChange>()?;
                         if seq.next_element::<de::IgnoredAny>()?.is_some() {
                             return Err(de::Error::custom("more parts than the version has"));
                         }
                         record.clear_touched();
-                        let plan = PatchPlan { unchanged, log, lease };
+                        let plan = PatchPlan { unchanged, log, lease, distinct };
                         Ok((version, now, plan, record))
                     }
                 }
@@ -509,6 +517,9 @@ impl Record {
 
     /// The leases part's position in encoding order.
     pub(crate) const LEASES_INDEX: usize = PartIndex::leases as usize;
+
+    /// The member set's position in encoding order.
+    pub(crate) const DISTINCT_INDEX: usize = PartIndex::distinct as usize;
 
     fn drop_empty_others(&mut self) {
         if self.others.as_deref().is_some_and(Others::is_empty) {

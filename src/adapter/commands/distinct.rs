@@ -58,8 +58,9 @@ pub fn parse<A: AsRef<[u8]>>(args: &[A]) -> Result<DistinctCall, ArgError> {
 }
 
 /// Run `RL.DISTINCT`: decide on the key's members where its record keeps
-/// them, commit what changed (the whole members part is replicated), and
-/// count the outcome.
+/// them, commit what changed (a key's set, once replicated whole, then
+/// replicates each call's member and the members it trimmed), and count
+/// the outcome.
 pub fn run(ctx: Ctx, args: &[Arg]) -> c_int {
     let call_args = match parse(args) {
         Ok(parsed) => parsed,
