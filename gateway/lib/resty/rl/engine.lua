@@ -363,11 +363,11 @@ function Engine:access(req)
     end
     local route = state.route
     hotpath.each(self.soft_rules, strip_mark, req)
-    if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
+    if ident.refused or (conf.identity.required and not ident.authenticated and not route.public
         and not ident.store_failed) then
         return answer.refuse_plain(conf, req, state, 401, "unauthenticated", "unauthenticated",
-            ident.revoked and "This API key is revoked."
-            or ident.ambiguous_key and "Send one API key: the "
+            ident.refused == "revoked" and "This API key is revoked."
+            or ident.refused == "ambiguous" and "Send one API key: the "
                 .. conf.identity.api_key.header .. " header came more than once."
             or conf.identity.unauthenticated_detail or "Send valid credentials.")
     end

@@ -289,9 +289,10 @@ local function key_attrs(e)
              user = e.user, ip = nil, route = nil, subject = nil }
 end
 
---- The caller of a request: {attrs, tier_data, overrides, authenticated,
---- revoked, ambiguous_key (the API key header repeated), bad_key, claims
---- (false without a JWT)}, or nil and an error when the identity store
+--- The caller of a request: {attrs, tier_data, overrides, record (the API
+--- key's, or false), authenticated, refused (why the API key is refused:
+--- "revoked", "unknown", "ambiguous" when its header came more than once;
+--- false), claims (false without a JWT)}, or nil and an error when the identity store
 --- failed.
 function _M.resolve(conf, req)
     local id = conf.identity
@@ -312,11 +313,9 @@ function _M.resolve(conf, req)
         end
     end
     local attrs = key_attrs(record)
-    -- one constructor with every field (see resty.rl.phases.start)
+    -- one constructor with every field, at most 8 (see resty.rl.phases.start)
     local ident = { attrs = attrs, overrides = NONE, tier_data = NONE, record = record or false,
-                    authenticated = record ~= nil, revoked = refused == "revoked",
-                    ambiguous_key = refused == "ambiguous", bad_key = refused ~= nil,
-                    claims = false }
+                    authenticated = record ~= nil, refused = refused or false, claims = false }
     if id.jwt then
         local claims = _M.jwt_claims(id.jwt, req)
         if claims then
