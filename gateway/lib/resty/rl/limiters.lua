@@ -125,7 +125,9 @@ local function bad_reply(raw)
 end
 
 -- A rate outcome from an 8-integer reply (resty.rl.commands.decode's
--- fields, read from the reply itself: no decoded table per request).
+-- fields, read from the reply itself: no decoded table per request); its
+-- own binding, as resty.rl.allowance's: one table (of at most 16 fields)
+-- per entry and request.
 local function rate_outcome(e, raw)
     if not commands.is_rate_reply(raw) then
         return nil, bad_reply(raw)
@@ -136,20 +138,21 @@ local function rate_outcome(e, raw)
     local out = {
         state = status == 1 and "allowed" or status == 2 and "delayed"
             or status == 0 and "refused" or "boxed",
-        strikes = none(raw[7]), level = raw[6],
-        binding = { name = b == 0 and e.name or e.also_names[b], limit = raw[2],
-                    remaining = remaining, reset_ms = reset_ms,
-                    window = window_of(kind, bp), unit = e.rule.unit, clamp = kind ~= "bucket" },
+        strikes = none(raw[7]), level = raw[6], retry_ms = nil, binding = false,
+        name = b == 0 and e.name or e.also_names[b], limit = raw[2], remaining = remaining,
+        reset_ms = reset_ms, window = window_of(kind, bp), unit = e.rule.unit,
+        clamp = kind ~= "bucket",
     }
+    out.binding = out
     if status == 1 then
         if e.probe and remaining < e.cost then
             -- count = failures: no failure left; the window frees at the latest by its reset
-            out.state, out.retry_ms = "refused", math.min(reset_ms or 0, out.binding.window * 1000)
+            out.state, out.retry_ms = "refused", math.min(reset_ms or 0, out.window * 1000)
         end
     else
         out.retry_ms = none(raw[5])
         if out.state == "boxed" then
-            out.binding.remaining, out.binding.boxed = 0, true
+            out.remaining, out.boxed = 0, true
         end
     end
     return out
