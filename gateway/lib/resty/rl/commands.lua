@@ -43,6 +43,22 @@ local function none(v)
     end
     return v
 end
+_M.none = none
+
+--- True when `res` is the module's 8-integer limiter reply (RL.TAKE,
+--- RL.WINDOW, RL.QUOTA): read where it is (resty.rl.limiters' outcome,
+--- without a decoded table per request) or through decode.
+function _M.is_rate_reply(res)
+    if type(res) ~= "table" or #res ~= 8 then
+        return false
+    end
+    for i = 1, 8 do
+        if type(res[i]) ~= "number" then
+            return false
+        end
+    end
+    return true
+end
 
 --- The one decoder of the module's 8-integer limiter reply (RL.TAKE,
 --- RL.WINDOW, RL.QUOTA): a table of named fields, or nil when `res` is not
@@ -51,13 +67,8 @@ end
 --- strikes_remaining -1 (no STRIKES); reset_ms -1 (a manual box) too.
 --- `binding` is the 0-based index of the bucket the reply describes.
 function _M.decode(res)
-    if type(res) ~= "table" or #res ~= 8 then
+    if not _M.is_rate_reply(res) then
         return nil
-    end
-    for i = 1, 8 do
-        if type(res[i]) ~= "number" then
-            return nil
-        end
     end
     return {
         status = res[1],

@@ -240,11 +240,50 @@ local function add_entry(rule, _, conf, req, state)
     end
 end
 
+-- Adds command `cmd` of entry `e` (state.entries[i]) to state.cmds and
+-- `e` to state.sent, without a list of the request's own while they need
+-- none: a lone shared command's one-command list (resty.rl.limiters
+-- .command_of: its `alone`), and state.entries itself while every entry
+-- so far is sent (sent_entries trims it after the last); each is copied
+-- into a list of the request's own before it would differ.
+local function add_sent(state, e, i, cmd)
+    local cmds, sent, entries = state.cmds, state.sent, state.entries
+    if not cmds then
+        state.cmds = cmd.alone or { cmd }
+        state.sent = i == 1 and entries or { e }
+        return
+    end
+    local n = #cmds
+    if cmds == cmds[1].alone then
+        cmds = { cmds[1] }
+        state.cmds = cmds
+    end
+    cmds[n + 1] = cmd
+    if sent == entries and i ~= n + 1 then
+        sent = { unpack(entries, 1, n) }
+        state.sent = sent
+    end
+    if sent ~= entries then
+        sent[n + 1] = e
+    end
+end
+
+-- The entries sent (after every plan): state.entries itself only when
+-- all of them were sent.
+local function sent_entries(state)
+    local cmds, sent = state.cmds, state.sent
+    if sent == state.entries and #cmds < #sent then
+        sent = { unpack(sent, 1, #cmds) }
+        state.sent = sent
+    end
+    return sent
+end
+
 -- Step 4, before the round trip: entry `e` decided here (above its
 -- capacity it never fits; or spent from the node's allowance), else its
--- command added to state.cmds and the entry to state.sent (made on
--- first use: an allowance spent locally needs neither).
-local function plan(e, _, conf, state)
+-- command added to state.cmds and the entry to state.sent (add_sent: an
+-- allowance spent locally needs neither).
+local function plan(e, i, conf, state)
     local kind = limiters.KINDS[e.params.kind]
     if e.params.kind ~= "lease" and e.cost > limiters.capacity(e) then
         -- above the capacity: it never fits (the module would refuse the call)
@@ -255,11 +294,6 @@ local function plan(e, _, conf, state)
         -- spent from the node's allowance: no Redis call
         return
     else
-        local cmds, sent = state.cmds, state.sent
-        if not cmds then
-            cmds, sent = {}, {}
-            state.cmds, state.sent = cmds, sent
-        end
         -- the request id only for a lease (nginx makes it on first read:
         -- about 7,000 instructions of random bytes)
         local lease = e.params.kind == "lease"
@@ -271,8 +305,7 @@ local function plan(e, _, conf, state)
         else
             cmd = limiters.command_of(e, e.probe and 0 or e.cost)
         end
-        cmds[#cmds + 1] = cmd
-        sent[#sent + 1] = e
+        add_sent(state, e, i, cmd)
         if lease then
             -- recorded before the call: a timed-out ACQUIRE may have been granted
             phases.add_lease(state, { key = e.key, id = state.request_id })
@@ -330,11 +363,11 @@ function Engine:access(req)
     end
     local route = state.route
     hotpath.each(self.soft_rules, strip_mark, req)
-    if ident.bad_key or (conf.identity.required and not ident.authenticated and not route.public
+    if ident.refused or (conf.identity.required and not ident.authenticated and not route.public
         and not ident.store_failed) then
         return answer.refuse_plain(conf, req, state, 401, "unauthenticated", "unauthenticated",
-            ident.revoked and "This API key is revoked."
-            or ident.ambiguous_key and "Send one API key: the "
+            ident.refused == "revoked" and "This API key is revoked."
+            or ident.refused == "ambiguous" and "Send one API key: the "
                 .. conf.identity.api_key.header .. " header came more than once."
             or conf.identity.unauthenticated_detail or "Send valid credentials.")
     end
@@ -382,7 +415,8 @@ function Engine:access(req)
     end
     hotpath.split_trace()
     hotpath.each(entries, plan, conf, state)
-    local cmds, sent = state.cmds or NONE, state.sent or NONE
+    local cmds = state.cmds or NONE
+    local sent = cmds ~= NONE and sent_entries(state) or NONE
     if #cmds > 0 then
         -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
         local res

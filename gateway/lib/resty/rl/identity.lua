@@ -23,6 +23,7 @@ local connection = require "resty.rl.connection"
 local request = require "resty.rl.request"
 local jws = require "resty.rl.jws"
 local hotpath = require "resty.rl.hotpath"
+local memo = require "resty.rl.memo"
 local new_table = hotpath.new_table
 
 local _M = {}
@@ -289,10 +290,34 @@ local function key_attrs(e)
              user = e.user, ip = nil, route = nil, subject = nil }
 end
 
---- The caller of a request: {attrs, tier_data, overrides, authenticated,
---- revoked, ambiguous_key (the API key header repeated), bad_key, claims
---- (false without a JWT)}, or nil and an error when the identity store
---- failed.
+-- The caller's tier (the default one when it has none the policy knows)
+-- and its data.
+local function with_tier(conf, ident)
+    local attrs = ident.attrs
+    if attrs.tier == nil or not conf.tiers[attrs.tier] then
+        attrs.tier = conf.default_tier
+    end
+    ident.tier_data = attrs.tier and conf.tiers[attrs.tier] or NONE
+    return ident
+end
+
+-- The callers of the API keys of a policy's own table when nothing else
+-- tells who calls (no identity store, JWT or identity headers), by
+-- configuration and key record: one per key, shared by its requests
+-- (`shared`: _M.attr keeps nothing in it).
+local static_callers = memo.new(10000, true)
+local function static_caller(conf, record)
+    return with_tier(conf, { attrs = key_attrs(record), overrides = NONE, tier_data = NONE,
+                             record = record, authenticated = true, refused = false,
+                             claims = false, shared = true })
+end
+
+--- The caller of a request: {attrs, tier_data, overrides, record (the API
+--- key's, or false), authenticated, refused (why the API key is refused:
+--- "revoked", "unknown", "ambiguous" when its header came more than once;
+--- false), claims (false without a JWT), shared (true: the caller of
+--- every request of its API key, never written)}, or nil and an error
+--- when the identity store failed.
 function _M.resolve(conf, req)
     local id = conf.identity
     -- the key's record, or why the key is refused ("revoked", "unknown")
@@ -311,12 +336,14 @@ function _M.resolve(conf, req)
             refused = e and "revoked" or "unknown"
         end
     end
+    if record and not (id.store or id.jwt or id.headers) then
+        return static_callers:get(conf, record, static_caller)
+    end
     local attrs = key_attrs(record)
-    -- one constructor with every field (see resty.rl.phases.start)
+    -- one constructor with every field, at most 8 (see resty.rl.phases.start)
     local ident = { attrs = attrs, overrides = NONE, tier_data = NONE, record = record or false,
-                    authenticated = record ~= nil, revoked = refused == "revoked",
-                    ambiguous_key = refused == "ambiguous", bad_key = refused ~= nil,
-                    claims = false }
+                    authenticated = record ~= nil, refused = refused or false, claims = false,
+                    shared = false }
     if id.jwt then
         local claims = _M.jwt_claims(id.jwt, req)
         if claims then
@@ -357,11 +384,7 @@ function _M.resolve(conf, req)
             attrs.tier = ident.overrides.tenant.tier
         end
     end
-    if attrs.tier == nil or not conf.tiers[attrs.tier] then
-        attrs.tier = conf.default_tier
-    end
-    ident.tier_data = attrs.tier and conf.tiers[attrs.tier] or NONE
-    return ident
+    return with_tier(conf, ident)
 end
 
 --- The value of attribute `name` for a request (nil when it has none),
@@ -397,7 +420,9 @@ function _M.attr(conf, req, ident, name, route)
             v = (type(v) == "string" or type(v) == "number") and tostring(v) or nil
         end
     end
-    ident.attrs[name] = v
+    if not ident.shared then
+        ident.attrs[name] = v
+    end
     return v
 end
 

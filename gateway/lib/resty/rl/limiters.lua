@@ -124,34 +124,36 @@ local function bad_reply(raw)
     return "unexpected reply: " .. tostring(type(raw) == "table" and raw[2] or raw)
 end
 
--- A rate outcome from a decoded 8-integer reply.
+-- A rate outcome from an 8-integer reply (resty.rl.commands.decode's
+-- fields, read from the reply itself: no decoded table per request); its
+-- own binding, as resty.rl.allowance's: one table (of at most 16 fields)
+-- per entry and request.
 local function rate_outcome(e, raw)
-    local d = commands.decode(raw)
-    if not d then
+    if not commands.is_rate_reply(raw) then
         return nil, bad_reply(raw)
     end
-    local kind = e.params.kind
-    local b = d.binding
+    local kind, none = e.params.kind, commands.none
+    local status, remaining, reset_ms, b = raw[1], raw[3], none(raw[4]), raw[8]
     local bp = b == 0 and e.params or e.params.also[b]
     local out = {
-        strikes = d.strikes_remaining, level = d.box_level,
-        binding = { name = b == 0 and e.name or e.also_names[b], limit = d.limit,
-                    remaining = d.remaining, reset_ms = d.reset_ms,
-                    window = window_of(kind, bp), unit = e.rule.unit, clamp = kind ~= "bucket" },
+        state = status == 1 and "allowed" or status == 2 and "delayed"
+            or status == 0 and "refused" or "boxed",
+        strikes = none(raw[7]), level = raw[6], retry_ms = nil, binding = false,
+        name = b == 0 and e.name or e.also_names[b], limit = raw[2], remaining = remaining,
+        reset_ms = reset_ms, window = window_of(kind, bp), unit = e.rule.unit,
+        clamp = kind ~= "bucket",
     }
-    if d.status == 1 then
-        out.state = "allowed"
-        if e.probe and d.remaining < e.cost then
+    out.binding = out
+    if status == 1 then
+        if e.probe and remaining < e.cost then
             -- count = failures: no failure left; the window frees at the latest by its reset
-            out.state, out.retry_ms = "refused", math.min(d.reset_ms or 0, out.binding.window * 1000)
+            out.state, out.retry_ms = "refused", math.min(reset_ms or 0, out.window * 1000)
         end
-    elseif d.status == 2 then
-        out.state, out.retry_ms = "delayed", d.retry_after_ms
-    elseif d.status == 0 then
-        out.state, out.retry_ms = "refused", d.retry_after_ms
     else
-        out.state, out.retry_ms = "boxed", d.retry_after_ms
-        out.binding.remaining, out.binding.boxed = 0, true
+        out.retry_ms = none(raw[5])
+        if out.state == "boxed" then
+            out.remaining, out.boxed = 0, true
+        end
     end
     return out
 end
@@ -209,7 +211,8 @@ end
 --- The command of entry `e` (not a lease: it names the request) charging
 --- `cost`, with the integers of its reply (`ints`: alone, it is read in
 --- one piece). Shared by the requests of the same key when the rule's
---- key and cost say all of it: never changed by its users.
+--- key and cost say all of it: never changed by its users; such a
+--- command's `alone` is the one-command list that sends it alone.
 function _M.command_of(e, cost)
     local kind = _M.KINDS[e.params.kind]
     -- (ALSO keys are known from the main key only when both come from one
@@ -226,6 +229,8 @@ function _M.command_of(e, cost)
     local cmd = by_cost[cost]
     if not cmd then
         cmd = commands.encoded(kind.command(e, cost, false, nil), kind.reply_ints)
+        -- the list of a request that sends it alone (shared too)
+        cmd.alone = { cmd }
         by_cost[cost] = cmd
     end
     return cmd

@@ -353,7 +353,7 @@ function _M.caller(conf, req)
             "retry later."
     end
     if not ident.authenticated then
-        return nil, 401, "unauthenticated", ident.revoked and "This API key is revoked."
+        return nil, 401, "unauthenticated", ident.refused == "revoked" and "This API key is revoked."
             or "Unknown API key."
     end
     return ident
