@@ -13,8 +13,8 @@
 #                       (callgrind: steady on a shared machine; bench/gateway_instructions.sh)
 #   make test-gateway  the gateway's Lua unit tests, then its end-to-end tests
 #                       (nginx + Redis + HTTP)
-#   make test-gateway-unit  only the gateway's Lua unit tests (one nginx
-#                       process, no Redis, seconds; gateway/test/unit/run.sh)
+#   make test-gateway-unit  only the gateway's Lua unit tests (LuaJIT and
+#                       busted, no nginx, no Redis, a second; gateway/test/unit/run.sh)
 #   make test-sdk      only the SDKs' tests (sdk/python, sdk/python-server, sdk/typescript, sdk/node-server)
 #   make bench-envoy  rl-envoy through Envoy against no limiting, Envoy's local
 #                     limiter and a floor service (bench/envoy.sh)
@@ -192,8 +192,8 @@ test-gateway: deps build
 		--test gateway_inputs --test gateway_private \
 		-- --test-threads=$(TEST_THREADS)
 
-# The gateway's Lua unit tests alone (gateway/test/unit/run.sh): one nginx
-# process runs them in its init_by_lua, without Redis, in about a second.
+# The gateway's Lua unit tests alone (gateway/test/unit/run.sh): busted
+# under LuaJIT, the ngx API stubbed, without nginx or Redis, in a second.
 # `make test` and `make test-gateway` run them too.
 test-gateway-unit:
 	bash gateway/test/unit/run.sh

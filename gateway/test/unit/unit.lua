@@ -1,7 +1,8 @@
--- The unit tests' assertions and runner (gateway/test/unit/run.sh starts
--- nginx, whose init_by_lua calls main with the test files).
+-- The unit tests' assertions, and their registration as busted tests
+-- (gateway/test/unit/run.sh runs the files with busted under LuaJIT, the
+-- `ngx` API stubbed by ngx_stub.lua).
 --
--- A test file registers named tests and table tests, then main runs them:
+-- A test file registers named tests and table tests:
 --
 --   local T = require "unit"
 --   T.test("a name", function() T.eq(f(1), 2) end)
@@ -9,25 +10,32 @@
 --       function(c) T.eq(f(c.input), c.want) end)
 --
 -- A test fails when it raises (an assertion, or any error); the others
--- still run. main prints each failure, then "N passed, N failed" on its
--- own line, and ends the process: status 0 when nothing failed, else 1.
+-- still run.
 
 local _M = {}
 
--- The tests registered by the file being loaded: {name, fn} in order.
-local registered
+-- busted's `it` of the test file calling us (busted gives each test file
+-- its own environment): `level` 2 is our caller.
+local function busted_it(level)
+    local it = getfenv(level + 1).it
+    if not it then
+        error("unit: the tests run under busted (gateway/test/unit/run.sh)", level + 1)
+    end
+    return it
+end
 
---- Registers the test `name`: `fn()` must not raise.
+--- Registers the test `name` (busted's `it`): `fn()` must not raise.
 function _M.test(name, fn)
-    registered[#registered + 1] = { name = name, fn = fn }
+    busted_it(2)(name, fn)
 end
 
 --- Registers one test per case of `cases` (each a table with a `name`),
 --- named "<name>: <case name>", running `fn(case)`.
 function _M.cases(name, cases, fn)
+    local it = busted_it(2)
     for i, c in ipairs(cases) do
         local case_name = c.name or ("case " .. i)
-        _M.test(name .. ": " .. case_name, function() fn(c) end)
+        it(name .. ": " .. case_name, function() fn(c) end)
     end
 end
 
@@ -134,88 +142,8 @@ function _M.refusing(base, build, prefix)
     end
 end
 
--- The file name of a path (what failures are reported under).
-local function base(path)
-    return (path:match("([^/]+)$") or path)
-end
-
--- Loads and runs the tests of `path`; returns passed, failed.
-local function run_file(path, out, verbose, filter)
-    registered = {}
-    -- named by the file's name in error messages ("x_test.lua:12: ...")
-    local f, err = io.open(path, "rb")
-    local chunk
-    if f then
-        chunk, err = loadstring(f:read("*a"), "@" .. base(path))
-        f:close()
-    end
-    if chunk then
-        local ok, e = pcall(chunk)
-        err = not ok and e or nil
-    end
-    if err then
-        out:write("FAIL ", base(path), ": loading: ", tostring(err), "\n")
-        return 0, 1
-    end
-    local passed, failed = 0, 0
-    for _, t in ipairs(registered) do
-        if not filter or t.name:find(filter, 1, true) then
-            local ok, e = xpcall(t.fn, function(m)
-                -- an assertion's message, or an error with where it came
-                -- from (paths of the library shown from gateway/)
-                m = type(m) == "string" and m or show(m)
-                return (m:gsub(_M.gateway_dir:gsub("%p", "%%%0") .. "/", "gateway/"))
-            end)
-            if ok then
-                passed = passed + 1
-                if verbose then
-                    out:write("ok   ", base(path), ": ", t.name, "\n")
-                end
-            else
-                failed = failed + 1
-                out:write("FAIL ", base(path), ": ", t.name, "\n      ", tostring(e), "\n")
-            end
-        end
-    end
-    return passed, failed
-end
-
---- The gateway/ directory (given to main): for the tests that load the
+--- The gateway/ directory of this checkout: for the tests that load the
 --- shipped policies.
-_M.gateway_dir = nil
-
---- Runs the tests of every file of `files` (paths) of the `gateway_dir`
---- checkout, prints the failures and "N passed, N failed", and ends the
---- process (status 1 on any failure). RL_UNIT_VERBOSE=1 lists every
---- test; RL_UNIT_FILTER runs only the tests whose name contains it.
-function _M.main(gateway_dir, files)
-    _M.gateway_dir = gateway_dir
-    local out = io.stdout
-    local verbose = os.getenv("RL_UNIT_VERBOSE") == "1"
-    local filter = os.getenv("RL_UNIT_FILTER")
-    if filter == "" then
-        filter = nil
-    end
-    local passed, failed = 0, 0
-    local ok, err = pcall(function()
-        for _, path in ipairs(files) do
-            local p, f = run_file(path, out, verbose, filter)
-            passed, failed = passed + p, failed + f
-        end
-    end)
-    if not ok then
-        out:write("FAIL runner: ", tostring(err), "\n")
-        failed = failed + 1
-    end
-    if #files == 0 then
-        out:write("FAIL runner: no test files\n")
-        failed = failed + 1
-    end
-    out:write(passed, " passed, ", failed, " failed\n")
-    out:flush()
-    -- the tests ran in nginx's init_by_lua: end the process here, before
-    -- it would open its ports and serve
-    os.exit(failed == 0 and 0 or 1)
-end
+_M.gateway_dir = (debug.getinfo(1, "S").source:match("^@(.*)/test/unit/[^/]*$"))
 
 return _M
