@@ -23,6 +23,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
 
+use super::errors;
+
+pub mod command;
+pub mod key;
+pub mod replicate;
+
 /// A Redis call context, valid for the duration of one callback: made only
 /// from the context Redis passed to the callback running (a command, the
 /// module's load), and not kept beyond it.
@@ -230,3 +236,36 @@ pub fn notify(ctx: Ctx, event: &CStr, key: Arg) {
         );
     }
 }
+
+/// Run a command body with the context and arguments Redis passed to the
+/// command's entry point, under [`guard`] (a panic replies an internal
+/// error). Called only by the entry points [`command_entry!`] defines,
+/// with what Redis passed them.
+pub(crate) fn run_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut RStr,
+    argc: c_int,
+    body: fn(Ctx, &[Arg]) -> c_int,
+) -> c_int {
+    let ctx = Ctx::new(ctx);
+    // SAFETY: the caller is a command's entry point, passing on what Redis
+    // gave it: `argc` strings at `argv`, alive for the whole call, which
+    // outlives `args`.
+    let args = unsafe { args(argv, argc) };
+    guard(None, || Some(body(ctx, args))).unwrap_or_else(|| reply_error(ctx, errors::INTERNAL))
+}
+
+/// Define `$name`, a command entry point Redis calls, running `$body`
+/// through [`run_command`].
+macro_rules! command_entry {
+    ($name:ident, $body:path) => {
+        extern "C" fn $name(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut $crate::adapter::ffi::RStr,
+            argc: std::os::raw::c_int,
+        ) -> std::os::raw::c_int {
+            $crate::adapter::ffi::run_command(ctx, argv, argc, $body)
+        }
+    };
+}
+pub(crate) use command_entry;
