@@ -66,6 +66,7 @@ enum Held {
 
 impl RlKey {
     /// Open `name` in the selected database.
+    #[inline]
     pub fn open(ctx: Ctx, name: Arg, access: Access) -> RlKey {
         let handle = KeyHandle::open(ctx, name, access == Access::Write);
         // SAFETY: the handle just opened, kept open by the key until it

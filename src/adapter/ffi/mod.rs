@@ -1,18 +1,17 @@
-//! What every part of the adapter needs to call Redis: the [`api!`] macro
-//! (a module API function pointer), the call context ([`Ctx`]) and argument
-//! ([`Arg`]) handles, [`guard`], and the calls shared by the commands and
-//! callbacks, each wrapped once here (the clock, the replies, keyspace
-//! events, the getkeys API). Not every raw call is here: the calls that
-//! belong to one concern are made where it lives, through [`api!`] too:
-//! the key handle (open, expiry, delete, close) in [`super::key`]; a key's
-//! value (read, set, replace) and the type's callbacks in
-//! [`super::value`], which alone reaches a value's memory; replication in
-//! [`super::store`]; registration in [`super::commands`] and
-//! [`super::init`]; `INFO` in [`super::stats`]. The API that older servers
-//! lack is read from its pointer, which may be null, where it is used
-//! (`RM_SetAbsExpire` in [`super::key`], the ACL and command-info calls in
-//! `commands/acl.rs`). Every `unsafe` block, here and there, says why it
-//! is sound.
+//! Every raw call the adapter makes to Redis outside the value owner, each
+//! wrapped once as a safe function or method: here the [`api!`] macro (a
+//! module API function pointer), the call context ([`Ctx`]) and argument
+//! ([`Arg`]) handles, [`guard`], the command entry points
+//! ([`command_entry!`]) and the calls every command makes (the clock, the
+//! replies, keyspace events, the getkeys API); an open key and the calls on
+//! a key by name in [`key`]; replication of a call's effects in
+//! [`replicate`]; what the module registers while it loads (options,
+//! `INFO`, commands, ACL categories, key specs) in [`command`]. A key's
+//! value and the type's callbacks are reached only in [`super::value`],
+//! through [`api!`] too. The API that older servers lack is read from its
+//! pointer, which may be null, where it is used (`RM_SetAbsExpire` in
+//! [`key`], the ACL and command-info calls in [`command`]). Every `unsafe`
+//! block says why it is sound.
 //!
 //! Every entry point from Redis into Rust goes through [`guard`] so that a
 //! panic can never unwind across the FFI boundary.
