@@ -5,11 +5,8 @@
 //! copy beside it, written back by [`super::store::Call::commit`]. The
 //! value itself is reached only through [`super::value`]'s safe API.
 
-use std::os::raw::{c_int, c_longlong};
-
-use redis_module::raw;
-
-use super::ffi::{api, clock_ms, Arg, Ctx};
+use super::ffi::key::{pexpireat, signal_modified, KeyHandle};
+use super::ffi::{clock_ms, Arg, Ctx};
 use super::value::{self, Holding, Lent, Value};
 use crate::core::record::Record;
 use crate::core::time::Millis;
@@ -29,9 +26,8 @@ pub enum Access {
 
 /// An open key, closed when dropped.
 ///
-/// Invariants the `unsafe` blocks below rest on: `raw` is the handle
-/// `RM_OpenKey` returned in the running command's context (null for a
-/// missing key opened only to read), open until `drop`; `held` says what
+/// Invariants the `unsafe` blocks below (the value owner's calls) rest on:
+/// `handle` is open until the key drops (a [`KeyHandle`]); `held` says what
 /// the key holds now, and the [`Lent`] in it is the key's value, which
 /// Redis owns and keeps while the key holds it. Nothing but this `RlKey`
 /// changes the key while the command runs (a command's keys are distinct:
@@ -39,7 +35,7 @@ pub enum Access {
 /// `held`; so the `Lent` in `held` is valid, and borrowing `self` is the
 /// only way to reach it.
 pub struct RlKey {
-    raw: *mut raw::RedisModuleKey,
+    handle: KeyHandle,
     /// The key name as Redis gave it.
     pub name: Arg,
     /// The record was created by [`RlKey::edit`] in this call: the key did
@@ -70,20 +66,15 @@ enum Held {
 
 impl RlKey {
     /// Open `name` in the selected database.
+    #[inline]
     pub fn open(ctx: Ctx, name: Arg, access: Access) -> RlKey {
-        let mode = match access {
-            Access::Read => raw::REDISMODULE_READ,
-            Access::Write => raw::REDISMODULE_READ | raw::REDISMODULE_WRITE,
-        };
-        // SAFETY: `ctx` is the context of the running command and `name` a
-        // string Redis passed to it; the handle is closed by `drop`.
-        let raw = unsafe { api!(RedisModule_OpenKey)(ctx.ptr(), name.0, mode as c_int) };
-        // SAFETY: the handle just opened, kept open by the key until
-        // `drop`; the `Lent` goes into `held` (the invariants of `RlKey`).
-        let held = Held::from(unsafe { value::held_by(raw) });
+        let handle = KeyHandle::open(ctx, name, access == Access::Write);
+        // SAFETY: the handle just opened, kept open by the key until it
+        // drops; the `Lent` goes into `held` (the invariants of `RlKey`).
+        let held = Held::from(unsafe { value::held_by(&handle) });
         let local = copy_of_compact(&held);
         RlKey {
-            raw,
+            handle,
             name,
             created: false,
             held,
@@ -116,27 +107,7 @@ impl RlKey {
     /// The bytes of a string value (`None` for any other type or no key):
     /// used to read the value of another limiter (redis-cell) to convert.
     pub fn string_value(&self) -> Option<&[u8]> {
-        if self.raw.is_null() {
-            return None;
-        }
-        // SAFETY: `self.raw` is an open, non-null key handle.
-        let kind = unsafe { api!(RedisModule_KeyType)(self.raw) } as isize;
-        if kind != raw::REDISMODULE_KEYTYPE_STRING {
-            return None;
-        }
-        let mut len = 0usize;
-        // SAFETY: an open, non-null handle of a string key, read only;
-        // `len` is a valid place for the length.
-        let ptr = unsafe {
-            api!(RedisModule_StringDMA)(self.raw, &mut len, raw::REDISMODULE_READ as c_int)
-        };
-        if ptr.is_null() {
-            return None;
-        }
-        // SAFETY: Redis returned the string's `len` bytes at `ptr`, valid
-        // while the key is open and unmodified: the borrow of `self` keeps
-        // it open, and changing the key takes `&mut self`.
-        Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+        self.handle.string_value()
     }
 
     /// The record, writable in place (`None` when the key holds nothing).
@@ -192,10 +163,10 @@ impl RlKey {
                 // Another form now: it replaces the one the key holds.
                 Err(record) => {
                     let (new, kept) = Value::of(record);
-                    // SAFETY: the key holds a value of ours, so `self.raw`
-                    // is an open, non-null handle; the `Lent` of the old
-                    // value in `held` is replaced next, unused.
-                    let lent = unsafe { value::replace(self.raw, new) };
+                    // SAFETY: the key holds a value of ours, so its handle
+                    // is open; the `Lent` of the old value in `held` is
+                    // replaced next, unused.
+                    let lent = unsafe { value::replace(&self.handle, new) };
                     self.adopt(lent, kept);
                     return;
                 }
@@ -207,12 +178,12 @@ impl RlKey {
             Held::Other => record,
         };
         let (new, kept) = Value::of(record);
-        let lent = if self.raw.is_null() {
-            None
+        let lent = if self.handle.is_open() {
+            // SAFETY: the handle is open, holding no value of ours (`held`
+            // says so), so no `Lent` borrows one.
+            unsafe { value::set(&self.handle, new) }
         } else {
-            // SAFETY: `self.raw` is an open, non-null handle, holding no
-            // value of ours (`held` says so).
-            unsafe { value::set(self.raw, new) }
+            None
         };
         self.adopt(lent, kept);
     }
@@ -222,9 +193,9 @@ impl RlKey {
     /// value (its copy beside the key).
     fn adopt(&mut self, lent: Option<Lent>, kept: Option<Record>) {
         let Some(lent) = lent else {
-            // SAFETY: `self.raw` is null or open; the `Lent` goes into
-            // `held` (the invariants of `RlKey`).
-            self.held = Held::from(unsafe { value::held_by(self.raw) });
+            // SAFETY: the `Lent` goes into `held`, replacing the old one
+            // (the invariants of `RlKey`).
+            self.held = Held::from(unsafe { value::held_by(&self.handle) });
             let local = copy_of_compact(&self.held);
             self.set_local(local);
             return;
@@ -258,22 +229,16 @@ impl RlKey {
     /// Returns whether the expiry is exactly `at` (always, unless `at` is
     /// not in the future or the clock kept moving).
     pub(super) fn expire_at(&self, at: Millis) -> bool {
-        if self.raw.is_null() {
+        if !self.handle.is_open() {
             return false;
         }
-        // SAFETY: written once by `RedisModule_Init` at load (null where
-        // the server lacks the API), only read afterwards; a copy.
-        if let Some(set_abs) = unsafe { raw::RedisModule_SetAbsExpire } {
-            // SAFETY: `self.raw` is an open, non-null key handle (Redis
-            // checks that it is writable and holds a value).
-            unsafe { set_abs(self.raw, at) };
+        if self.handle.set_abs_expire(at) {
             return true;
         }
-        let set = api!(RedisModule_SetExpire);
         for _ in 0..8 {
             let before = clock_ms();
-            // SAFETY: `self.raw` is an open, non-null key handle.
-            unsafe { set(self.raw, at.saturating_sub(before).max(0)) };
+            self.handle
+                .set_expire(Some(at.saturating_sub(before).max(0)));
             if clock_ms() == before {
                 return at > before;
             }
@@ -286,65 +251,33 @@ impl RlKey {
     /// later): then Redis' own `PEXPIREAT` sets it (which, on a replica or
     /// while loading, keeps an expired key for the master's `DEL`).
     pub(super) fn expire_at_exactly(&self, ctx: Ctx, at: Millis) {
-        if self.expire_at(at) {
-            return;
-        }
-        // SAFETY: `ctx` is the context of the running command; format `sl`
-        // takes the key name Redis passed (a string) and a long long; the
-        // reply, when there is one, is ours and freed once.
-        unsafe {
-            let reply = api!(RedisModule_Call)(
-                ctx.ptr(),
-                c"PEXPIREAT".as_ptr(),
-                c"sl".as_ptr(),
-                self.name.0,
-                at as c_longlong,
-            );
-            if !reply.is_null() {
-                api!(RedisModule_FreeCallReply)(reply);
-            }
+        if !self.expire_at(at) {
+            pexpireat(ctx, self.name, at);
         }
     }
 
     /// The key's remaining time to live in ms, `None` without a TTL.
     pub fn pttl_ms(&self) -> Option<u64> {
-        if self.raw.is_null() {
-            return None;
-        }
-        // SAFETY: `raw` is a non-null key handle this call opened and has
-        // not closed.
-        let ttl = unsafe { api!(RedisModule_GetExpire)(self.raw) };
-        if ttl == raw::REDISMODULE_NO_EXPIRE as raw::mstime_t {
-            return None;
-        }
-        u64::try_from(ttl).ok()
+        self.handle.expire_ms()
     }
 
+    /// Remove the key's expiry.
     pub(super) fn persist(&self) {
-        if self.raw.is_null() {
-            return;
-        }
-        // SAFETY: `self.raw` is an open, non-null key handle (Redis checks
-        // that it is writable and holds a value).
-        unsafe {
-            api!(RedisModule_SetExpire)(self.raw, raw::REDISMODULE_NO_EXPIRE as raw::mstime_t)
-        };
+        self.handle.set_expire(None);
     }
 
+    /// Delete the key (a record made in this call is only dropped).
     pub(super) fn delete(&mut self) {
-        if !matches!(self.held, Held::Pending) && !self.raw.is_null() {
-            // SAFETY: `self.raw` is an open, non-null key handle (Redis
-            // checks that it is writable); `held` is cleared next.
-            unsafe { api!(RedisModule_DeleteKey)(self.raw) };
+        if !matches!(self.held, Held::Pending) {
+            self.handle.delete();
         }
         self.held = Held::Nothing;
         self.set_local(Record::default());
     }
 
+    /// Tell Redis the key changed.
     pub(super) fn signal_modified(&self, ctx: Ctx) {
-        // SAFETY: `ctx` is the context of the running command and the name
-        // a string Redis passed to it.
-        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.ptr(), self.name.0) };
+        signal_modified(ctx, self.name);
     }
 }
 
@@ -370,9 +303,5 @@ fn copy_of_compact(held: &Held) -> Record {
 impl Drop for RlKey {
     fn drop(&mut self) {
         self.recycle_local_penalty();
-        if !self.raw.is_null() {
-            // SAFETY: the handle `open` returned, closed only here.
-            unsafe { api!(RedisModule_CloseKey)(self.raw) };
-        }
     }
 }

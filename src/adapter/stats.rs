@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redis_module::raw;
 
-use super::ffi::api;
+use super::ffi::command::InfoCtx;
 use crate::core::decision::{Decision, Status};
 use crate::core::take::{Request, Settle};
 
@@ -211,13 +211,10 @@ pub(crate) extern "C" fn info(
             (c"region_merged", &REGION_MERGED),
             (c"region_refused", &REGION_REFUSED),
         ];
-        // SAFETY: `ctx` is the info context Redis passed to this callback,
-        // valid while it runs; every name is NUL-terminated.
-        unsafe {
-            api!(RedisModule_InfoAddSection)(ctx, c"".as_ptr());
-            for (name, counter) in fields {
-                api!(RedisModule_InfoAddFieldULongLong)(ctx, name.as_ptr(), counter.get());
-            }
+        let info = InfoCtx::new(ctx);
+        info.add_section(c"");
+        for (name, counter) in fields {
+            info.add_u64(name, counter.get());
         }
     })
 }

@@ -6,8 +6,9 @@
 //! Each subcommand has its own entry: Redis routes the call by its word.
 //! `RL.TAKE` has keys at positions that depend on its options, so it uses
 //! the getkeys API: Redis asks the same parser which arguments are keys.
+//! The calls to Redis (registration, ACL categories, key specs) are
+//! wrapped in [`super::ffi::command`].
 
-mod acl;
 pub mod apply;
 pub mod box_cmd;
 pub mod distinct;
@@ -24,29 +25,10 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
-use super::errors;
-use super::ffi::{api, args, guard, reply_error, Arg, Ctx, RStr};
+use super::ffi::command::{self, Command};
+use super::ffi::{command_entry, Ctx};
 
-/// The body of a command: the context and its arguments (0 = the name).
-type Body = fn(Ctx, &[Arg]) -> c_int;
-
-/// Run a command body under [`guard`]: a panic becomes an error reply
-/// instead of a crash.
-fn run(ctx: *mut raw::RedisModuleCtx, argv: *mut RStr, argc: c_int, body: Body) -> c_int {
-    let ctx = Ctx::new(ctx);
-    // SAFETY: Redis passes `argc` strings at `argv` and keeps them alive
-    // for the whole call, which outlives `args`.
-    let args = unsafe { args(argv, argc) };
-    guard(None, || Some(body(ctx, args))).unwrap_or_else(|| reply_error(ctx, errors::INTERNAL))
-}
-
-macro_rules! entry {
-    ($name:ident, $body:path) => {
-        extern "C" fn $name(ctx: *mut raw::RedisModuleCtx, argv: *mut RStr, argc: c_int) -> c_int {
-            run(ctx, argv, argc, $body)
-        }
-    };
-}
+use command_entry as entry;
 
 entry!(take_entry, take::run);
 entry!(window_entry, window::run);
@@ -258,9 +240,16 @@ const CATEGORY: &CStr = c"ratelimit";
 /// key specs are declared where the running server has the API for them
 /// (checked here, at load), and skipped on older servers.
 pub fn register(ctx: Ctx) -> bool {
-    let own_category = acl::add_category(ctx, CATEGORY);
+    let own_category = command::add_category(ctx, CATEGORY);
     COMMANDS.iter().all(|spec| {
-        let Some(command) = create(ctx, spec) else {
+        let Some(command) = Command::create(
+            ctx,
+            spec.parent,
+            spec.name,
+            spec.entry,
+            spec.flags,
+            spec.keys,
+        ) else {
             return false;
         };
         if !spec.acl.is_empty() {
@@ -269,69 +258,11 @@ pub fn register(ctx: Ctx) -> bool {
                 categories.push(' ');
                 categories.push_str(&CATEGORY.to_string_lossy());
             }
-            acl::set_categories(command, &categories);
+            command::set_categories(command, &categories);
         }
         if spec.read_only_key {
-            acl::set_read_only_key(command, spec.keys[0]);
+            command::set_read_only_key(command, spec.keys[0]);
         }
         true
     })
-}
-
-/// Create the command or subcommand of `spec`; its handle, `None` if Redis
-/// refused it.
-fn create(ctx: Ctx, spec: &Spec) -> Option<*mut raw::RedisModuleCommand> {
-    let [first, last, step] = spec.keys;
-    // What makes each block below sound: `ctx` is the load context of
-    // `OnLoad`, valid while commands are registered; the names and flags
-    // are NUL-terminated statics; `spec.entry` has a command's signature.
-    let status = match spec.parent {
-        // SAFETY: see above.
-        None => unsafe {
-            api!(RedisModule_CreateCommand)(
-                ctx.ptr(),
-                spec.name.as_ptr(),
-                spec.entry,
-                spec.flags.as_ptr(),
-                first,
-                last,
-                step,
-            )
-        },
-        Some(parent) => {
-            // SAFETY: see above.
-            let parent = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), parent.as_ptr()) };
-            if parent.is_null() {
-                return None;
-            }
-            // SAFETY: see above; `parent` is the non-null handle Redis
-            // just gave back for the container command.
-            unsafe {
-                api!(RedisModule_CreateSubcommand)(
-                    parent,
-                    spec.name.as_ptr(),
-                    spec.entry,
-                    spec.flags.as_ptr(),
-                    first,
-                    last,
-                    step,
-                )
-            }
-        }
-    };
-    if status != raw::REDISMODULE_OK as c_int {
-        return None;
-    }
-    let full = match spec.parent {
-        None => spec.name.to_string_lossy().into_owned(),
-        Some(parent) => format!(
-            "{}|{}",
-            parent.to_string_lossy(),
-            spec.name.to_string_lossy()
-        ),
-    };
-    let full = std::ffi::CString::new(full).ok()?;
-    // SAFETY: see above; `full` is NUL-terminated.
-    let command = unsafe { api!(RedisModule_GetCommand)(ctx.ptr(), full.as_ptr()) };
-    (!command.is_null()).then_some(command)
 }

@@ -30,6 +30,7 @@ use std::ptr::NonNull;
 use redis_module::raw;
 
 use super::ffi::api;
+use super::ffi::key::KeyHandle;
 use crate::core::bucket::Bucket;
 use crate::core::codec;
 use crate::core::packed::BucketWithPenalty;
@@ -387,14 +388,14 @@ pub enum Holding {
 /// What the open key `key` holds (null: nothing).
 ///
 /// # Safety
-/// `key` must be null or a handle `RM_OpenKey` returned in the running
-/// command and not closed; a [`Holding::Ours`] must be dropped before the
-/// key is closed or its value changed other than through it.
-pub unsafe fn held_by(key: *mut raw::RedisModuleKey) -> Holding {
+/// A [`Holding::Ours`] must be dropped before `key` drops (closing it) or
+/// its value is changed other than through it.
+pub unsafe fn held_by(key: &KeyHandle) -> Holding {
+    let key = key.ptr();
     if key.is_null() {
         return Holding::Nothing;
     }
-    // SAFETY: `key` is an open, non-null handle (the caller's promise).
+    // SAFETY: `key` is an open, non-null handle (a `KeyHandle`'s).
     let kind = unsafe { api!(RedisModule_KeyType)(key) } as isize;
     if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
         return Holding::Nothing;
@@ -421,9 +422,10 @@ pub unsafe fn held_by(key: *mut raw::RedisModuleKey) -> Holding {
 /// frees it.
 ///
 /// # Safety
-/// As [`held_by`], `key` non-null; the key holds none of our values that
-/// a [`Lent`] still borrows.
-pub unsafe fn set(key: *mut raw::RedisModuleKey, value: Value) -> Option<Lent> {
+/// As [`held_by`], `key` open; the key holds none of our values that a
+/// [`Lent`] still borrows, nor a string whose bytes are borrowed.
+pub unsafe fn set(key: &KeyHandle, value: Value) -> Option<Lent> {
+    let key = key.ptr();
     let raw = value.into_raw();
     // SAFETY: `key` is an open handle (the caller's promise; Redis refuses
     // the value if it is not open for writing); `raw` is a fresh value of
@@ -437,9 +439,10 @@ pub unsafe fn set(key: *mut raw::RedisModuleKey, value: Value) -> Option<Lent> {
 /// Redis refused it (and freed here).
 ///
 /// # Safety
-/// As [`held_by`], `key` non-null and holding a value of ours, which no
+/// As [`held_by`], `key` open and holding a value of ours, which no
 /// [`Lent`] is used to reach afterwards (it is freed).
-pub unsafe fn replace(key: *mut raw::RedisModuleKey, value: Value) -> Option<Lent> {
+pub unsafe fn replace(key: &KeyHandle, value: Value) -> Option<Lent> {
+    let key = key.ptr();
     let raw = value.into_raw();
     let mut old = std::ptr::null_mut();
     // SAFETY: `key` is an open handle holding a value of ours (the

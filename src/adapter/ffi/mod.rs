@@ -1,18 +1,17 @@
-//! What every part of the adapter needs to call Redis: the [`api!`] macro
-//! (a module API function pointer), the call context ([`Ctx`]) and argument
-//! ([`Arg`]) handles, [`guard`], and the calls shared by the commands and
-//! callbacks, each wrapped once here (the clock, the replies, keyspace
-//! events, the getkeys API). Not every raw call is here: the calls that
-//! belong to one concern are made where it lives, through [`api!`] too:
-//! the key handle (open, expiry, delete, close) in [`super::key`]; a key's
-//! value (read, set, replace) and the type's callbacks in
-//! [`super::value`], which alone reaches a value's memory; replication in
-//! [`super::store`]; registration in [`super::commands`] and
-//! [`super::init`]; `INFO` in [`super::stats`]. The API that older servers
-//! lack is read from its pointer, which may be null, where it is used
-//! (`RM_SetAbsExpire` in [`super::key`], the ACL and command-info calls in
-//! `commands/acl.rs`). Every `unsafe` block, here and there, says why it
-//! is sound.
+//! Every raw call the adapter makes to Redis outside the value owner, each
+//! wrapped once as a safe function or method: here the [`api!`] macro (a
+//! module API function pointer), the call context ([`Ctx`]) and argument
+//! ([`Arg`]) handles, [`guard`], the command entry points
+//! ([`command_entry!`]) and the calls every command makes (the clock, the
+//! replies, keyspace events, the getkeys API); an open key and the calls on
+//! a key by name in [`key`]; replication of a call's effects in
+//! [`replicate`]; what the module registers while it loads (options,
+//! `INFO`, commands, ACL categories, key specs) in [`command`]. A key's
+//! value and the type's callbacks are reached only in [`super::value`],
+//! through [`api!`] too. The API that older servers lack is read from its
+//! pointer, which may be null, where it is used (`RM_SetAbsExpire` in
+//! [`key`], the ACL and command-info calls in [`command`]). Every `unsafe`
+//! block says why it is sound.
 //!
 //! Every entry point from Redis into Rust goes through [`guard`] so that a
 //! panic can never unwind across the FFI boundary.
@@ -22,6 +21,12 @@ use std::os::raw::{c_char, c_int, c_long, c_longlong};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw;
+
+use super::errors;
+
+pub mod command;
+pub mod key;
+pub mod replicate;
 
 /// A Redis call context, valid for the duration of one callback: made only
 /// from the context Redis passed to the callback running (a command, the
@@ -230,3 +235,36 @@ pub fn notify(ctx: Ctx, event: &CStr, key: Arg) {
         );
     }
 }
+
+/// Run a command body with the context and arguments Redis passed to the
+/// command's entry point, under [`guard`] (a panic replies an internal
+/// error). Called only by the entry points [`command_entry!`] defines,
+/// with what Redis passed them.
+pub(crate) fn run_command(
+    ctx: *mut raw::RedisModuleCtx,
+    argv: *mut RStr,
+    argc: c_int,
+    body: fn(Ctx, &[Arg]) -> c_int,
+) -> c_int {
+    let ctx = Ctx::new(ctx);
+    // SAFETY: the caller is a command's entry point, passing on what Redis
+    // gave it: `argc` strings at `argv`, alive for the whole call, which
+    // outlives `args`.
+    let args = unsafe { args(argv, argc) };
+    guard(None, || Some(body(ctx, args))).unwrap_or_else(|| reply_error(ctx, errors::INTERNAL))
+}
+
+/// Define `$name`, a command entry point Redis calls, running `$body`
+/// through [`run_command`].
+macro_rules! command_entry {
+    ($name:ident, $body:path) => {
+        extern "C" fn $name(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut $crate::adapter::ffi::RStr,
+            argc: std::os::raw::c_int,
+        ) -> std::os::raw::c_int {
+            $crate::adapter::ffi::run_command(ctx, argv, argc, $body)
+        }
+    };
+}
+pub(crate) use command_entry;
