@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use common::{int, ints, Server};
 use gateway::{agent, get, leases, poll, post, post_form, problem, ratelimit, Resp};
-use gateway_policy::{alerts, example, hset, key_record, login, start};
+use gateway_policy::{alerts, example, hset, key_record, login, rlctl_bin, start};
 
 /// Long enough for a log-phase timer, an identity cache entry (2 s) or a
 /// deny cache poll (1 s) on a loaded machine.
@@ -33,28 +33,6 @@ fn until_boxed(a: &ureq::Agent, url: &str, key: (&str, &str), max: usize) -> Res
         }
     }
     panic!("not boxed after {max} requests");
-}
-
-/// The rlctl binary of the build the module under test comes from (built
-/// now if missing or stale: `cargo build [--release] -p rlctl`).
-fn rlctl_bin() -> std::path::PathBuf {
-    let module = common::module_path();
-    let dir = module.parent().expect("the module's directory");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut build = std::process::Command::new(cargo);
-    build
-        .args(["build", "-p", "rlctl", "--quiet"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if dir.ends_with("release") {
-        build.arg("--release");
-    }
-    assert!(
-        build.status().expect("cargo build -p rlctl").success(),
-        "cargo build -p rlctl failed"
-    );
-    let bin = dir.join("rlctl");
-    assert!(bin.is_file(), "{} not found", bin.display());
-    bin
 }
 
 #[test]

@@ -13,6 +13,10 @@
 -- Approaching quota thresholds: each monthly quota at 80, 90 and 100 %
 -- appends an event to rl:events:quota, from which `rlctl watch` sends the
 -- tenant's webhook and mail (rlctl/README.md, "Quota events").
+-- Several regions: RL_REGIONS=1 counts both monthly quotas per region
+-- (`region = true`: RL.QUOTA ... REGION on this region's Redis, decided on
+-- the total of every region's; gateway/README.md, "Several regions").
+local REGIONS = os.getenv("RL_REGIONS") == "1"
 local UPGRADE = "https://dashboard.example.com/billing/upgrade"
 local DASHBOARD = "https://dashboard.example.com/usage"
 
@@ -52,7 +56,7 @@ return {
     rules = {
         {
             name = "{tier}-monthly", scope = { "tenant" },
-            limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH" },
+            limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH", region = REGIONS },
             quota_alerts = { thresholds = { 80, 90, 100 } },
             on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
                 message = "The monthly quota of your plan is used up; upgrade for more." },
@@ -60,7 +64,8 @@ return {
         },
         {
             name = "{tier}-egress", scope = { "tenant" }, count = "response_bytes",
-            limiter = { kind = "quota", limit = "tier.egress_bytes", period = "MONTH" },
+            limiter = { kind = "quota", limit = "tier.egress_bytes", period = "MONTH",
+                        region = REGIONS },
             quota_alerts = { thresholds = { 80, 90, 100 } },
             on_refusal = { action = "quota", status = 403, upgrade_url = UPGRADE,
                 message = "The monthly data egress of your plan is used up; upgrade for more." },

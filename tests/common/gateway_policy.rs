@@ -132,6 +132,7 @@ env RL_REDIS_HOST;
 env RL_REDIS_PORT;
 env RL_JWT_SECRET;
 env RL_REDIS_TIMEOUT_MS;
+env RL_REGIONS;
 events {{ worker_connections 512; }}
 http {{
 {common}    init_by_lua_block {{
@@ -159,6 +160,17 @@ pub fn start(
     fronts: &[Front],
     files: &[(&str, &str)],
 ) -> Result<PolicyGateway, String> {
+    start_with_env(redis_port, fronts, files, &[])
+}
+
+/// [`start`] with `extra` environment variables for the policies (each
+/// one declared by an `env` line of the configuration, e.g. `RL_REGIONS`).
+pub fn start_with_env(
+    redis_port: u16,
+    fronts: &[Front],
+    files: &[(&str, &str)],
+    extra: &[(&str, &str)],
+) -> Result<PolicyGateway, String> {
     let mut last = String::new();
     for _ in 0..START_ATTEMPTS {
         let dir = fresh_dir("nginx-policy");
@@ -173,13 +185,14 @@ pub fn start(
         let conf = dir.join("nginx.conf");
         std::fs::write(&conf, conf_text(fronts, &ports, upstream, &dir)).expect("nginx.conf");
         let redis = redis_port.to_string();
-        let env = [
+        let mut env = vec![
             ("RL_REDIS_HOST", "127.0.0.1"),
             ("RL_REDIS_PORT", redis.as_str()),
             ("RL_JWT_SECRET", JWT_SECRET),
             // a loaded 2-core machine must not time out by accident
             ("RL_REDIS_TIMEOUT_MS", "1000"),
         ];
+        env.extend_from_slice(extra);
         let wait = Ports {
             main: ports[0],
             legacy: ports[0],
@@ -196,6 +209,28 @@ pub fn start(
     Err(format!(
         "no free ports after {START_ATTEMPTS} attempts: {last}"
     ))
+}
+
+/// The rlctl binary of the build the module under test comes from (built
+/// now if missing or stale: `cargo build [--release] -p rlctl`).
+pub fn rlctl_bin() -> PathBuf {
+    let module = super::common::module_path();
+    let dir = module.parent().expect("the module's directory");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut build = Command::new(cargo);
+    build
+        .args(["build", "-p", "rlctl", "--quiet"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if dir.ends_with("release") {
+        build.arg("--release");
+    }
+    assert!(
+        build.status().expect("cargo build -p rlctl").success(),
+        "cargo build -p rlctl failed"
+    );
+    let bin = dir.join("rlctl");
+    assert!(bin.is_file(), "{} not found", bin.display());
+    bin
 }
 
 /// The nginx front end of an example of `gateway/examples/`, as shipped.

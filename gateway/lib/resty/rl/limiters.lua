@@ -308,6 +308,10 @@ _M.KINDS = {
             args[n + 1], args[n + 2], args[n + 3], args[n + 4] = "ALSO", e.day_key,
                 DAY_LIMIT, p.period
         end
+        if p.region then
+            -- every key of the call counts on this region's component
+            args[#args + 1] = "REGION"
+        end
         if refund then
             return args
         end

@@ -154,6 +154,9 @@ _M.KINDS = {
         check_opt(where, "limit", l.limit, tiers, positive_int, "an integer >= 1")
         check_opt(where, "period", l.period, tiers, function(v) return PERIODS[v] end,
             "DAY, WEEK or MONTH")
+        -- counted per region (RL.QUOTA ... REGION): the limiter's own, for every key
+        check(l.region == nil or type(l.region) == "boolean",
+            "%s: region must be true or false", where)
     end,
     lease = function(where, l, tiers)
         check_opt(where, "max", l.max, tiers, function(v) return positive_int(v) and v <= 1000 end,
@@ -288,6 +291,7 @@ local function validate_rule(i, r, conf)
         local aw = where .. ".limiter.also[" .. j .. "]"
         check(type(a.name) == "string", "%s: name missing", aw)
         check_scope(aw, a.scope or {})
+        check(a.region == nil, "%s: region is the limiter's option (it covers every also key)", aw)
         a.kind, a.period, a.mode = l.kind, a.period or (l.kind == "bucket" and 60 or nil), l.mode
         _M.KINDS[l.kind](aw, a, tiers)
         if a.key ~= nil then

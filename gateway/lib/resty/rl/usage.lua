@@ -19,6 +19,9 @@
 --     (an ALSO clause of the same RL.QUOTA, same hash slot, expiring with
 --     the period: at most 31 keys per quota key), read by one probe per
 --     day of the period so far;
+--   * a quota counted per region (`region = true`): its probes carry
+--     `REGION` too, so they read the total of every region's component
+--     (as of the last sync, docs/regions.md);
 --   * this nginx node's counters in the shared dict `usage.dict`, counted
 --     in the log phase of ordinary requests by count(): one per admitted
 --     request (per key and second, kept 61 s), two per refused one (the
@@ -134,9 +137,10 @@ local function sum(list, from)
     return n
 end
 
--- The read-only commands of one entry (a rule applied to the caller):
--- one probe per bucket of the rule, and the box status of its first key.
-local function probes(e, days)
+--- The read-only commands of one entry (a rule applied to the caller):
+--- one probe per bucket of the rule, and the box status of its first key
+--- (`days`: the dates whose per-day counters are read).
+function _M.probes(e, days)
     local p, cmds = e.params, {}
     local keys = { { key = e.key, name = e.name, p = p } }
     for i, a in ipairs(p.also or {}) do
@@ -154,7 +158,7 @@ local function probes(e, days)
                 k.cmd[#k.cmd + 1] = "FIXED"
             end
         elseif p.kind == "quota" then
-            k.cmd = { "RL.QUOTA", k.key, q.limit, q.period, "COST", 0 }
+            k.cmd = { "RL.QUOTA", k.key, q.limit, q.period, "COST", 0, p.region and "REGION" or nil }
         else
             k.cmd = { "RL.LEASE", "LIST", k.key }
         end
@@ -166,7 +170,7 @@ local function probes(e, days)
     if e.day_key then
         for _, date in ipairs(days) do
             cmds[#cmds + 1] = { "RL.QUOTA", limiters.day_key(e.key, date), limiters.DAY_LIMIT,
-                                p.period, "COST", 0 }
+                                p.period, "COST", 0, p.region and "REGION" or nil }
         end
     end
     return keys, cmds
@@ -397,7 +401,7 @@ function _M.report(gw, req, ident)
         if e.day_key then
             start, days = period_days(e.params.period, today)
         end
-        local keys, c = probes(e, days)
+        local keys, c = _M.probes(e, days)
         entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1, start = start,
                                   days = days, days_first = #cmds + #c - #(days or {}) + 1 }
         for _, cmd in ipairs(c) do
