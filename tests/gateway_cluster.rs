@@ -415,3 +415,56 @@ fn live_master_for(cluster: &Cluster, key: &str, dead: u16) -> redis::Connection
         .expect("slot served");
     cluster.node(u16::try_from(r.2).expect("port")).client()
 }
+
+/// The keys of `pattern` on every primary, with the port of the primary
+/// that holds each.
+fn keys_held(cluster: &Cluster, pattern: &str) -> Vec<(String, u16)> {
+    let mut out = Vec::new();
+    for m in cluster.masters() {
+        let mut con = m.client();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query(&mut con)
+            .expect("KEYS");
+        out.extend(keys.into_iter().map(|k| (k, m.port)));
+    }
+    out
+}
+
+#[test]
+fn a_shipped_example_takes_cluster_mode_from_the_environment() {
+    let cluster = Cluster::start(3, 0);
+    let seeds: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let seeds = seeds.join(",");
+    // RL_REDIS_PORT names no server: only the seeds of RL_REDIS_NODES lead
+    // to the cluster
+    let gw = gateway_policy::start_with_env(
+        1,
+        &[gateway_policy::example("tiered")],
+        &[],
+        &[("RL_REDIS_MODE", "cluster"), ("RL_REDIS_NODES", &seeds)],
+    )
+    .expect("start");
+    let a = agent();
+    let url = format!("{}/v1/things", gw.url(0));
+    for i in 0..2 {
+        let r = get(&a, &url, &[("X-Api-Key", "demo-free-key")]);
+        assert_eq!(r.status, 200, "request {i}: {r:#?}");
+        let policy = r.must("RateLimit-Policy");
+        assert!(policy.contains("\"free-monthly\""), "{policy}");
+        assert!(!policy.contains("degraded"), "decided in Redis: {policy}");
+    }
+    // the monthly quota counted both requests, on the primary that owns
+    // its slot
+    let key = "tq:{tenant:app-1}:tier-monthly";
+    let held = keys_held(&cluster, "tq:*");
+    let port = cluster.master_for_key(key.as_bytes()).port;
+    assert!(held.contains(&(key.to_string(), port)), "{held:?}");
+    let mut con = cluster.master_for_key(key.as_bytes()).client();
+    let left = common::ints(&mut con, &format!("RL.QUOTA {key} 10000 MONTH COST 0"))[2];
+    assert_eq!(left, 10000 - 2, "{key}");
+}

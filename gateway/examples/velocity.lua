@@ -30,12 +30,10 @@ end
 local DEPOSIT, WITHDRAWAL = "POST /v1/deposits", "POST /v1/withdrawals"
 
 return {
-    redis = {
-        host = os.getenv("RL_REDIS_HOST") or "127.0.0.1",
-        port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
-        -- the design's 20 ms budget; RL_REDIS_TIMEOUT_MS for a slower network
-        timeout_ms = tonumber(os.getenv("RL_REDIS_TIMEOUT_MS") or "20"),
-    },
+    -- one server, Sentinel or Cluster as RL_REDIS_MODE and its companions
+    -- say (resty.rl.redis_env); the design's 20 ms budget unless
+    -- RL_REDIS_TIMEOUT_MS gives another
+    redis = require("resty.rl.redis_env").redis({ timeout_ms = 20 }),
     key_prefix = "vel",
     -- Retry-After in seconds always (the frontend shows a countdown)
     http_date_after = 315360000,

@@ -4,11 +4,9 @@
 -- reconcile and export leases, the failed-login windows). See
 -- gateway/REFERENCE.md for every option.
 return {
-    redis = {
-        host = os.getenv("RL_REDIS_HOST") or "127.0.0.1",
-        port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
-        timeout_ms = 20,
-    },
+    -- one server (RL_REDIS_HOST, RL_REDIS_PORT), Sentinel or Cluster as
+    -- RL_REDIS_MODE and its companions say (resty.rl.redis_env)
+    redis = require("resty.rl.redis_env").redis({ timeout_ms = 20 }),
     -- Who is calling. Production resolves the caller through its own
     -- authentication (a JWT's claims, an introspection cache); the sample
     -- keeps a static table: API key -> tenant, tier and a key id (the id,
