@@ -194,7 +194,8 @@ pub fn mutate(bases: &[Vec<u8>], total: usize, seed: u64) -> Vec<(Mutation, Vec<
     out
 }
 
-/// The payload version rl writes today.
+/// The newest payload version rl writes (a record holding regional
+/// counts).
 pub const PAYLOAD_VERSION: u8 = 7;
 
 /// The first byte of a patch payload (the parts a call reached; applied
@@ -204,30 +205,53 @@ pub const PATCH_MARKER: u8 = 0xD0;
 /// How many parts a payload of [`PAYLOAD_VERSION`] holds.
 pub const PAYLOAD_PARTS: u8 = 7;
 
+/// The version (and number of parts) every record without regional
+/// counts is written in.
+pub const PLAIN_VERSION: u8 = 6;
+
 /// The oldest payload version whose parts have today's bytes: versions 4
-/// to 6 hold their parts as version 7 does (a penalty with no
-/// retry recorded has the same bytes in both).
+/// to 7 hold their parts alike (a penalty with no retry recorded has the
+/// same bytes in all).
 pub const SAME_LAYOUT_SINCE: u8 = 4;
 
-/// The bytes a payload is stored as: the same, except that an older
-/// payload with the same layout (from [`SAME_LAYOUT_SINCE`]) is stored
-/// again under the current version, the parts it lacks empty: its version
-/// byte becomes [`PAYLOAD_VERSION`], its array header counts
-/// [`PAYLOAD_PARTS`], and one MessagePack nil (`0xc0`) per missing part
-/// follows.
+/// The bytes a payload is stored as: the same, except that a payload with
+/// today's layout (from [`SAME_LAYOUT_SINCE`]) is stored in the oldest
+/// version that holds its parts: [`PLAIN_VERSION`] unless its last part
+/// (the regional counts) is there. Its version byte and array header say
+/// so, with one MessagePack nil (`0xc0`) per part it lacks added, or its
+/// trailing nils past that version's parts dropped.
 pub fn as_current(payload: &[u8]) -> Vec<u8> {
     let mut p = payload.to_vec();
-    let older = (SAME_LAYOUT_SINCE..PAYLOAD_VERSION).contains(&p.first().copied().unwrap_or(0));
-    match p.get(1).copied() {
-        Some(header @ 0x90..=0x9f) if older && header & 0x0f <= PAYLOAD_PARTS => {
-            p[0] = PAYLOAD_VERSION;
-            p[1] = 0x90 | PAYLOAD_PARTS;
-            p.extend(std::iter::repeat_n(
-                0xc0,
-                usize::from(PAYLOAD_PARTS - (header & 0x0f)),
-            ));
-        }
-        _ => {}
+    let same_layout =
+        (SAME_LAYOUT_SINCE..=PAYLOAD_VERSION).contains(&p.first().copied().unwrap_or(0));
+    let Some(header @ 0x90..=0x9f) = p.get(1).copied() else {
+        return p;
+    };
+    let parts = header & 0x0f;
+    if !same_layout || parts > PAYLOAD_PARTS {
+        return p;
+    }
+    // Which parts are there (a nil is absent); bytes that do not parse are
+    // refused by the module whatever this says.
+    let Ok(present) = rmp_serde::from_slice::<Vec<Option<serde::de::IgnoredAny>>>(&p[1..]) else {
+        return p;
+    };
+    let last = present
+        .iter()
+        .rposition(Option::is_some)
+        .map_or(0, |i| i + 1);
+    let version = if last > usize::from(PLAIN_VERSION) {
+        PAYLOAD_VERSION
+    } else {
+        PLAIN_VERSION
+    };
+    p[0] = version;
+    p[1] = 0x90 | version;
+    if parts > version {
+        // trailing nils, one byte each
+        p.truncate(p.len() - usize::from(parts - version));
+    } else {
+        p.extend(std::iter::repeat_n(0xc0, usize::from(version - parts)));
     }
     p
 }
