@@ -70,3 +70,55 @@ T.cases("a bad home or borrow option is named", {
     end, err = R .. ": allowance.home in cluster mode needs nodes and a dict of its own "
         .. "(allowance.home.dict, a lua_shared_dict)" },
 }, T.refusing(good, config.build, "rl config: "))
+
+-- ngx.timer replaced for `fn`: the timers asked for are recorded (never
+-- run); the stub's refusing one put back after.
+local function with_timers(fn)
+    local stub, started = ngx.timer, {}
+    ngx.timer = {
+        at = function(_, f) started[#started + 1] = f; return true end,
+        every = function() return true end,
+    }
+    local ok, err = pcall(fn, started)
+    ngx.timer = stub
+    assert(ok, err)
+end
+
+T.test("a region's node borrows only while the home is away, then the charge goes first", function()
+    with_timers(function(started)
+        local conf = config.build(good())
+        local allowance = require "resty.rl.allowance"
+        local d = ngx.shared.rl_allowance
+        d:flush_all()
+        local key = "rl:{key_id:k1}:alpha"
+        local function request()
+            local e = { rule = conf.rules[1], key = key, cost = 1, name = "alpha",
+                        params = { burst = 20, rate = 10, period = 60 } }
+            T.eq(allowance.spent(conf, e), true, "decided without a Redis call")
+            return e.outcome.state, e.outcome.retry_ms
+        end
+        -- nothing held, the home not known away: refused, a fetch started
+        T.eq({ request() }, { "refused", 1000 })
+        T.eq(#started, 1)
+        -- a fetch without a reply marked the home away: 4 borrowed, then refused
+        d:set("u:" .. key, true)
+        for _ = 1, 4 do
+            T.eq(request(), "allowed")
+        end
+        T.eq({ request() }, { "refused", 1000 })
+        T.eq(d:get("o:" .. key), 4)
+        -- still away: the next fetch charges nothing
+        local e = { rule = conf.rules[1], key = key, params = { burst = 20, rate = 10, period = 60 } }
+        local cmds, owed = allowance.fetch_commands(d, e)
+        T.eq({ #cmds, owed }, { 1, 0 })
+        -- back: the charge first, in the same round trip, taken out of the dict
+        d:delete("u:" .. key)
+        cmds, owed = allowance.fetch_commands(d, e)
+        T.eq(cmds, { { "RL.TAKE", key, 20, 10, 60, "COST", 4, "DEBT" },
+                     { "RL.TAKE", key, 20, 10, 60, "COST", 6, "PARTIAL", "MIN", 1 } })
+        T.eq({ owed, d:get("o:" .. key) }, { 4, 0 })
+        -- a second fetch does not charge it again
+        cmds, owed = allowance.fetch_commands(d, e)
+        T.eq({ #cmds, owed }, { 1, 0 })
+    end)
+end)

@@ -234,10 +234,11 @@ local function drain(d, k)
     return 0
 end
 
--- The fetch of `e`'s next allowance (at least 1 point) and, with a home
--- that answers, the charge of the points borrowed before it: the
--- commands, and the points charged.
-local function fetch_commands(d, e)
+--- The fetch of `e`'s next allowance (at least 1 point; `d`: the dict)
+--- and, with a home not marked unreachable, the charge of the points
+--- borrowed in front of it (taken out of the dict): the commands, and the
+--- points charged.
+function _M.fetch_commands(d, e)
     local a, p, n = e.rule.allowance, e.params, names_of(e.key)
     local cmds, owed = {}, 0
     if a.home and not d:get(n.u) then
@@ -259,7 +260,7 @@ local function fetch_ahead(premature, conf, e)
     local a = e.rule.allowance
     local d, n = ngx.shared[a.dict], names_of(e.key)
     if not premature then
-        local cmds, owed = fetch_commands(d, e)
+        local cmds, owed = _M.fetch_commands(d, e)
         local res, err = commands.pipeline(a.home_conf or conf, cmds)
         local r = res and res[#cmds]
         if owed > 0 and not (res and type(res[1]) == "table" and res[1][1] == 1) then
