@@ -278,6 +278,9 @@ local function fetch_ahead(premature, conf, e)
             hold(d, e, r[9], r[3])
         elseif not res then
             metrics.redis_error(conf, err)
+        elseif type(r) == "table" and r[1] == false then
+            -- an error reply
+            metrics.redis_error(conf, r[2])
         end
     end
     d:delete(n.f)
