@@ -187,7 +187,7 @@ test-gateway: deps build
 		--test gateway_logins --test gateway_modes --test gateway_kong \
 		--test gateway_rules --test gateway_examples --test gateway_ledger \
 		--test gateway_cluster --test gateway_sentinel --test gateway_usage \
-		--test gateway_settle --test gateway_allowance --test gateway_distinct \
+		--test gateway_settle --test gateway_allowance --test gateway_home --test gateway_distinct \
 		--test gateway_jwt --test gateway_degraded --test gateway_refusals \
 		--test gateway_inputs --test gateway_private \
 		-- --test-threads=$(TEST_THREADS)

@@ -340,7 +340,7 @@ local function validate_rule(i, r, conf)
         check_opt(where, "limiter." .. cap, l[cap], tiers,
             function(v) return v >= dearest end, "at least the dearest route's cost " .. dearest)
     end
-    allowance.validate(where, r, l, check)
+    allowance.validate(where, r, l, check, conf)
     settle.validate(where, r, l, check)
     -- no reference: the engine shares the limiter between callers
     r.static_limiter = not refs.has_ref(l)
