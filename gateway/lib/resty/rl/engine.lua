@@ -532,9 +532,13 @@ function Engine:body_filter(req)
 end
 
 --- Log phase: counters, one structured line per refusal, and the work
---- after the response (resty.rl.log_phase).
+--- after the response (resty.rl.log_phase); a request with nothing left
+--- to do gives its entries back (resty.rl.matching.release).
 function Engine:log(req)
-    return log_phase.log(self.conf, req)
+    local done = log_phase.log(self.conf, req)
+    if done then
+        matching.release(done)
+    end
 end
 
 return _M
