@@ -239,6 +239,7 @@ local function give_back(e)
         and e.degraded_bucket == nil and e.actual == nil and e.fetch == nil then
         pooled = pooled + 1
         pool[pooled] = e
+        limiters.give_back(e.outcome)
     end
 end
 
