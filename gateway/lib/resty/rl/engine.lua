@@ -348,7 +348,7 @@ function Engine:access(req)
         ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
-    local state = phases.start(conf, req, ident, hotpath.new_table(self.most_entries, 0))
+    local state = phases.start(conf, req, ident, matching.new_list(self.most_entries))
     -- the request id is read on first use (most requests need none)
     setmetatable(state, lazy_request_id)
     if store_failed then

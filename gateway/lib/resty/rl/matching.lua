@@ -234,22 +234,46 @@ end
 -- spent from an allowance (its fetch timer may hold it), and with no
 -- field beyond an entry's own (a cached box, the local fallback, a
 -- settlement).
+-- True when `e` is kept.
 local function give_back(e)
     if pooled < POOL_MAX and not e.rule.allowance and e.known_box == nil
         and e.degraded_bucket == nil and e.actual == nil and e.fetch == nil then
         pooled = pooled + 1
         pool[pooled] = e
         limiters.give_back(e.outcome)
+        return nil
     end
+    return true
+end
+
+local function clear(_, i, list)
+    list[i] = nil
+end
+
+-- Entry lists given back (emptied), as the entries.
+local lists, listed = {}, 0
+
+--- A request's list of entries, with room for `most` (resty.rl.engine).
+function _M.new_list(most)
+    if listed == 0 then
+        return hotpath.new_table(most, 0)
+    end
+    local list = lists[listed]
+    lists[listed], listed = nil, listed - 1
+    return list
 end
 
 --- Gives back the entries of a request's `state` once nothing reads them
 --- any more (after its log phase, when no timer holds the state), so
---- that the next requests reuse them (resty.rl.engine).
+--- that the next requests reuse them (resty.rl.engine); its list too
+--- (emptied) when every entry was given back.
 function _M.release(state)
     local entries = state.entries
-    if entries and not state.redis_error and not state.degraded then
-        hotpath.each(entries, give_back)
+    if entries and not state.redis_error and not state.degraded
+        and not hotpath.each(entries, give_back) and listed < POOL_MAX then
+        hotpath.each(entries, clear, entries)
+        listed = listed + 1
+        lists[listed] = entries
     end
 end
 
