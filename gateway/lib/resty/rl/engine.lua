@@ -348,7 +348,7 @@ function Engine:access(req)
         ident = { attrs = { tier = conf.default_tier }, overrides = {}, store_failed = true,
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
-    local state = phases.start(conf, req, ident, hotpath.new_table(self.most_entries, 0))
+    local state = phases.start(conf, req, ident, matching.new_list(self.most_entries))
     -- the request id is read on first use (most requests need none)
     setmetatable(state, lazy_request_id)
     if store_failed then
@@ -532,9 +532,13 @@ function Engine:body_filter(req)
 end
 
 --- Log phase: counters, one structured line per refusal, and the work
---- after the response (resty.rl.log_phase).
+--- after the response (resty.rl.log_phase); a request with nothing left
+--- to do gives its entries back (resty.rl.matching.release).
 function Engine:log(req)
-    return log_phase.log(self.conf, req)
+    local done = log_phase.log(self.conf, req)
+    if done then
+        matching.release(done)
+    end
 end
 
 return _M

@@ -128,6 +128,31 @@ end
 -- fields, read from the reply itself: no decoded table per request); its
 -- own binding, as resty.rl.allowance's: one table (of at most 16 fields)
 -- per entry and request.
+-- Rate outcomes given back after their request (give_back), reused by
+-- the next ones (as resty.rl.matching's entries). At most POOL_MAX.
+local pool, pooled, POOL_MAX = {}, 0, 64
+
+local function new_outcome()
+    if pooled == 0 then
+        return { state = false, strikes = false, level = false, retry_ms = false, binding = false,
+                 name = false, limit = false, remaining = false, reset_ms = false, window = false,
+                 unit = false, clamp = false }
+    end
+    local o = pool[pooled]
+    pool[pooled], pooled = nil, pooled - 1
+    return o
+end
+
+--- Gives back outcome `o` of a request done with it (resty.rl.matching
+--- .release) when it is a rate outcome without a box (one made here
+--- with no field beyond its own).
+function _M.give_back(o)
+    if o and o.binding == o and o.boxed == nil and pooled < POOL_MAX then
+        pooled = pooled + 1
+        pool[pooled] = o
+    end
+end
+
 local function rate_outcome(e, raw)
     if not commands.is_rate_reply(raw) then
         return nil, bad_reply(raw)
@@ -135,15 +160,13 @@ local function rate_outcome(e, raw)
     local kind, none = e.params.kind, commands.none
     local status, remaining, reset_ms, b = raw[1], raw[3], none(raw[4]), raw[8]
     local bp = b == 0 and e.params or e.params.also[b]
-    local out = {
-        state = status == 1 and "allowed" or status == 2 and "delayed"
-            or status == 0 and "refused" or "boxed",
-        strikes = none(raw[7]), level = raw[6], retry_ms = nil, binding = false,
-        name = b == 0 and e.name or e.also_names[b], limit = raw[2], remaining = remaining,
-        reset_ms = reset_ms, window = window_of(kind, bp), unit = e.rule.unit,
-        clamp = kind ~= "bucket",
-    }
-    out.binding = out
+    local out = new_outcome()
+    out.state = status == 1 and "allowed" or status == 2 and "delayed"
+        or status == 0 and "refused" or "boxed"
+    out.strikes, out.level, out.retry_ms, out.binding = none(raw[7]), raw[6], nil, out
+    out.name, out.limit = b == 0 and e.name or e.also_names[b], raw[2]
+    out.remaining, out.reset_ms, out.window = remaining, reset_ms, window_of(kind, bp)
+    out.unit, out.clamp = e.rule.unit, kind ~= "bucket"
     if status == 1 then
         if e.probe and remaining < e.cost then
             -- count = failures: no failure left; the window frees at the latest by its reset

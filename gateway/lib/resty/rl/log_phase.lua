@@ -162,12 +162,14 @@ end
 --- refusal, and the work after the response (in a timer). Without an
 --- entry of a rule that works here (works_after: the engine's
 --- state.steps.log), a request without leases or boxes has nothing more
---- to do once counted.
+--- to do once counted: its state is then returned (no timer holds it).
 function _M.log(conf, req)
     local state, status = count_and_log(conf, req, event)
-    if not state or not (state.steps and state.steps.log) and #state.leases == 0
-        and not state.boxed then
-        return
+    if not state then
+        return nil
+    end
+    if not (state.steps and state.steps.log) and #state.leases == 0 and not state.boxed then
+        return state
     end
     local cmds, egress = {}, {}
     local settles

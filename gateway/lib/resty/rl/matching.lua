@@ -211,6 +211,72 @@ local function tier_limiter(rule, _tier, ident)
     return resolve_deep(rule.limiter, ident)
 end
 
+-- Entries given back after their request (release), reused by the next
+-- ones: a table of 14 fields made and swept per request costs more than
+-- its fields written again. At most POOL_MAX (the requests in flight).
+local pool, pooled, POOL_MAX = {}, 0, 64
+
+-- An entry to fill in: one given back, else a new one with every field
+-- of an entry (false until filled in: a field added later costs LuaJIT
+-- a resize).
+local function new_entry()
+    if pooled == 0 then
+        return { rule = false, params = false, cost = false, probe = false, name = false,
+                 also_names = false, also_keys = false, member = false, tier = false,
+                 static = false, key = false, day_key = false, outcome = false, keys_id = false }
+    end
+    local e = pool[pooled]
+    pool[pooled], pooled = nil, pooled - 1
+    return e
+end
+
+-- Gives back entry `e` when nothing can hold it after its request: not
+-- spent from an allowance (its fetch timer may hold it), and with no
+-- field beyond an entry's own (a cached box, the local fallback, a
+-- settlement).
+-- True when `e` is kept.
+local function give_back(e)
+    if pooled < POOL_MAX and not e.rule.allowance and e.known_box == nil
+        and e.degraded_bucket == nil and e.actual == nil and e.fetch == nil then
+        pooled = pooled + 1
+        pool[pooled] = e
+        limiters.give_back(e.outcome)
+        return nil
+    end
+    return true
+end
+
+local function clear(_, i, list)
+    list[i] = nil
+end
+
+-- Entry lists given back (emptied), as the entries.
+local lists, listed = {}, 0
+
+--- A request's list of entries, with room for `most` (resty.rl.engine).
+function _M.new_list(most)
+    if listed == 0 then
+        return hotpath.new_table(most, 0)
+    end
+    local list = lists[listed]
+    lists[listed], listed = nil, listed - 1
+    return list
+end
+
+--- Gives back the entries of a request's `state` once nothing reads them
+--- any more (after its log phase, when no timer holds the state), so
+--- that the next requests reuse them (resty.rl.engine); its list too
+--- (emptied) when every entry was given back.
+function _M.release(state)
+    local entries = state.entries
+    if entries and not state.redis_error and not state.degraded
+        and not hotpath.each(entries, give_back) and listed < POOL_MAX then
+        hotpath.each(entries, clear, entries)
+        listed = listed + 1
+        lists[listed] = entries
+    end
+end
+
 --- One entry (a rule applied to this request), nil when the rule does
 --- not apply (an attribute of its scope, its distinct member or its cost
 --- argument missing), or nil, "ambiguous" (or "invalid", "too_large"),
@@ -283,16 +349,17 @@ function _M.entry(conf, req, state, rule, ident)
     -- failures and response bytes are probed now, charged after the response;
     -- the outcome is decided later (false until then: a field given here
     -- is not added to the table later, see resty.rl.phases.start)
-    local e = { rule = rule, params = params, cost = cost, probe = rule.count ~= "requests",
-                name = tier_name(rule.name, tier),
-                -- (with a key template: the names of the rule and tier, shared, never written)
-                also_names = params.also and (keys and also_names:get(rule, tier, names_of_also)
-                    or {}) or NONE,
-                also_keys = keys and keys[2] or params.also and {} or NONE,
-                member = values and values[rule.limiter.member], tier = tier, static = static,
-                key = keys and keys[1] or memo_rule_key(conf, rule, tag_value, values, rule_key),
-                day_key = false, outcome = false,
-                keys_id = kt and kt.from_record and ident.record and keys or false }
+    local e = new_entry()
+    e.rule, e.params, e.cost, e.probe = rule, params, cost, rule.count ~= "requests"
+    e.name, e.tier, e.static = tier_name(rule.name, tier), tier, static
+    -- (with a key template: the names of the rule and tier, shared, never written)
+    e.also_names = params.also and (keys and also_names:get(rule, tier, names_of_also) or {})
+        or NONE
+    e.also_keys = keys and keys[2] or params.also and {} or NONE
+    e.member = values and values[rule.limiter.member] or false
+    e.key = keys and keys[1] or memo_rule_key(conf, rule, tag_value, values, rule_key)
+    e.day_key, e.outcome = false, false
+    e.keys_id = kt and kt.from_record and ident.record and keys or false
     -- a calendar quota counts each day's points too, for the usage dashboard
     -- (an ALSO key of the same command: resty.rl.limiters)
     if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
