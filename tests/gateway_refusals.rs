@@ -124,7 +124,8 @@ fn ledger_stuffing_box_wins_over_the_cached_lockout() {
     let r = login(&a, &token, "s0", "x", ip);
     assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 1);
     // the failures counted so far (the gateway's own keys, written as it
-    // writes them): 49 subjects, 498 failures
+    // writes them): 49 subjects, 498 failures, besides s0's refused attempt
+    // (a 429 is a listed failure) once its log phase has run
     let ip_key = format!("ledger:{{ip:{ip}}}:stuffing-ip");
     for n in 1..=49 {
         ints(&mut con, &format!("RL.DISTINCT {ip_key} s{n} 49 600"));
@@ -133,11 +134,29 @@ fn ledger_stuffing_box_wins_over_the_cached_lockout() {
         &mut con,
         &format!("RL.WINDOW {ip_key}:events 499 600 COST 498 EXACT"),
     );
-    // the 499th and the 500th failure (its log phase trips level 3; an
-    // attempt after it may already see that box, so none is sent here)
+    let events = |con: &mut redis::Connection| {
+        1000 - ints(
+            con,
+            &format!("RL.WINDOW {ip_key}:events 1000 600 COST 0 EXACT"),
+        )[2]
+    };
+    poll(ASYNC, "s0's failure is recorded", || {
+        events(&mut con) == 499
+    });
+    // the 500th failure (one past the events window's 499) trips level 3
+    // in its log phase; each attempt is sent once the one before has been
+    // recorded, so none can see that box yet
+    let tripped = |con: &mut redis::Connection| box_status(con, &ip_key)[0] == 3;
     for n in 50..=51 {
+        let before = events(&mut con);
         let r = login(&a, &token, &format!("s{n}"), "x", ip);
         assert_eq!(problem(&r, 429, "penalty-box-active")["penalty_level"], 1);
+        poll(ASYNC, "the attempt is recorded", || {
+            tripped(&mut con) || events(&mut con) > before
+        });
+        if tripped(&mut con) {
+            break;
+        }
     }
     poll(ASYNC, "the IP is boxed at level 3", || {
         box_status(&mut con, &ip_key)[0] == 3
