@@ -125,13 +125,14 @@ pub fn mixed_workload(con: &mut Connection, keys: usize) {
 pub fn snapshot(con: &mut Connection) -> BTreeMap<String, (Vec<u8>, i64)> {
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(con).expect("KEYS");
     keys.into_iter()
-        .map(|k| {
+        .filter_map(|k| {
             let dump: Vec<u8> = redis::cmd("DUMP").arg(&k).query(con).expect("DUMP");
             let at: i64 = redis::cmd("PEXPIRETIME")
                 .arg(&k)
                 .query(con)
                 .expect("PEXPIRETIME");
-            (k, (dump, at))
+            // a key that expired between KEYS and its DUMP is not there
+            (at != -2).then_some((k, (dump, at)))
         })
         .collect()
 }
