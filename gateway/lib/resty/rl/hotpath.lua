@@ -66,6 +66,31 @@ function _M.shared_empty(what)
     end })
 end
 
+--- A per-worker pool of at most `max` tables given back after their
+--- request for the next ones to reuse: `take()` one (nil when there is
+--- none), `give(t)` one back (false, and `t` not kept, when the pool is
+--- full).
+function _M.pool(max)
+    local items, n = {}, 0
+    local function take()
+        if n == 0 then
+            return nil
+        end
+        local t = items[n]
+        items[n], n = nil, n - 1
+        return t
+    end
+    local function give(t)
+        if n >= max then
+            return false
+        end
+        n = n + 1
+        items[n] = t
+        return true
+    end
+    return take, give
+end
+
 --- Ends the trace LuaJIT is recording here; the next one starts after
 --- this call. A trace runs across the functions it calls, so the whole
 --- access phase of a rule policy would be one trace, which grows past

@@ -29,6 +29,7 @@ local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
 local memo = require "resty.rl.memo"
 local distinct = require "resty.rl.distinct"
+local hotpath = require "resty.rl.hotpath"
 
 local _M = {}
 
@@ -129,27 +130,22 @@ end
 -- own binding, as resty.rl.allowance's: one table (of at most 16 fields)
 -- per entry and request.
 -- Rate outcomes given back after their request (give_back), reused by
--- the next ones (as resty.rl.matching's entries). At most POOL_MAX.
-local pool, pooled, POOL_MAX = {}, 0, 64
+-- the next ones (as resty.rl.matching's entries). At most 64.
+local take_outcome, give_outcome = hotpath.pool(64)
 
 local function new_outcome()
-    if pooled == 0 then
-        return { state = false, strikes = false, level = false, retry_ms = false, binding = false,
-                 name = false, limit = false, remaining = false, reset_ms = false, window = false,
-                 unit = false, clamp = false }
-    end
-    local o = pool[pooled]
-    pool[pooled], pooled = nil, pooled - 1
-    return o
+    return take_outcome()
+        or { state = false, strikes = false, level = false, retry_ms = false, binding = false,
+             name = false, limit = false, remaining = false, reset_ms = false, window = false,
+             unit = false, clamp = false }
 end
 
 --- Gives back outcome `o` of a request done with it (resty.rl.matching
 --- .release) when it is a rate outcome without a box (one made here
 --- with no field beyond its own).
 function _M.give_back(o)
-    if o and o.binding == o and o.boxed == nil and pooled < POOL_MAX then
-        pooled = pooled + 1
-        pool[pooled] = o
+    if o and o.binding == o and o.boxed == nil then
+        give_outcome(o)
     end
 end
 

@@ -214,20 +214,17 @@ end
 -- Entries given back after their request (release), reused by the next
 -- ones: a table of 14 fields made and swept per request costs more than
 -- its fields written again. At most POOL_MAX (the requests in flight).
-local pool, pooled, POOL_MAX = {}, 0, 64
+local POOL_MAX = 64
+local take_entry, give_entry = hotpath.pool(POOL_MAX)
 
 -- An entry to fill in: one given back, else a new one with every field
 -- of an entry (false until filled in: a field added later costs LuaJIT
 -- a resize).
 local function new_entry()
-    if pooled == 0 then
-        return { rule = false, params = false, cost = false, probe = false, name = false,
-                 also_names = false, also_keys = false, member = false, tier = false,
-                 static = false, key = false, day_key = false, outcome = false, keys_id = false }
-    end
-    local e = pool[pooled]
-    pool[pooled], pooled = nil, pooled - 1
-    return e
+    return take_entry()
+        or { rule = false, params = false, cost = false, probe = false, name = false,
+             also_names = false, also_keys = false, member = false, tier = false,
+             static = false, key = false, day_key = false, outcome = false, keys_id = false }
 end
 
 -- Gives back entry `e` when nothing can hold it after its request: not
@@ -236,10 +233,8 @@ end
 -- settlement).
 -- True when `e` is kept.
 local function give_back(e)
-    if pooled < POOL_MAX and not e.rule.allowance and e.known_box == nil
-        and e.degraded_bucket == nil and e.actual == nil and e.fetch == nil then
-        pooled = pooled + 1
-        pool[pooled] = e
+    if not e.rule.allowance and e.known_box == nil and e.degraded_bucket == nil
+        and e.actual == nil and e.fetch == nil and give_entry(e) then
         limiters.give_back(e.outcome)
         return nil
     end
@@ -251,16 +246,11 @@ local function clear(_, i, list)
 end
 
 -- Entry lists given back (emptied), as the entries.
-local lists, listed = {}, 0
+local take_list, give_list = hotpath.pool(POOL_MAX)
 
 --- A request's list of entries, with room for `most` (resty.rl.engine).
 function _M.new_list(most)
-    if listed == 0 then
-        return hotpath.new_table(most, 0)
-    end
-    local list = lists[listed]
-    lists[listed], listed = nil, listed - 1
-    return list
+    return take_list() or hotpath.new_table(most, 0)
 end
 
 --- Gives back the entries of a request's `state` once nothing reads them
@@ -270,10 +260,10 @@ end
 function _M.release(state)
     local entries = state.entries
     if entries and not state.redis_error and not state.degraded
-        and not hotpath.each(entries, give_back) and listed < POOL_MAX then
+        and not hotpath.each(entries, give_back) then
+        -- emptied first: a list the full pool does not keep is dropped
         hotpath.each(entries, clear, entries)
-        listed = listed + 1
-        lists[listed] = entries
+        give_list(entries)
     end
 end
 
