@@ -164,8 +164,9 @@ valkey-integration:
 	@$(MAKE) --no-print-directory integration-on SERVER_BIN=$(VALKEY_DIR)/bin \
 		SERVER=valkey LOG=$(TEST_LOG_VALKEY) RUN_FIGURES=$(FIGURES_VALKEY)
 
-# The integration tests on $(SERVER_BIN)/$(SERVER)-server and -cli; output
-# also in $(LOG), reliability figures in $(RUN_FIGURES).
+# The integration tests on $(SERVER_BIN)/$(SERVER)-server and -cli, then
+# rlctl's region tests (the sync worker against that server); output also
+# in $(LOG), reliability figures in $(RUN_FIGURES).
 integration-on:
 	@mkdir -p $(dir $(LOG)) && : > $(LOG)
 	@test -x $(SERVER_BIN)/$(SERVER)-server -a -x $(SERVER_BIN)/$(SERVER)-cli || \
@@ -175,7 +176,14 @@ integration-on:
 	REDIS_SERVER=$(SERVER_BIN)/$(SERVER)-server REDIS_CLI=$(SERVER_BIN)/$(SERVER)-cli \
 	RL_MODULE=$(MODULE) RL_RELIABILITY_OUT=$(RUN_FIGURES) \
 		$(CARGO) test --release --no-fail-fast $(INTEGRATION_TESTS) \
-		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(LOG)
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee $(LOG); \
+	rc=$$?; \
+	REDIS_SERVER=$(SERVER_BIN)/$(SERVER)-server REDIS_CLI=$(SERVER_BIN)/$(SERVER)-cli \
+	RL_MODULE=$(MODULE) $(CARGO) test --release -p rlctl --no-fail-fast --test regions \
+		-- --test-threads=$(TEST_THREADS) 2>&1 | tee -a $(LOG); \
+	rc_regions=$$?; \
+	[ $$rc -ne 0 ] || rc=$$rc_regions; \
+	exit $$rc
 
 # The gateway's tests alone (gateway/TESTING.md): its Lua unit tests, then
 # its end-to-end tests: nginx with the Lua library and the Kong plugin

@@ -33,7 +33,7 @@ impl Cluster {
         let nodes: Vec<Server> = (0..masters * (1 + replicas))
             .map(|_| Server::launch(true, &args))
             .collect();
-        let out = Command::new("redis-cli")
+        let out = Command::new(super::redis_cli_bin())
             .arg("--cluster")
             .arg("create")
             .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))

@@ -17,6 +17,18 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+/// The `redis-server` binary to run: env `REDIS_SERVER`, else
+/// `redis-server` from `PATH` (`make test` runs the region tests again on
+/// Redis 7.4 and Valkey this way).
+pub fn redis_server_bin() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+/// The `redis-cli` binary to run: env `REDIS_CLI`, else `redis-cli`.
+pub fn redis_cli_bin() -> String {
+    std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".to_string())
+}
+
 /// The release module: `RL_MODULE`, else `target/release/librl.so` at the workspace root.
 pub fn module_path() -> PathBuf {
     let path = std::env::var_os("RL_MODULE")
@@ -110,7 +122,7 @@ impl Server {
             .append(true)
             .open(self.dir.join("redis.log"))
             .expect("log file");
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(redis_server_bin());
         cmd.args([
             "--port",
             &self.port.to_string(),
