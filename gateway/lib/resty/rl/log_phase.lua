@@ -17,7 +17,7 @@ local distinct = require "resty.rl.distinct"
 local quota_alerts = require "resty.rl.quota_alerts"
 local phases = require "resty.rl.phases"
 local metrics = require "resty.rl.metrics"
-local usage = require "resty.rl.usage"
+local usage_counts = require "resty.rl.usage_counts"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -133,7 +133,7 @@ end
 local QUIET = { allowed = true, degraded_allowed = true }
 
 -- The log phase's first part: the decision counters (resty.rl.metrics,
--- resty.rl.usage) and, for a refused (or, in shadow mode, would-be
+-- resty.rl.usage_counts) and, for a refused (or, in shadow mode, would-be
 -- refused) request, one `rl_event` JSON line with the fields
 -- `event(req, state, status)` gives. Returns the state and the response
 -- status, or nil when the request has no state (an internal redirect).
@@ -144,7 +144,7 @@ local function count_and_log(conf, req, event)
     end
     local status = req.status()
     metrics.decision(conf, state.decision, state.route.name, state.tier_name)
-    usage.count(conf, state)
+    usage_counts.count(conf, state)
     if not QUIET[state.decision] then
         req.warn("rl_event " .. (cjson.encode(event(req, state, status)) or "{}"):gsub("\\/", "/"))
     end

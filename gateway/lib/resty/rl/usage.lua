@@ -22,12 +22,9 @@
 --   * a quota counted per region (`region = true`): its probes carry
 --     `REGION` too, so they read the total of every region's component
 --     (as of the last sync, docs/regions.md);
---   * this nginx node's counters in the shared dict `usage.dict`, counted
---     in the log phase of ordinary requests by count(): one per admitted
---     request (per key and second, kept 61 s), two per refused one (the
---     second per key, reason and minute, kept 11 minutes); counted per
---     worker and added to the dict at most 50 ms later (resty.rl.metrics.add),
---     and a report waits for the counts of the requests before it.
+--   * this nginx node's counters of the key (resty.rl.usage_counts,
+--     counted in the log phase of ordinary requests); a report waits for
+--     the counts of the requests before it.
 --     Ordinary requests send nothing more to Redis. Usage reports are
 --     capped per key and node (usage.reports_per_second, one more incr).
 
@@ -38,27 +35,14 @@ local request = require "resty.rl.request"
 local problem = require "resty.rl.problem"
 local commands = require "resty.rl.commands"
 local metrics = require "resty.rl.metrics"
-local memo = require "resty.rl.memo"
+local usage_counts = require "resty.rl.usage_counts"
 local cjson = require "cjson.safe"
 
 local _M = {}
 
-local SEP = "\1"
--- seconds of per-second counts kept (the chart's span, the prediction's rate)
-local SERIES = 60
+local SEP, SERIES, REFUSAL_MINUTES = usage_counts.SEP, usage_counts.SERIES, usage_counts.REFUSAL_MINUTES
 -- the "live" rate: requests in the last LIVE seconds, this one included
 local LIVE = 10
--- recent refusals: the last REFUSAL_MINUTES minutes, this one included
-local REFUSAL_MINUTES = 10
-
---- The refusal reasons counted (the decisions of resty.rl.metrics that
---- refuse a request).
-_M.REASONS = { "throttled", "boxed", "quota_exceeded", "challenged", "conflict", "locked_out",
-               "invalid", "degraded_throttled", "failed_closed" }
-
--- Decisions that let the request through (counted as admitted).
-local ADMITTED = { allowed = true, degraded_allowed = true, soft_blocked = true,
-                   shadow_allowed = true }
 
 -- Identity attributes a usage report may be keyed by: a rule scoped by
 -- anything else (client IP, a header, an argument, the login subject) is
@@ -68,65 +52,6 @@ local KEY_ATTRS = { key_id = true, tenant = true, tier = true, brand = true, use
 -- The API key header (identity.api_key; the tier form's is translated there).
 local function key_header(conf)
     return conf.identity.api_key.header
-end
-
-local function dict(conf)
-    local u = conf.usage
-    return u and ngx.shared[u.dict]
-end
-
--- The counter names of a key (by key prefix and key id, a per-worker
--- memo): `who` the part they share, `a` and `r` the admitted and refused
--- counters of the second `at` (made again when the second changes).
-local counter_names = memo.new(10000)
-local function new_names(prefix, key_id)
-    return { who = prefix .. SEP .. key_id .. SEP, at = -1, a = false, r = false }
-end
-
---- Log phase of an ordinary request: counts it for its key (one counter
---- when admitted, one more when refused; no Redis).
-function _M.count(conf, state)
-    local d, ident = dict(conf), state.ident
-    local key_id = d and ident and ident.attrs.key_id
-    if type(key_id) ~= "string" then
-        return
-    end
-    local now = ngx.time()
-    local admitted = ADMITTED[state.decision]
-    local n = counter_names:get(conf.key_prefix, key_id, new_names)
-    if n.at ~= now then
-        n.at, n.a, n.r = now, "a" .. SEP .. n.who .. now, "r" .. SEP .. n.who .. now
-    end
-    metrics.add(d, admitted and n.a or n.r, 1, SERIES + 1)
-    if not admitted then
-        metrics.add(d, "x" .. SEP .. n.who .. state.decision .. SEP .. math.floor(now / 60), 1,
-            (REFUSAL_MINUTES + 1) * 60)
-    end
-end
-
--- The node's counters of `key_id` (under `prefix`): the per-second
--- series (oldest first) and the refusals of the last minutes by reason.
-local function counters(d, prefix, key_id, now)
-    local admitted, refused = {}, {}
-    local who = prefix .. SEP .. key_id .. SEP
-    for i = 1, SERIES do
-        local t = now - SERIES + i
-        admitted[i] = d:get("a" .. SEP .. who .. t) or 0
-        refused[i] = d:get("r" .. SEP .. who .. t) or 0
-    end
-    local by_reason, total = {}, 0
-    local minute = math.floor(now / 60)
-    for _, reason in ipairs(_M.REASONS) do
-        local n = 0
-        for m = minute - REFUSAL_MINUTES + 1, minute do
-            n = n + (d:get("x" .. SEP .. who .. reason .. SEP .. m) or 0)
-        end
-        if n > 0 then
-            by_reason[reason] = n
-            total = total + n
-        end
-    end
-    return admitted, refused, by_reason, total
 end
 
 local function sum(list, from)
@@ -445,13 +370,13 @@ function _M.report(gw, req, ident)
     local a = ident.attrs
     local out = { key_id = a.key_id, tenant = a.tenant, tier = a.tier,
                   now = problem.timestamp(now), policies = policies }
-    local d = dict(conf)
+    local d = usage_counts.dict(conf)
     local sec = math.floor(now)
     local admitted_60s = 0
     if d and a.key_id then
         -- the workers' counts of the requests before this one
         metrics.await(d)
-        local admitted, refused, by_reason, total = counters(d, conf.key_prefix, a.key_id, sec)
+        local admitted, refused, by_reason, total = usage_counts.counters(d, conf.key_prefix, a.key_id, sec)
         local live = sum(admitted, SERIES - LIVE + 1) + sum(refused, SERIES - LIVE + 1)
         admitted_60s = sum(admitted, 1)
         out.rate = { requests_per_second = live / LIVE, window_seconds = LIVE,
@@ -503,7 +428,7 @@ function _M.serve(gw, req)
         return refuse(conf, req, status, kind, detail)
     end
     -- reports cost Redis round trips: at most reports_per_second per key and node
-    local d, key_id = dict(conf), ident.attrs.key_id
+    local d, key_id = usage_counts.dict(conf), ident.attrs.key_id
     if d and key_id then
         local n = d:incr("u" .. SEP .. conf.key_prefix .. SEP .. key_id .. SEP .. ngx.time(), 1, 0, 2)
         if n and n > conf.usage.reports_per_second then
