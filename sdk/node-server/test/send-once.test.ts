@@ -2,19 +2,20 @@
  * A decision is charged once when the connection drops after the command
  * was sent: a TCP proxy in the test passes the client's first RL.TAKE to
  * the server and then closes the client's side before the reply. ioredis
- * (which sends unanswered commands again after it reconnects) and
- * node-redis get an error; the server ran the command once.
+ * (which sends unanswered commands again after it reconnects, and as a
+ * Cluster when a node's connection closes) and node-redis get an error;
+ * the server ran the command once.
  */
 import assert from "node:assert/strict";
 import { once } from "node:events";
 import { createServer, Socket, type Server as NetServer } from "node:net";
 import { after, before, describe, test } from "node:test";
 
-import { Redis } from "ioredis";
+import { Cluster, Redis } from "ioredis";
 import { createClient } from "redis";
 
 import { forIoredis, forRedis, type RlCommands } from "../src/index.js";
-import { Server, SERVERS, sleep } from "./servers.js";
+import { Server, SERVERS, sleep, startCluster } from "./servers.js";
 
 /** A proxy to `port` that drops the client's connection right after passing its first RL.TAKE on. */
 class DroppingProxy {
@@ -126,3 +127,38 @@ for (const flavour of SERVERS) {
     });
   });
 }
+
+describe("at most once (ioredis cluster)", () => {
+  let nodes: Server[];
+  before(async () => {
+    nodes = await startCluster(SERVERS[0]!.bin);
+  });
+  after(async () => {
+    for (const n of nodes) await n.stop();
+  });
+
+  test("a node's connection dropped after RL.TAKE was sent: an error, one charge", async () => {
+    // "{a}" hashes to slot 15495: the second node, reached through the proxy (natMap)
+    const owner = nodes[1]!;
+    const admin = new Redis(owner.port, "127.0.0.1");
+    await admin.config("RESETSTAT");
+    const proxy = new DroppingProxy(owner.port);
+    const port = await proxy.listen();
+    const c = new Cluster([{ host: "127.0.0.1", port: nodes[0]!.port }],
+      { natMap: { [`127.0.0.1:${owner.port}`]: { host: "127.0.0.1", port } } });
+    try {
+      const rl = forIoredis(c);
+      await rl.box.status("rl:{a}:once");
+      await assert.rejects(rl.take("rl:{a}:once", BUCKET), /closed/);
+      assert.ok(proxy.dropped);
+      await sleep(500);
+      const stats = String(await admin.info("commandstats"));
+      assert.equal(Number(/cmdstat_rl\.take:calls=(\d+)/.exec(stats)?.[1] ?? 0), 1);
+      assert.equal((await rl.take("rl:{a}:once", BUCKET)).remaining, 98);
+    } finally {
+      c.disconnect();
+      admin.disconnect();
+      await proxy.close();
+    }
+  });
+});
