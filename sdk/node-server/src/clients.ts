@@ -32,23 +32,35 @@ export function nodeRedisTransport(client: NodeRedisClient | NodeRedisCluster): 
 /** The part of an ioredis client or cluster used here. */
 export interface IoredisClient {
   sendCommand(command: unknown): unknown;
+  /** `Redis.duplicate(override)`; a `Cluster`'s takes the startup nodes first. */
+  duplicate(...args: unknown[]): IoredisClient;
+  once(event: "end", listener: () => void): unknown;
+  on(event: "close", listener: () => void): unknown;
+  disconnect(): void;
 }
 
-type CommandClass = new (name: string, args: string[]) => { promise: Promise<unknown> };
+type SentCommand = { rlKeys: string[]; written: boolean; promise: Promise<unknown>; reject(err: Error): void };
+type CommandClass = new (name: string, args: string[]) => SentCommand;
 let commandClass: Promise<CommandClass> | undefined;
 
 /**
  * ioredis's Command with the keys given, not looked up in ioredis's table
  * of known commands (which has no rl commands): its slot is the first
- * key's, so a Cluster sends it to the node that owns it.
+ * key's, so a Cluster sends it to the node that owns it. `written` says
+ * whether it went out on a connection.
  */
 function keyedCommand(): Promise<CommandClass> {
   commandClass ??= import("ioredis").then((m) => {
-    const Command = (m as unknown as { Command: new (n: string, a: string[]) => { promise: Promise<unknown> } }).Command;
+    const Command = (m as unknown as { Command: new (n: string, a: string[]) => { toWritable(s: object): unknown } }).Command;
     class KeyedCommand extends Command {
       rlKeys: string[] = [];
+      written = false;
       getKeys(): string[] {
         return this.rlKeys;
+      }
+      override toWritable(socket: object): unknown {
+        this.written = true;
+        return super.toWritable(socket);
       }
     }
     return KeyedCommand as unknown as CommandClass;
@@ -56,15 +68,71 @@ function keyedCommand(): Promise<CommandClass> {
   return commandClass;
 }
 
-/** A transport over an ioredis `Redis` or `Cluster`. */
+/** The error of a command whose connection closed after it was sent. */
+export class RlConnectionClosedError extends Error {
+  override name = "RlConnectionClosedError";
+}
+
+/**
+ * The connection rl's charging commands go through: a duplicate of the
+ * user's client that never sends a command twice. ioredis sends the
+ * commands that were waiting for a reply again after it reconnects
+ * (`autoResendUnfulfilledCommands`, default true), and a Cluster sends a
+ * command again when its node's connection closes (`retryDelayOnFailover`);
+ * the duplicate has both off (and its cluster nodes no reconnect strategy
+ * of their own), and a command it had sent fails with
+ * `RlConnectionClosedError` when its connection closes. The user's client
+ * and its options are left as they are; the duplicate connects at its
+ * first command and disconnects when the user's client ends.
+ */
+class AtMostOnce {
+  private dup: IoredisClient | undefined;
+  private readonly inFlight = new Set<SentCommand>();
+
+  constructor(private readonly client: IoredisClient) {}
+
+  send(cmd: SentCommand): Promise<unknown> {
+    const dup = (this.dup ??= this.open());
+    this.inFlight.add(cmd);
+    const done = () => this.inFlight.delete(cmd);
+    cmd.promise.then(done, done);
+    dup.sendCommand(cmd);
+    return cmd.promise;
+  }
+
+  private open(): IoredisClient {
+    const cluster = typeof (this.client as { nodes?: unknown }).nodes === "function";
+    const dup = cluster
+      ? this.client.duplicate([], { lazyConnect: true, retryDelayOnFailover: 0, clusterNodeRetryStrategy: null })
+      : this.client.duplicate({ lazyConnect: true, autoResendUnfulfilledCommands: false });
+    // a closed connection's replies never come (not resent): fail what it had sent
+    dup.on("close", () => {
+      for (const cmd of this.inFlight) {
+        if (cmd.written) cmd.reject(new RlConnectionClosedError(
+          "the connection to Redis closed after the command was sent; rl does not send it again"));
+      }
+    });
+    this.client.once("end", () => dup.disconnect());
+    return dup;
+  }
+}
+
+/**
+ * A transport over an ioredis `Redis` or `Cluster`: read-only commands go
+ * through the client itself, the others at most once (see `AtMostOnce`).
+ */
 export function ioredisTransport(client: IoredisClient): Transport {
+  const once = new AtMostOnce(client);
   return {
-    send: async (keys, args) => {
+    send: async (keys, args, readonly) => {
       const Command = await keyedCommand();
-      const cmd = new Command(args[0]!, args.slice(1)) as unknown as { rlKeys: string[]; promise: Promise<unknown> };
+      const cmd = new Command(args[0]!, args.slice(1));
       cmd.rlKeys = [...keys];
-      await client.sendCommand(cmd);
-      return cmd.promise;
+      if (readonly) {
+        await client.sendCommand(cmd);
+        return cmd.promise;
+      }
+      return once.send(cmd);
     },
   };
 }

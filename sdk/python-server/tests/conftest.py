@@ -20,7 +20,8 @@ from pytest_counts import write_counts  # noqa: E402
 
 @pytest.fixture(scope="session", params=["redis", "valkey"])
 def server(request: Any) -> Iterator[RedisServer]:
-    s = RedisServer(request.param)
+    # DEBUG SLEEP: the tests of replies that come late
+    s = RedisServer(request.param, ["--enable-debug-command", "yes"])
     yield s
     s.close()
 
@@ -42,7 +43,8 @@ def client(server: RedisServer) -> Iterator[redis.Redis]:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[List[RedisServer]]:
-    nodes = [RedisServer("redis", ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+    nodes = [RedisServer("redis", ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                    "--enable-debug-command", "yes"])
              for _ in range(3)]
     try:
         subprocess.run(["redis-cli", "--cluster", "create",

@@ -2,7 +2,13 @@
 ``redis.RedisCluster``, ``AsyncRL`` for their asyncio twins. Each method
 takes the arguments of the builder of the same name in ``rl_server.commands``
 and returns its typed decision; in a cluster each call goes to the node of
-its keys (rl declares them, so redis-py routes it like any keyed command)."""
+its keys (rl declares them, so redis-py routes it like any keyed command).
+
+A command that changes something is sent at most once (``send_once``): a
+timeout or a dropped connection after it was sent is raised, never sent
+again, since a command that ran would be charged twice. The read-only ones
+(``lease_list``, ``box_status``) go through the client's ``execute_command``
+and its retries."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from . import commands
 from .commands import Command
+from .send_once import send_once, send_once_async
 
 if sys.version_info >= (3, 10):
     from typing import Concatenate, ParamSpec
@@ -47,8 +54,10 @@ class RL:
         self.client = client
 
     def run(self, command: Command[T]) -> T:
-        """Sends ``command`` and parses its reply."""
-        return command.parse(self.client.execute_command(*command.args))
+        """Sends ``command`` (at most once unless it is read-only) and parses its reply."""
+        if command.read_only:
+            return command.parse(self.client.execute_command(*command.args))
+        return command.parse(send_once(self.client, command.args, command.key))
 
     take = _sync(commands.take)
     window = _sync(commands.window)
@@ -72,8 +81,10 @@ class AsyncRL:
         self.client = client
 
     async def run(self, command: Command[T]) -> T:
-        """Sends ``command`` and parses its reply."""
-        return command.parse(await self.client.execute_command(*command.args))
+        """Sends ``command`` (at most once unless it is read-only) and parses its reply."""
+        if command.read_only:
+            return command.parse(await self.client.execute_command(*command.args))
+        return command.parse(await send_once_async(self.client, command.args, command.key))
 
     take = _async(commands.take)
     window = _async(commands.window)

@@ -26,6 +26,13 @@ class Command(Generic[T]):
 
     args: Tuple[Arg, ...]
     parse: Callable[[object], T]
+    #: True for a command that changes nothing (a client may send it again)
+    read_only: bool = False
+
+    @property
+    def key(self) -> Arg:
+        """The command's first key (after the subcommand of RL.LEASE and RL.BOX)."""
+        return self.args[2] if self.args[0] in ("RL.LEASE", "RL.BOX") else self.args[1]
 
 
 def seconds(value: Seconds, name: str, zero: bool = False) -> str:
@@ -222,12 +229,12 @@ def lease_renew(key: str, lease_id: str, ttl: Seconds) -> Command[bool]:
 
 def lease_list(key: str) -> Command[Tuple[Tuple[str, int], ...]]:
     """RL.LEASE LIST: the live leases, (id, ms left)."""
-    return Command(("RL.LEASE", "LIST", key), decisions.leases)
+    return Command(("RL.LEASE", "LIST", key), decisions.leases, read_only=True)
 
 
 def box_status(key: str) -> Command[decisions.BoxStatus]:
     """RL.BOX STATUS (read-only)."""
-    return Command(("RL.BOX", "STATUS", key), decisions.box_status)
+    return Command(("RL.BOX", "STATUS", key), decisions.box_status, read_only=True)
 
 
 def box_trip(key: str, level: int, duration: Seconds) -> Command[decisions.BoxStatus]:

@@ -17,6 +17,8 @@ How each strategy maps onto rl (all on one key per limit, ``LIMITS-rl:<key>``):
   limits' formula (at most one point fewer).
 
 ``COST 1``, rl's default, is left out (a hit of one sends two arguments fewer).
+Each command is sent at most once (``rl_server.send_once``): a hit whose
+reply is late is not sent again by redis-py's retries and counted twice.
 ``get`` and ``get_expiry`` need the window length: they read it from the
 key limits makes (``.../<multiples>/<granularity>``), or from this storage's
 own earlier hits on the key.
@@ -40,6 +42,7 @@ from limits.storage import MovingWindowSupport, SlidingWindowCounterSupport, Sto
 
 from . import commands, decisions
 from .commands import Arg
+from .send_once import send_once, send_once_async
 
 #: the limit of the fixed window's counter: every hit is admitted by rl and
 #: the count is read from the reply (``10^15 - remaining``)
@@ -175,7 +178,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         return redis.RedisError
 
     def _decide(self, args: Tuple[Arg, ...]) -> decisions.Decision:
-        return decisions.decision(self.client.execute_command(*args))
+        return decisions.decision(send_once(self.client, args, args[1]))
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
         return COUNTER - self._decide(self.windows.fixed(key, expiry, amount)).remaining
@@ -248,7 +251,7 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         return redis.RedisError
 
     async def _decide(self, args: Tuple[Arg, ...]) -> decisions.Decision:
-        return decisions.decision(await self.client.execute_command(*args))
+        return decisions.decision(await send_once_async(self.client, args, args[1]))
 
     async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
         return COUNTER - (await self._decide(self.windows.fixed(key, expiry, amount))).remaining
