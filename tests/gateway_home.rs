@@ -6,7 +6,7 @@
 //! admits at most `borrow` points more, then refuses (429); once the home
 //! answers again, the borrowed points are charged to the home bucket as a
 //! debt, exactly once; a graceful stop gives what the node holds back to
-//! the home.
+//! the home. The region's usage dashboard shows the home bucket.
 
 mod common;
 #[path = "common/gateway.rs"]
@@ -75,6 +75,26 @@ fn level(home: &Server) -> i64 {
     level_of(home, "held", BURST)
 }
 
+/// The `(left, limit)` of policy `name` on the node's usage dashboard
+/// (`GET /_rl/usage` with the API key).
+fn dashboard(node: &PolicyGateway, name: &str) -> (i64, i64) {
+    let r = get(
+        &agent(),
+        &format!("{}/_rl/usage", node.url(0)),
+        &[("X-Api-Key", "k1")],
+    );
+    assert_eq!(r.status, 200, "{r:#?}");
+    let u = r.json();
+    let p = u["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no policy {name}: {u}"));
+    (
+        p["left"].as_i64().expect("left"),
+        p["limit"].as_i64().expect("limit"),
+    )
+}
+
 /// Requests to the node, `gap` apart, until `done(admitted)` or `max`
 /// requests or PHASE: the number admitted (anything else must be a 429).
 fn requests(
@@ -126,6 +146,13 @@ fn a_region_leases_from_the_home_borrows_while_it_is_away_and_repays_the_debt_on
         0,
         "nothing beyond"
     );
+    // the region's usage dashboard reads the home bucket: empty, not full
+    assert_eq!(
+        dashboard(&node, "held"),
+        (0, BURST),
+        "the home bucket's left"
+    );
+    assert_eq!(dashboard(&node, "kept"), (100, 100));
     let keys: i64 = redis::cmd("DBSIZE").query(&mut remote.client()).unwrap();
     assert_eq!(keys, 0, "nothing on the remote Redis");
 

@@ -245,7 +245,7 @@ impl Store {
     }
 
     /// Runs a pipeline whose commands all have keys of one slot.
-    pub async fn query_pipe(&self, pipe: &redis::Pipeline) -> RedisResult<()> {
+    pub async fn query_pipe<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> RedisResult<T> {
         match self {
             Store::Single(c) => pipe.query_async(&mut (**c).clone()).await,
             Store::Cluster(c) => pipe.query_async(&mut c.clone()).await,

@@ -66,6 +66,25 @@ fn convergence_bound(backlog: u64) -> Duration {
     Duration::from_millis(RETRY_MS + TIMEOUT_MS + rounds * 3 * TIMEOUT_MS)
 }
 
+/// `rlctl regions status --json` in eu: the whole reply and its row of us.
+fn status_of_us(world: &World) -> (serde_json::Value, serde_json::Value) {
+    let out = common::rlctl(&world.configs[0], &["regions", "status", "--json"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let from_us = status["remotes"]
+        .as_array()
+        .expect("remotes")
+        .iter()
+        .find(|r| r["region"] == "us")
+        .expect("us")
+        .clone();
+    (status, from_us)
+}
+
 #[test]
 fn steady_traffic_converges_and_a_partition_stays_within_its_bound() {
     let world = World::start("regions-steady", false);
@@ -373,25 +392,107 @@ fn bad_entries_are_refused_counted_and_never_applied() {
         assert_eq!(pending.0, 0, "{name}: bad entries acknowledged");
     }
     // `rlctl regions status` shows the same counters and an empty backlog.
-    let out = common::rlctl(&world.configs[0], &["regions", "status", "--json"], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let (status, from_us) = status_of_us(&world);
     assert_eq!(status["region"], "eu");
-    let from_us = status["remotes"]
-        .as_array()
-        .expect("remotes")
-        .iter()
-        .find(|r| r["region"] == "us")
-        .expect("us")
-        .clone();
     assert_eq!(from_us["malformed"], malformed);
     assert_eq!(from_us["refused"], refused);
     assert_eq!(from_us["group"]["pending"], 0);
     assert!(status["published"].as_i64().is_some());
     // eu's own component is never changed by a remote entry.
     assert!(components(&mut *cons[0], "rl:{t:b4}:month").is_empty());
+}
+
+/// A stream entry id as two numbers, for comparing.
+fn entry_id(v: &redis::Value) -> (u64, u64) {
+    let text: String = redis::from_redis_value(v).expect("an entry id");
+    let (ms, seq) = text.split_once('-').expect("ms-seq");
+    (ms.parse().expect("ms"), seq.parse().expect("seq"))
+}
+
+#[test]
+fn a_partition_longer_than_the_stream_is_resynced_exactly() {
+    // Every stream holds about 20 entries (nodes of 5 on us, so the
+    // approximate trim keeps close to that).
+    let world = World::launch_with("regions-gap", false, true, "stream_maxlen = 20\n");
+    let mut cons = world.cons();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("stream-node-max-entries")
+        .arg(5)
+        .query(&mut *cons[1])
+        .expect("CONFIG SET stream-node-max-entries");
+    let mut ledger = Ledger::default();
+    assert!(take(&mut *cons[1], "rl:{t:before}:month", 1000, 1));
+    ledger.add("rl:{t:before}:month", "us", 1);
+    wait_converged(
+        &mut cons,
+        &ledger.keys(),
+        &ledger.0,
+        Duration::from_secs(30),
+    );
+
+    // eu cannot read us's stream while us changes 200 keys: ten times what
+    // the stream holds.
+    world.link("eu", "us").cut();
+    let published = |w: &World| w.counts(1).get("published").copied().unwrap_or(0);
+    let before = published(&world);
+    let keys: Vec<String> = (0..200).map(|t| format!("rl:{{t:g{t}}}:month")).collect();
+    for (i, k) in keys.iter().enumerate() {
+        let cost = 1 + i as u64 % 3;
+        assert!(take(&mut *cons[1], k, 1000, cost));
+        ledger.add(k, "us", cost);
+    }
+    assert!(take(&mut *cons[0], "rl:{t:g0}:month", 1000, 5));
+    ledger.add("rl:{t:g0}:month", "eu", 5);
+    common::wait_until(Duration::from_secs(20), "us publishes its changes", || {
+        published(&world) >= before + 200
+    });
+    // The entries eu had not read are gone from the stream.
+    let info: std::collections::HashMap<String, redis::Value> = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(STREAM)
+        .query(&mut *cons[1])
+        .expect("XINFO STREAM");
+    let first = match &info["first-entry"] {
+        redis::Value::Array(e) => entry_id(&e[0]),
+        other => panic!("first-entry: {other:?}"),
+    };
+    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(STREAM)
+        .query(&mut *cons[1])
+        .expect("XINFO GROUPS");
+    let eu = groups
+        .iter()
+        .find(|g| g["name"] == redis::Value::BulkString(b"eu".to_vec()))
+        .expect("eu's group");
+    assert!(
+        entry_id(&eu["last-delivered-id"]) < first,
+        "the stream was trimmed past what eu read"
+    );
+
+    // Healed: every component arrives, exactly, and the gap is counted once.
+    world.link("eu", "us").heal();
+    wait_converged(
+        &mut cons,
+        &ledger.keys(),
+        &ledger.0,
+        Duration::from_secs(30),
+    );
+    for k in &keys {
+        let total: u64 = components(&mut *cons[0], k)
+            .values()
+            .map(|(a, r)| a - r)
+            .sum();
+        assert_eq!(total, ledger.total(k), "{k} in eu");
+    }
+    common::wait_until(Duration::from_secs(10), "eu counts the gap", || {
+        world.counts(0).get("us:gaps") == Some(&1)
+    });
+    let (_, from_us) = status_of_us(&world);
+    assert_eq!(from_us["gaps"], 1);
+    assert!(
+        from_us["resynced"].as_i64().expect("resynced") >= 201,
+        "every key of us merged: {from_us}"
+    );
 }

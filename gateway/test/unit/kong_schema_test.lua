@@ -59,3 +59,46 @@ T.test("a plugin configuration with a bad policy is refused", function()
     T.raises(function() shim.plugin_conf({ policy = '{"rules": []}' }) end,
         "schema violation: rl config: rules must be a non-empty list")
 end)
+
+-- The tier form's allowance rule (the tenant's bucket) of a plugin
+-- configuration built from `user`.
+local function allowance_of(user)
+    for _, r in ipairs(config.build(shim.plugin_conf(user)).rules) do
+        if r.allowance then
+            return r.allowance
+        end
+    end
+end
+
+T.test("an allowance's unset options take the library's defaults", function()
+    local a = allowance_of({ allowance = { size = 50 } })
+    T.eq({ a.max_age, a.refill_below, a.dict, a.borrow, a.home_conf },
+        { 1, 0, "rl_allowance", 0, nil })
+end)
+
+T.test("a region's allowance: home and borrow reach the rule", function()
+    local a = allowance_of({ allowance = { size = 50, borrow = 20,
+        home = { host = "10.0.0.9", port = 7000, timeout_ms = 200 } } })
+    local h = a.home_conf.redis
+    T.eq({ a.home_id, h.mode, h.timeout_ms, a.borrow, a.refill_below },
+        { "single/10.0.0.9:7000", "single", 200, 20, 25 })
+    -- the home's unset fields are the plugin's redis
+    T.eq({ h.pool_size, h.keepalive_ms }, { 64, 60000 })
+end)
+
+T.cases("a bad home or borrow is refused naming the option", {
+    { name = "borrow without home", allowance = { size = 50, borrow = 20 },
+      err = "allowance.borrow needs allowance.home" },
+    { name = "borrow negative", allowance = { size = 50, borrow = -1, home = { host = "h" } },
+      err = "allowance.borrow must be an integer >= 0 (points)" },
+    { name = "home port", allowance = { size = 50, home = { host = "h", port = 70000 } },
+      err = "allowance.home.host must be a string and allowance.home.port a port" },
+    { name = "home mode", allowance = { size = 50, home = { host = "h", mode = "ring" } },
+      err = "allowance.home.mode must be single, cluster or sentinel" },
+    { name = "home sentinel without sentinels", allowance = { size = 50,
+        home = { mode = "sentinel" } },
+      err = "allowance.home in sentinel mode needs sentinels and master_name" },
+}, function(c)
+    T.raises(function() shim.plugin_conf({ allowance = c.allowance }) end,
+        "schema violation: " .. c.err)
+end)

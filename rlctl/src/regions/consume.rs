@@ -4,7 +4,9 @@
 //! the apply.
 //!
 //! First the entries read before and not acknowledged (a restart, a lost
-//! connection), then new ones. An entry that does not parse, that carries
+//! connection), then new ones, each read checked for a gap before it
+//! (entries trimmed before they were read, see `gap`), which is closed by
+//! merging every current component of the remote region. An entry that does not parse, that carries
 //! another region's component, or that the module refuses is logged,
 //! counted and acknowledged, never applied and never retried; an entry
 //! whose apply failed for another reason (the local Redis unreachable,
@@ -12,7 +14,7 @@
 
 use super::config::RegionsConf;
 use super::entry::{is_refusal, stream_entries, Change, StreamEntry};
-use super::Counter;
+use super::{gap, Counter};
 use crate::store::{self, Store, Target};
 use redis::Value;
 use std::sync::Arc;
@@ -59,19 +61,23 @@ pub async fn run(
     let mut from = "0";
     let mut failing = false;
     loop {
-        let read: redis::RedisResult<Value> = reader
-            .query(&store::xreadgroup(
-                group,
-                CONSUMER,
-                regions.read_count,
-                regions.block_ms,
-                stream,
-                from,
-            ))
-            .await;
-        let entries = match read
+        let cmd = store::xreadgroup(
+            group,
+            CONSUMER,
+            regions.read_count,
+            regions.block_ms,
+            stream,
+            from,
+        );
+        // New entries are read after a check for a gap before them.
+        let read = if from == ">" {
+            gap::checked_read(&reader, stream, group, cmd).await
+        } else {
+            reader.query::<Value>(&cmd).await.map(|v| (None, v))
+        };
+        let (gap, entries) = match read
             .map_err(|e| e.to_string())
-            .and_then(|v| stream_entries(&v))
+            .and_then(|(gap, v)| Ok((gap, stream_entries(&v)?)))
         {
             Ok(e) => e,
             Err(e) => {
@@ -87,6 +93,27 @@ pub async fn run(
         if failing {
             tracing::info!(region = %name, "reading again");
             failing = false;
+        }
+        if let Some(gap) = gap {
+            // The entries just read follow the gap: read again once it is closed.
+            tracing::warn!(region = %name, lost = gap.lost, resume = %gap.resume,
+                "entries trimmed from the stream before they were read: merging every current component of the region");
+            let scan = (regions.remote[&name].scan_count, limit);
+            match gap::recover(&remote, &reader, (stream, group), &name, &local, &gap, scan).await {
+                Ok(r) => {
+                    tracing::info!(region = %name, components = r.components, grew = r.grew, "gap closed");
+                    let fields = [("gaps", 1), ("resynced", r.components)];
+                    counter
+                        .add(&fields.map(|(what, n)| (format!("{name}:{what}"), n)))
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(region = %name, reason = %e, "cannot close the gap; trying again");
+                    tokio::time::sleep(retry).await;
+                }
+            }
+            from = "0";
+            continue;
         }
         if entries.is_empty() {
             from = ">";

@@ -10,6 +10,7 @@
 pub mod config;
 mod consume;
 mod entry;
+mod gap;
 mod produce;
 
 use crate::config::Config;
@@ -44,7 +45,7 @@ impl Counter {
                 .arg(*n)
                 .ignore();
         }
-        if let Err(e) = self.store.query_pipe(&pipe).await {
+        if let Err(e) = self.store.query_pipe::<()>(&pipe).await {
             tracing::warn!(destination = "redis", key = %self.key, reason = %e, "counters not updated");
         }
     }
@@ -139,7 +140,15 @@ pub async fn status(conf: &Config, json: bool) -> Result<(), String> {
             Err(e) => serde_json::json!({ "error": e }),
         };
         let mut row = serde_json::json!({ "region": name, "group": lag });
-        for what in ["applied", "grew", "malformed", "refused", "trimmed"] {
+        for what in [
+            "applied",
+            "grew",
+            "malformed",
+            "refused",
+            "trimmed",
+            "gaps",
+            "resynced",
+        ] {
             row[what] = counts
                 .get(&format!("{name}:{what}"))
                 .copied()
@@ -159,13 +168,15 @@ pub async fn status(conf: &Config, json: bool) -> Result<(), String> {
         println!("{} published {}", regions.local, out["published"]);
         for r in &rows {
             println!(
-                "from {}: applied {} (grew {}), malformed {}, refused {}, trimmed {}; group {}",
+                "from {}: applied {} (grew {}), malformed {}, refused {}, trimmed {}, gaps {} (resynced {}); group {}",
                 r["region"].as_str().unwrap_or(""),
                 r["applied"],
                 r["grew"],
                 r["malformed"],
                 r["refused"],
                 r["trimmed"],
+                r["gaps"],
+                r["resynced"],
                 r["group"]
             );
         }

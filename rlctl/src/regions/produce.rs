@@ -162,7 +162,7 @@ async fn publish_batch(
     }
     if n > 0 {
         local
-            .query_pipe(&pipe)
+            .query_pipe::<()>(&pipe)
             .await
             .map_err(|e| format!("XADD {}: {e}", regions.stream))?;
     }

@@ -222,6 +222,12 @@ impl World {
 
     /// [`World::start`]; `proxied`: false for direct links everywhere.
     pub fn launch(tag: &str, aof: bool, proxied: bool) -> World {
+        World::launch_with(tag, aof, proxied, "")
+    }
+
+    /// [`World::launch`], with `extra` (lines of `[regions]`) added to
+    /// every worker's configuration.
+    pub fn launch_with(tag: &str, aof: bool, proxied: bool, extra: &str) -> World {
         let regions = vec![
             Region::single("eu", aof),
             Region::single("us", aof),
@@ -233,7 +239,7 @@ impl World {
         for local in &regions {
             let mut text = format!(
                 "[redis]\n{}topology_refresh_ms = 300\n\n[regions]\nlocal = {:?}\n\
-                 block_ms = 500\nretry_ms = {RETRY_MS}\n",
+                 block_ms = 500\nretry_ms = {RETRY_MS}\n{extra}",
                 local.section(None),
                 local.name
             );

@@ -165,6 +165,19 @@ local function auth_rule(name, attr, key, routes, auth, w)
     }
 end
 
+--- A copy of table `t` without its ngx.null fields (Kong stores an unset
+--- field as null), nested tables likewise; nil when nothing is left.
+function _M.without_nulls(t)
+    if type(t) ~= "table" then
+        return t ~= ngx.null and t or nil
+    end
+    local out = {}
+    for k, v in pairs(t) do
+        out[k] = _M.without_nulls(v)
+    end
+    return next(out) ~= nil and out or nil
+end
+
 --- Adds to `conf` (a validated tier-form configuration) the rule policy
 --- that decides it, and the options the engine reads of it.
 function _M.translate(conf)
@@ -175,6 +188,8 @@ function _M.translate(conf)
             conf[opt] = nil
         end
     end
+    -- an allowance's unset options (and an unset home) take their defaults
+    conf.allowance = _M.without_nulls(conf.allowance)
     local rate_routes, auth_routes, leases = {}, {}, {}
     local names = {}
     for _, r in ipairs(conf.routes) do

@@ -19,6 +19,8 @@
 --     (an ALSO clause of the same RL.QUOTA, same hash slot, expiring with
 --     the period: at most 31 keys per quota key), read by one probe per
 --     day of the period so far;
+--   * a bucket rule with `allowance.home` (a region's allowance): its probe
+--     reads the home region's Redis, where the bucket lives;
 --   * a quota counted per region (`region = true`): its probes carry
 --     `REGION` too, so they read the total of every region's component
 --     (as of the last sync, docs/regions.md);
@@ -319,29 +321,43 @@ end
 --- policy's engine), or nil, error.
 function _M.report(gw, req, ident)
     local conf = gw.conf
-    local cmds, entries = {}, {}
+    -- one pipeline per Redis: the policy's, and the home region's of each
+    -- rule with allowance.home (its bucket lives there only)
+    local groups, by_conf, entries = {}, {}, {}
     local today = ngx.time()
     for _, e in ipairs(rule_entries(gw, req, ident)) do
         local start, days
         if e.day_key then
             start, days = period_days(e.params.period, today)
         end
+        local target = e.rule.allowance and e.rule.allowance.home_conf or conf
+        local g = by_conf[target]
+        if not g then
+            g = { conf = target, cmds = {} }
+            by_conf[target] = g
+            groups[#groups + 1] = g
+        end
+        local cmds = g.cmds
         local keys, c = _M.probes(e, days)
-        entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1, start = start,
+        entries[#entries + 1] = { e = e, keys = keys, first = #cmds + 1, start = start, g = g,
                                   days = days, days_first = #cmds + #c - #(days or {}) + 1 }
         for _, cmd in ipairs(c) do
             cmds[#cmds + 1] = cmd
         end
     end
-    local res, err = commands.pipeline(conf, cmds)
-    if not res then
-        return nil, err
+    local err
+    for _, g in ipairs(groups) do
+        g.res, err = commands.pipeline(g.conf, g.cmds)
+        if not g.res then
+            return nil, err
+        end
     end
     ngx.update_time()
     local now = ngx.now()
     -- an empty list is a JSON array where the encoder can say so (OpenResty's cjson)
     local policies, box = setmetatable({}, cjson.empty_array_mt), nil
     for _, x in ipairs(entries) do
+        local res = x.g.res
         local own_first = #policies + 1
         for i, k in ipairs(x.keys) do
             local p, perr = policy_report(x.e, k, res[x.first + i - 1], now)

@@ -23,6 +23,22 @@ local function valid_policy(text)
     return true
 end
 
+-- A tier-form `allowance` (gateway/REFERENCE.md, "Local allowances" and "A
+-- region's allowance"), validated by the library's own code on the sample
+-- tiers and routes, so that its errors name the option
+-- ("allowance.borrow needs allowance.home").
+local function valid_allowance(a)
+    local given = require("resty.rl.tier_form").without_nulls(a)
+    if given == nil or given.size == nil then
+        return true
+    end
+    local ok, err = pcall(require("resty.rl.config").build, { allowance = given })
+    if not ok then
+        return nil, (tostring(err):gsub("^rl config: rules%[%d+%] %([^)]*%): ", ""))
+    end
+    return true
+end
+
 -- Field definitions are built by functions: each use gets its own table
 -- (Kong annotates field tables when it loads a schema).
 
@@ -174,12 +190,32 @@ return {
                     { scale = { type = "number", gt = 0 } },
                     { max_body = { type = "integer", gt = 0 } },
                 } } },
-                -- the tenant's bucket spent from the node's allowance ("Local allowances")
-                { allowance = { type = "record", fields = {
+                -- the tenant's bucket spent from the node's allowance ("Local allowances");
+                -- with home, leased from the home region's bucket ("A region's allowance")
+                { allowance = { type = "record", custom_validator = valid_allowance, fields = {
                     { size = { type = "integer", gt = 0 } },
                     { max_age = { type = "number", gt = 0 } },
                     { refill_below = { type = "integer" } },
                     { dict = { type = "string" } },
+                    -- the home region's Redis: the fields of redis, those unset taken from it
+                    { home = { type = "record", fields = {
+                        { host = typedefs.host },
+                        { port = typedefs.port },
+                        { password = { type = "string", referenceable = true, encrypted = true } },
+                        { database = { type = "integer", between = { 0, 15 } } },
+                        { timeout_ms = { type = "number", gt = 0 } },
+                        { pool_size = { type = "integer", gt = 0 } },
+                        { keepalive_ms = { type = "integer", gt = 0 } },
+                        { mode = { type = "string", one_of = { "single", "cluster", "sentinel" } } },
+                        { nodes = { type = "array", elements = { type = "string" } } },
+                        { sentinels = { type = "array", elements = { type = "string" } } },
+                        { master_name = { type = "string" } },
+                        { sentinel_password = { type = "string", referenceable = true, encrypted = true } },
+                        { dict = { type = "string" } },
+                        { refresh_ms = { type = "integer", gt = 0 } },
+                    } } },
+                    -- points a node admits on its own while the home is unreachable
+                    { borrow = { type = "integer", between = { 0, 1000000000 } } },
                 } } },
                 { auth = { type = "record", fields = {
                     { subject_arg = { type = "string", default = "client_id" } },
