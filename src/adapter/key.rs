@@ -256,6 +256,12 @@ impl RlKey {
         }
     }
 
+    /// The key's absolute expiry in ms, `None` without a TTL (or where the
+    /// server cannot tell).
+    pub(super) fn expires_at(&self) -> Option<Millis> {
+        self.handle.abs_expire()
+    }
+
     /// The key's remaining time to live in ms, `None` without a TTL.
     pub fn pttl_ms(&self) -> Option<u64> {
         self.handle.expire_ms()
