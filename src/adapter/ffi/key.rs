@@ -71,7 +71,7 @@ impl KeyHandle {
     }
 
     /// Set the absolute expiry `at` (ms) with `RM_SetAbsExpire`; false
-    /// where the server lacks it (before Redis 7.2) or no key is open.
+    /// where the server lacks it (before Redis 6.2.2) or no key is open.
     #[inline]
     pub fn set_abs_expire(&self, at: i64) -> bool {
         if self.0.is_null() {
