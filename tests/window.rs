@@ -98,6 +98,35 @@ fn fixed_windows_of_two_keys_reset_at_different_instants() {
     near(after.reset_ms, before - 1000, before, "the same boundary");
 }
 
+/// A window key expires at the end of what it counts: the same instant
+/// call after call within a window, and back to it on the next call when
+/// its TTL was removed or moved by hand.
+#[test]
+fn a_window_key_expires_at_its_end_whatever_its_ttl_was_set_to() {
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    for mode in ["FIXED", ""] {
+        let key = format!("w:ttl:{mode}");
+        let line = format!("RL.WINDOW {key} 100 3600 {mode}");
+        let expiry = |con: &mut redis::Connection| int(con, &format!("PEXPIRETIME {key}"));
+        decide(&mut con, &line);
+        let end = expiry(&mut con);
+        assert!(end > 0, "{mode}: {end}");
+        decide(&mut con, &line);
+        assert_eq!(expiry(&mut con), end, "{mode}: the same end");
+        for change in [
+            "PERSIST {key}",
+            "PEXPIRE {key} 99999999",
+            "PEXPIRE {key} 5000",
+        ] {
+            int(&mut con, &change.replace("{key}", &key));
+            assert_ne!(expiry(&mut con), end, "{mode}: {change}");
+            decide(&mut con, &line);
+            assert_eq!(expiry(&mut con), end, "{mode}: after {change}");
+        }
+    }
+}
+
 #[test]
 fn deposit_velocity_five_a_minute_and_twenty_an_hour() {
     let clock = TimeShift::new();

@@ -224,8 +224,9 @@ impl RlKey {
 
     /// Set the key's expiry to the absolute time `at` (ms), exactly: a
     /// replica receives the same `at` and must end with the same
-    /// `PEXPIRETIME`. Redis 7.0 has only a relative `RM_SetExpire`, so the
-    /// clock is read around it until no millisecond boundary was crossed.
+    /// `PEXPIRETIME`. A server without `RM_SetAbsExpire` (before Redis
+    /// 6.2.2) has only a relative `RM_SetExpire`: then the clock is read
+    /// around it until no millisecond boundary was crossed.
     /// Returns whether the expiry is exactly `at` (always, unless `at` is
     /// not in the future or the clock kept moving).
     pub(super) fn expire_at(&self, at: Millis) -> bool {
@@ -254,6 +255,12 @@ impl RlKey {
         if !self.expire_at(at) {
             pexpireat(ctx, self.name, at);
         }
+    }
+
+    /// The key's absolute expiry in ms, `None` without a TTL (or where the
+    /// server cannot tell).
+    pub(super) fn expires_at(&self) -> Option<Millis> {
+        self.handle.abs_expire()
     }
 
     /// The key's remaining time to live in ms, `None` without a TTL.

@@ -50,6 +50,9 @@ pub struct Call {
     now: Millis,
     /// Keys given a new record by [`Call::replace`]: always committed.
     replaced: KeySet,
+    /// The keys' expiries usually stay where the previous call set them
+    /// ([`Call::expect_steady_expiry`]).
+    steady_expiry: bool,
 }
 
 impl Call {
@@ -64,8 +67,17 @@ impl Call {
             ctx,
             now,
             replaced: KeySet::default(),
+            steady_expiry: false,
             keys: ArrayVec::new(),
         }
+    }
+
+    /// Say that the keys' expiries usually stay where the previous call
+    /// set them (`Limiter::steady_expiry`): [`Call::commit`] then reads
+    /// each stored key's expiry and sets it only when it moved, a read
+    /// costing Redis less than a write.
+    pub fn expect_steady_expiry(&mut self) {
+        self.steady_expiry = true;
     }
 
     /// Open the keys at `positions` of `args`. A key holding another type
@@ -143,7 +155,7 @@ impl Call {
     /// replicate exactly that, every kept key in one `RL.APPLY` (a key
     /// deleted replicates as `DEL`), and announce `event` on the first key.
     pub fn commit(&mut self, written: KeySet, event: Option<Event>) {
-        let (ctx, now) = (self.ctx, self.now);
+        let (ctx, now, steady) = (self.ctx, self.now, self.steady_expiry);
         let replaced = std::mem::take(&mut self.replaced);
         let written = written.union(replaced);
         with_buffer(|payloads| {
@@ -191,6 +203,9 @@ impl Call {
                 // A call has at most MAX_BUCKETS keys, so this always fits.
                 let _ = applied.try_push((key.name, start..payloads.len(), at));
                 match at {
+                    // Read after the write back, which may have replaced
+                    // the value (and dropped its expiry).
+                    Some(at) if steady && !created && key.expires_at() == Some(at) => {}
                     Some(at) => {
                         key.expire_at(at);
                     }

@@ -37,6 +37,14 @@ pub trait Limiter {
     /// changed, if any.
     const CHANGE_EVENT: Option<&'static std::ffi::CStr> = None;
 
+    /// Whether the expiry a call gives the key usually stays where the
+    /// previous call set it (the end of a period or of a sub-window, not a
+    /// time that moves with every call): the adapter then reads the key's
+    /// expiry first and sets it only when it moved, which costs Redis less.
+    fn steady_expiry(&self) -> bool {
+        false
+    }
+
     /// Whether `record` (a key of the call) holds a state this limiter
     /// must not count on: the call is then refused, nothing changed.
     fn conflict(&self, _record: &Record, _now: Millis) -> Option<Conflict> {

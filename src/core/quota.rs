@@ -182,6 +182,11 @@ impl Limiter for Quota {
         self.limit
     }
 
+    /// A count lasts until the end of its period.
+    fn steady_expiry(&self) -> bool {
+        true
+    }
+
     /// A key holding live regional components is counted with `REGION`
     /// only.
     fn conflict(&self, record: &Record, now: Millis) -> Option<Conflict> {

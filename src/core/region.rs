@@ -398,6 +398,11 @@ impl Limiter for RegionalQuota {
         self.quota.limit
     }
 
+    /// The counts last until the end of their period.
+    fn steady_expiry(&self) -> bool {
+        true
+    }
+
     fn see(&self, state: Option<&Box<RegionCounts>>, now: Millis) -> QuotaSeen {
         match state {
             Some(s) if now < s.end => QuotaSeen {

@@ -295,6 +295,9 @@ where
     let event = effects.tripped.map(|active| Event::Boxed {
         level: active.level,
     });
+    if req.limits.iter().all(L::steady_expiry) {
+        call.expect_steady_expiry();
+    }
     call.commit(written, event);
     if let Some(change) = L::CHANGE_EVENT {
         call.announce(effects.states, change);

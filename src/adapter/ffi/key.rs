@@ -71,7 +71,7 @@ impl KeyHandle {
     }
 
     /// Set the absolute expiry `at` (ms) with `RM_SetAbsExpire`; false
-    /// where the server lacks it (before Redis 7.2) or no key is open.
+    /// where the server lacks it (before Redis 6.2.2) or no key is open.
     #[inline]
     pub fn set_abs_expire(&self, at: i64) -> bool {
         if self.0.is_null() {
@@ -86,6 +86,21 @@ impl KeyHandle {
         // that it is writable and holds a value).
         unsafe { set_abs(self.0, at) };
         true
+    }
+
+    /// The absolute expiry (ms) with `RM_GetAbsExpire`; `None` without a
+    /// TTL or key, or where the server lacks the call.
+    #[inline]
+    pub fn abs_expire(&self) -> Option<i64> {
+        if self.0.is_null() {
+            return None;
+        }
+        // SAFETY: written once by `RedisModule_Init` at load (null where
+        // the server lacks the API), only read afterwards; a copy.
+        let get_abs = (unsafe { raw::RedisModule_GetAbsExpire })?;
+        // SAFETY: `self.0` is an open, non-null key handle.
+        let at = unsafe { get_abs(self.0) };
+        (at != raw::REDISMODULE_NO_EXPIRE as raw::mstime_t).then_some(at)
     }
 
     /// Set the relative expiry `ms` (`None`: remove it) with

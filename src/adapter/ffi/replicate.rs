@@ -3,7 +3,7 @@
 //! `RM_Replicate` call with the arguments the store built.
 
 use std::ops::Range;
-use std::os::raw::{c_char, c_longlong};
+use std::os::raw::c_char;
 
 use arrayvec::ArrayVec;
 
@@ -16,35 +16,31 @@ use crate::core::limits::MAX_BUCKETS;
 pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Option<i64>)], payloads: &[u8]) {
     if let [(name, range, at)] = applied {
         // One key (the common call): the server builds the arguments from a
-        // format, with no string of ours to create and free.
+        // format, with no string of ours to create and free. The expiry
+        // goes as the digits written here (`b`): the same argument as a
+        // long long (`l`), which Redis would make in two allocations.
         let payload = payloads.get(range.clone()).unwrap_or_default();
-        let (ptr, len) = (payload.as_ptr().cast::<c_char>(), payload.len());
+        let mut digits = Decimal::default();
+        let expiry = match at {
+            Some(at) => digits.of(*at),
+            None => &b"PERSIST"[..],
+        };
         let replicate = api!(RedisModule_Replicate);
         // SAFETY: `ctx` is the context of the running command; each format
         // letter matches its argument: `s` the key name Redis passed to the
-        // command, `b` a pointer and length of a live slice, `l` a long
-        // long, `c` a NUL-terminated string; Redis copies them all.
+        // command, `b` a pointer and length of a live slice (twice); Redis
+        // copies them all.
         unsafe {
-            match at {
-                Some(at) => replicate(
-                    ctx.ptr(),
-                    c"RL.APPLY".as_ptr(),
-                    c"sbl".as_ptr(),
-                    name.0,
-                    ptr,
-                    len,
-                    *at as c_longlong,
-                ),
-                None => replicate(
-                    ctx.ptr(),
-                    c"RL.APPLY".as_ptr(),
-                    c"sbc".as_ptr(),
-                    name.0,
-                    ptr,
-                    len,
-                    c"PERSIST".as_ptr(),
-                ),
-            };
+            replicate(
+                ctx.ptr(),
+                c"RL.APPLY".as_ptr(),
+                c"sbb".as_ptr(),
+                name.0,
+                payload.as_ptr().cast::<c_char>(),
+                payload.len(),
+                expiry.as_ptr().cast::<c_char>(),
+                expiry.len(),
+            );
         }
         return;
     }
@@ -56,12 +52,14 @@ pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Option<i64>)],
     let mut created: ArrayVec<RStr, { 2 * MAX_BUCKETS }> = ArrayVec::new();
     for (name, range, at) in applied {
         let payload = payloads.get(range.clone()).unwrap_or_default();
+        let mut digits = Decimal::default();
         let expiry = match at {
-            // SAFETY: `ctx` is the context of the running command.
-            Some(at) => unsafe { api!(RedisModule_CreateStringFromLongLong)(ctx.ptr(), *at) },
-            // SAFETY: as above; `PERSIST` is 7 bytes.
-            None => unsafe { create(ctx.ptr(), c"PERSIST".as_ptr(), 7) },
+            Some(at) => digits.of(*at),
+            None => &b"PERSIST"[..],
         };
+        // SAFETY: `ctx` is the context of the running command; Redis copies
+        // `expiry.len()` bytes of a live slice.
+        let expiry = unsafe { create(ctx.ptr(), expiry.as_ptr().cast::<c_char>(), expiry.len()) };
         // SAFETY: `ctx` is the context of the running command; Redis copies
         // `payload.len()` bytes of a live slice.
         let payload =
@@ -90,9 +88,78 @@ pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Option<i64>)],
     }
 }
 
+/// The decimal digits of an integer, written in place (an `i64` has at
+/// most 20 with its sign).
+#[derive(Default)]
+struct Decimal([u8; 20]);
+
+/// The two digits of each number below 100, in order (`00`, `01`, ...).
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut pairs = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        pairs[2 * i] = b'0' + (i / 10) as u8;
+        pairs[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    pairs
+};
+
+impl Decimal {
+    /// The digits of `v`, with a `-` before a negative one: two digits a
+    /// step, from the last.
+    fn of(&mut self, v: i64) -> &[u8] {
+        let mut n = v.unsigned_abs();
+        let mut start = self.0.len();
+        while n >= 100 {
+            let pair = 2 * (n % 100) as usize;
+            n /= 100;
+            start -= 2;
+            self.0[start..start + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = 2 * n as usize;
+            start -= 2;
+            self.0[start..start + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
+            start -= 1;
+            self.0[start] = b'0' + n as u8;
+        }
+        if v < 0 {
+            start -= 1;
+            self.0[start] = b'-';
+        }
+        &self.0[start..]
+    }
+}
+
 /// Replicate the deletion of `key`.
 pub fn replicate_del(ctx: Ctx, key: Arg) {
     // SAFETY: `ctx` is the context of the running command, `key` a string
     // Redis passed to it; format `s` takes one string.
     unsafe { api!(RedisModule_Replicate)(ctx.ptr(), c"DEL".as_ptr(), c"s".as_ptr(), key.0) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decimal;
+
+    #[test]
+    fn decimals_match_std() {
+        for v in [
+            0,
+            7,
+            -7,
+            10,
+            99,
+            100,
+            -100,
+            1_764_000_000_123,
+            i64::MAX,
+            i64::MIN,
+            -1,
+        ] {
+            assert_eq!(Decimal::default().of(v), v.to_string().as_bytes(), "{v}");
+        }
+    }
 }

@@ -80,6 +80,48 @@ impl Window {
         });
         Some(rolled.seen(self.w(), now))
     }
+
+    /// `state` read in this window's form at `now` (converted, when
+    /// foreign), with `cost` points more: the general charge.
+    pub(super) fn with_cost(
+        &self,
+        state: Option<&WindowState>,
+        cost: u64,
+        now: Millis,
+    ) -> WindowState {
+        let mut next = self
+            .normalized(state, now)
+            .unwrap_or_else(|| self.empty(now));
+        match &mut next {
+            WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
+            WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
+            WindowState::Exact { log, .. } => log.add(now, cost),
+        }
+        next
+    }
+
+    /// A `Fixed` charge from the reading `seen` alone: a reading that
+    /// counts something holds the count and the end of the window it
+    /// counts in (the state converted, when foreign), so the stored state
+    /// is those with `cost` more, and its reading follows. `None` when
+    /// there is no such reading (another mode, nothing counted): the
+    /// general path.
+    fn charge_fixed(
+        &self,
+        state: &mut Option<WindowState>,
+        seen: &WindowSeen,
+        cost: u64,
+    ) -> Option<WindowSeen> {
+        let Shape::Fixed { end } = seen.shape else {
+            return None;
+        };
+        if self.mode != Mode::Fixed {
+            return None;
+        }
+        let count = seen.count.saturating_add(cost);
+        *state = Some(WindowState::Fixed { end, count });
+        Some(WindowSeen { count, ..*seen })
+    }
 }
 
 /// A window is a [`Limiter`] whose reading at `now` is its count (the
@@ -92,6 +134,12 @@ impl Limiter for Window {
         self.limit
     }
 
+    /// A fixed window's state lasts until its end, a sliding one's until
+    /// the end of a sub-window; a log's moves with each entry.
+    fn steady_expiry(&self) -> bool {
+        self.mode != Mode::Exact
+    }
+
     fn see(&self, state: Option<&WindowState>, now: Millis) -> WindowSeen {
         match self.mode {
             Mode::Sliding => self
@@ -102,7 +150,7 @@ impl Limiter for Window {
                     .map_or_else(WindowSeen::default, |(count, end)| WindowSeen {
                         count,
                         empty_in: end.saturating_sub(now).max(0),
-                        shape: Shape::Fixed,
+                        shape: Shape::Fixed { end },
                     })
             }
             Mode::Exact => self.exact_view(state, now).seen(self.w(), now),
@@ -129,7 +177,7 @@ impl Limiter for Window {
             return seen.empty_in;
         }
         match seen.shape {
-            Shape::Empty | Shape::Fixed => seen.empty_in,
+            Shape::Empty | Shape::Fixed { .. } => seen.empty_in,
             Shape::Sliding { .. } => self.sliding_wait(seen, cost),
             Shape::Exact => self.exact_wait(state, seen, cost, now),
         }
@@ -177,7 +225,7 @@ impl Limiter for Window {
         seen.empty_in
     }
 
-    /// A sliding reading is charged from the reading; a state of this
+    /// A sliding or fixed reading is charged from the reading; a state of this
     /// window's own form otherwise where it is (an exact log drops its dead
     /// entries and gains one: nothing is copied); a foreign one is
     /// converted first.
@@ -191,22 +239,15 @@ impl Limiter for Window {
         if let Some(after) = self.charge_sliding(state, seen, cost, now) {
             return after;
         }
+        if let Some(after) = self.charge_fixed(state, seen, cost) {
+            return after;
+        }
         let in_place = self.is_native_exact(state.as_ref(), now);
         match state {
             Some(WindowState::Exact { log, .. }) if in_place => {
                 log.charge_in_place(self.w(), now, cost);
             }
-            _ => {
-                let mut next = self
-                    .normalized(state.as_ref(), now)
-                    .unwrap_or_else(|| self.empty(now));
-                match &mut next {
-                    WindowState::Sliding { curr, .. } => *curr = curr.saturating_add(cost),
-                    WindowState::Fixed { count, .. } => *count = count.saturating_add(cost),
-                    WindowState::Exact { log, .. } => log.add(now, cost),
-                }
-                *state = Some(next);
-            }
+            _ => *state = Some(self.with_cost(state.as_ref(), cost, now)),
         }
         self.see(state.as_ref(), now)
     }

@@ -218,8 +218,9 @@ enum Shape {
         elapsed: i64,
         delay: i64,
     },
-    /// The count drops to zero at `empty_in`.
-    Fixed,
+    /// The count drops to zero at `empty_in`, at the end of the window
+    /// that counts it, `end`.
+    Fixed { end: Millis },
     /// A log: a wait walks its entries.
     Exact,
 }

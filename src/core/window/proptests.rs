@@ -10,6 +10,7 @@
 use proptest::prelude::*;
 
 use super::{Entry, Mode, Window, WindowState};
+use crate::core::limiter::Limiter;
 use crate::core::limits::MAX_EXACT_LIMIT;
 use crate::core::take::{decide, Request};
 use crate::core::testkit::*;
@@ -369,5 +370,31 @@ proptest! {
                 prop_assert_eq!(now + reply.retry_after_ms, b + w.window_ms as i64);
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Charging from a reading.
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config(512))]
+
+    /// A sliding or fixed window is charged from its reading alone: the
+    /// state and reading equal those of the general path (the state read in
+    /// this window's form, `cost` added, read again), whatever the state.
+    #[test]
+    fn a_charge_from_the_reading_is_the_general_charge(
+        w in window(prop_oneof![Just(Mode::Sliding), Just(Mode::Fixed)]),
+        state in prop::option::of(valid_state()),
+        cost in 1u64..=1_000,
+        now in -1_000_000i64..=1_000_000_000,
+    ) {
+        let seen = w.see(state.as_ref(), now);
+        let mut charged = state.clone();
+        let after = w.charge(&mut charged, &seen, cost, now);
+        let general = w.with_cost(state.as_ref(), cost, now);
+        prop_assert_eq!(after, w.see(Some(&general), now));
+        prop_assert_eq!(charged, Some(general));
     }
 }
