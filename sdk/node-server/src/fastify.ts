@@ -12,7 +12,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import fp from "fastify-plugin";
 
 import { Engine, type LimiterOptions, type RouteConfig } from "./engine.js";
-import { applyVerdict } from "./express.js";
+import { applyVerdict, pathOf } from "./express.js";
 
 declare module "fastify" {
   interface FastifyContextConfig {
@@ -41,7 +41,7 @@ async function plugin(app: FastifyInstance, options: RlFastifyOptions): Promise<
     const route = engine.route(config, `route ${String(routeOptions.method)} ${routeOptions.url}`);
     const decide = async (request: FastifyRequest, reply: FastifyReply) => {
       const v = await engine.decide(route, {
-        req: request, path: request.url.split("?")[0]!, ip: request.ip,
+        req: request, get path() { return pathOf(request.url); }, ip: request.ip,
         header: (n) => {
           const h = request.headers[n.toLowerCase()];
           return Array.isArray(h) ? h[0] : h;
