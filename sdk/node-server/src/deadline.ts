@@ -14,7 +14,8 @@ export class RlUnavailableError extends Error {
 interface Pending {
   /** Date.now() at which the call fails. */
   end: number;
-  reject: (e: Error) => void;
+  /** Fails the call; let go once it has settled (it holds the caller's state). */
+  reject: ((e: Error) => void) | undefined;
   /** Settled (answered, failed or timed out): nothing left to do. */
   done: boolean;
 }
@@ -40,6 +41,7 @@ export class Budget {
       p.then((value) => {
         if (entry.done) return;
         entry.done = true;
+        entry.reject = undefined;
         this.drop();
         try {
           resolve(then(value));
@@ -49,6 +51,7 @@ export class Budget {
       }, (e: unknown) => {
         if (entry.done) return;
         entry.done = true;
+        entry.reject = undefined;
         this.drop();
         reject(e);
       });
@@ -64,7 +67,8 @@ export class Budget {
       this.first = 0;
       clearTimeout(this.timer);
       this.timer = undefined;
-    } else if (this.first >= 1024 && this.first * 2 >= q.length) {
+    } else if (this.first >= 64 && this.first * 2 >= q.length) {
+      // the pending calls (the fewer half) move to the front
       q.splice(0, this.first);
       this.first = 0;
     }
@@ -78,8 +82,10 @@ export class Budget {
     while (this.first < q.length && (q[this.first]!.done || q[this.first]!.end <= now)) {
       const e = q[this.first++]!;
       if (!e.done) {
+        const reject = e.reject!;
         e.done = true;
-        e.reject(new RlUnavailableError(`Redis did not answer within ${this.ms} ms`));
+        e.reject = undefined;
+        reject(new RlUnavailableError(`Redis did not answer within ${this.ms} ms`));
       }
     }
     this.drop();

@@ -14,7 +14,7 @@ import { decisionOf, type Lease, type RlCommands } from "./commands.js";
 import { LocalLimiter } from "./fallback.js";
 import {
   DEFAULT_RESPONSE_CONF, failClosed, idempotencyKeyRequired, leaseOutcome, rateOutcome, respond,
-  type Answer, type Outcome, type ResponseConf, type RuleView,
+  type Answer, type Outcome, type RequestView, type ResponseConf, type RuleView,
 } from "./responses.js";
 import {
   checkRule, prepareRate, rateCommand, ruleKey, ruleView, type OnRedisFailure, type PreparedRate, type RuleConfig,
@@ -129,6 +129,32 @@ interface Entry<Req> {
   leaseId?: string;
 }
 
+/**
+ * The request as the answer sees it. The path and the request id are read
+ * on first use (an admitted request needs neither); a class, so that every
+ * request's view shares one shape (an object literal with getters would
+ * make a new one each time).
+ */
+class RequestState<Req> implements RequestView {
+  private id: string | undefined;
+  readonly nowMs = Date.now();
+
+  constructor(private readonly http: HttpRequest<Req>, readonly tier: string | null) {}
+
+  get path(): string {
+    return this.http.path;
+  }
+
+  /** The request's X-Request-Id when it is safe to echo, else 32 random hex digits. */
+  get requestId(): string {
+    if (this.id === undefined) {
+      const given = this.http.header("x-request-id");
+      this.id = given && SAFE_ID.test(given) ? given : randomBytes(16).toString("hex");
+    }
+    return this.id;
+  }
+}
+
 /** The framework-independent limiter. */
 export class Engine<Req> {
   readonly conf: ResponseConf;
@@ -186,11 +212,6 @@ export class Engine<Req> {
       budget: budget(config.timeoutMs ?? this.timeoutMs) };
   }
 
-  private requestId(http: HttpRequest<Req>): string {
-    const given = http.header("x-request-id");
-    return given && SAFE_ID.test(given) ? given : randomBytes(16).toString("hex");
-  }
-
   /** Reports a decision to onDecision (the request id read only then). */
   private event(e: Omit<DecisionEvent, "path" | "requestId">, view: { path: string; requestId: string }): void {
     const report = this.options.onDecision;
@@ -204,11 +225,7 @@ export class Engine<Req> {
 
   /** Decides a request. */
   async decide(route: CompiledRoute<Req>, http: HttpRequest<Req>): Promise<Verdict> {
-    // the request id is made on first use (an admitted request needs none)
-    let id: string | undefined;
-    const requestIdOf = () => (id ??= this.requestId(http));
-    const view = { get path() { return http.path; }, get requestId() { return requestIdOf(); },
-      tier: this.options.tier?.(http.req) ?? null, nowMs: Date.now() };
+    const view = new RequestState(http, this.options.tier?.(http.req) ?? null);
     if (route.config.idempotencyKey && !http.header("idempotency-key")) {
       this.event({ decision: "idempotency_key_missing", status: 400 }, view);
       return { answer: idempotencyKeyRequired(this.conf, view), release: NOTHING, holds: false };
@@ -317,7 +334,8 @@ export class Engine<Req> {
         binding: { name, limit: burst, remaining: t.remaining, resetMs: t.resetMs, window: period / 1000, clamp: false } };
       return { rule, outcome };
     });
-    const answer = respond(this.conf, decided, { ...view, degraded: true });
+    const answer = respond(this.conf, decided,
+      { path: view.path, requestId: view.requestId, tier: view.tier, nowMs: view.nowMs, degraded: true });
     const refused = answer.status !== null;
     this.event({ decision: "degraded", status: answer.status ?? 200, error,
       ...(refused ? { policy: decided[answer.refusedBy!]!.rule.name } : {}) }, view);

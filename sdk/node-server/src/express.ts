@@ -42,9 +42,21 @@ export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse
   return false;
 }
 
-/** The request as the engine sees it (the path is read only when an answer needs it). */
-function httpOf(req: Request): HttpRequest<Request> {
-  return { req, get path() { return pathOf(req.originalUrl); }, ip: req.ip, header: (n) => req.get(n) };
+/** An Express request as the engine sees it (a class: one shape for every request; the path read only when an answer needs it). */
+class ExpressRequest implements HttpRequest<Request> {
+  constructor(readonly req: Request) {}
+
+  get path(): string {
+    return pathOf(this.req.originalUrl);
+  }
+
+  get ip(): string | undefined {
+    return this.req.ip;
+  }
+
+  header(name: string): string | undefined {
+    return this.req.get(name);
+  }
 }
 
 /** A URL's path (the part before any query). */
@@ -65,7 +77,7 @@ export function rlExpress(options: LimiterOptions<Request>): {
     route(config) {
       const route = engine.route(config, `route #${++n}`);
       return (req: Request, res: Response, next: NextFunction) => {
-        engine.decide(route, httpOf(req)).then((v) => {
+        engine.decide(route, new ExpressRequest(req)).then((v) => {
           if (!applyVerdict(v, res)) next();
         }, next);
       };
