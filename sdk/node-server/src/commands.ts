@@ -134,16 +134,19 @@ function ints(reply: unknown, n: number, what: string): number[] {
   if (!Array.isArray(reply) || reply.length < n) {
     throw new RlReplyError(`${what}: expected ${n} integers, got ${JSON.stringify(reply)}`);
   }
-  const out = new Array<number>(reply.length);
+  // the usual reply (integers as numbers) is read in place; bigints (a client's option) are converted
+  let out: unknown[] = reply;
   for (let i = 0; i < reply.length; i++) {
     const v: unknown = reply[i];
-    const x = typeof v === "bigint" ? Number(v) : v;
-    if (typeof x !== "number" || !Number.isInteger(x)) {
-      throw new RlReplyError(`${what}: reply item ${i + 1} is not an integer`);
+    if (typeof v === "number" && Number.isInteger(v)) continue;
+    if (typeof v === "bigint") {
+      if (out === reply) out = reply.slice();
+      out[i] = Number(v);
+      continue;
     }
-    out[i] = x;
+    throw new RlReplyError(`${what}: reply item ${i + 1} is not an integer`);
   }
-  return out;
+  return out as number[];
 }
 
 const STATUS: readonly (Status | undefined)[] = ["throttled", "allowed", "delayed"];

@@ -96,8 +96,10 @@ export class RlExpressStore {
   private readonly rl: RlCommands;
   private readonly mode: WindowMode;
   private readonly budget: Budget;
-  /** RL.WINDOW's arguments after the key, made by `init`: limit, window, mode. */
-  private tail: string[] = [];
+  /** RL.WINDOW's arguments of a hit, a read (COST 0) and a refund, key left empty: made by `init`. */
+  private hitArgs: string[] = [];
+  private readArgs: string[] = [];
+  private refundArgs: string[] = [];
   private error: Error | undefined = new RlConfigError("RlExpressStore: init was not called (pass it as `store`)");
   // the reply readers, made once (a request allocates no closure for them)
   private readonly counted = (reply: unknown) => this.info(decisionOf(reply, 1, "RL.WINDOW"));
@@ -122,7 +124,10 @@ export class RlExpressStore {
       }
       const window = windowSeconds("windowMs", options.windowMs);
       // the arguments every call shares, checked and formatted once
-      this.tail = buildWindow("k", { limit, window, mode: this.mode }).args.slice(2);
+      const shared = buildWindow("k", { limit, window, mode: this.mode }).args.slice(2);
+      this.hitArgs = ["RL.WINDOW", "", ...shared];
+      this.readArgs = [...this.hitArgs, "COST", "0"];
+      this.refundArgs = [...this.hitArgs, "REFUND", "1"];
       this.error = undefined;
     } catch (e) {
       this.error = e as Error;
@@ -130,11 +135,13 @@ export class RlExpressStore {
     }
   }
 
-  /** RL.WINDOW on the client's key with `extra` (COST, REFUND) after the shared arguments. */
-  private call<R>(clientKey: string, extra: readonly string[], then: (reply: unknown) => R): Promise<R> {
+  /** RL.WINDOW on the client's key with `template`'s arguments. */
+  private call<R>(clientKey: string, template: readonly string[], then: (reply: unknown) => R): Promise<R> {
     if (this.error) return Promise.reject(this.error);
     const k = key("key", this.prefix + clientKey);
-    return send(this.rl.transport, this.budget, [k], ["RL.WINDOW", k, ...this.tail, ...extra], then);
+    const args = template.slice();
+    args[1] = k;
+    return send(this.rl.transport, this.budget, [k], args, then);
   }
 
   private info(d: Decision): { totalHits: number; resetTime: Date } {
@@ -143,17 +150,17 @@ export class RlExpressStore {
 
   /** Counts a hit: one RL.WINDOW (cost 1, rl's default; not counted when it does not fit). */
   increment(key: string): Promise<{ totalHits: number; resetTime: Date }> {
-    return this.call(key, NO_ARGS, this.counted);
+    return this.call(key, this.hitArgs, this.counted);
   }
 
   /** The count without counting (COST 0: writes nothing). */
   get(key: string): Promise<{ totalHits: number; resetTime: Date } | undefined> {
-    return this.call(key, COST_0, this.read);
+    return this.call(key, this.readArgs, this.read);
   }
 
   /** Gives one hit back (RL.WINDOW ... REFUND 1), for skipSuccessfulRequests / skipFailedRequests. */
   decrement(key: string): Promise<void> {
-    return this.call(key, REFUND_1, nothing);
+    return this.call(key, this.refundArgs, nothing);
   }
 
   /** Forgets a client's count. */
@@ -162,10 +169,6 @@ export class RlExpressStore {
     return send(this.rl.transport, this.budget, [k], ["DEL", k], nothing);
   }
 }
-
-const NO_ARGS: readonly string[] = [];
-const COST_0: readonly string[] = ["COST", "0"];
-const REFUND_1: readonly string[] = ["REFUND", "1"];
 
 type Callback = (err: Error | null, res?: { current: number; ttl: number }) => void;
 
