@@ -4,6 +4,9 @@
  * order they started, so one queue and one timer, armed for the oldest
  * call still pending, serve them all: a call costs a queue entry instead
  * of a timer set and cleared, and a promise instead of a race of three.
+ * The timer is kept when no call is pending (then it does not keep the
+ * process alive), so that a server answering one request at a time does
+ * not set and clear a timer per request either.
  */
 
 /** Raised when Redis does not answer within the budget. */
@@ -26,6 +29,8 @@ export class Budget {
   /** Index of the oldest entry still in `queue` (the ones before it are gone). */
   private first = 0;
   private timer: ReturnType<typeof setTimeout> | undefined;
+  /** The timer keeps the process alive (a call is pending). */
+  private held = false;
 
   constructor(readonly ms: number) {}
 
@@ -37,7 +42,13 @@ export class Budget {
     return new Promise<R>((resolve, reject) => {
       const entry: Pending = { end: Date.now() + this.ms, reject, done: false };
       this.queue.push(entry);
-      if (this.timer === undefined) this.timer = setTimeout(this.expire, this.ms);
+      if (this.timer === undefined) {
+        this.timer = setTimeout(this.expire, this.ms);
+        this.held = true;
+      } else if (!this.held) {
+        this.timer.ref();
+        this.held = true;
+      }
       p.then((value) => {
         if (entry.done) return;
         entry.done = true;
@@ -58,15 +69,17 @@ export class Budget {
     });
   }
 
-  /** Removes the settled calls at the front; no timer once none is pending. */
+  /** Removes the settled calls at the front; once none is pending, the timer no longer keeps the process alive. */
   private drop(): void {
     const q = this.queue;
     while (this.first < q.length && q[this.first]!.done) this.first++;
     if (this.first === q.length) {
       q.length = 0;
       this.first = 0;
-      clearTimeout(this.timer);
-      this.timer = undefined;
+      if (this.held) {
+        this.timer?.unref();
+        this.held = false;
+      }
     } else if (this.first >= 64 && this.first * 2 >= q.length) {
       // the pending calls (the fewer half) move to the front
       q.splice(0, this.first);
@@ -74,9 +87,10 @@ export class Budget {
     }
   }
 
-  /** The timer: fails the calls past their deadline, then waits for the next one's. */
+  /** The timer: fails the calls past their deadline, then waits for the next one's (none pending: no timer). */
   private readonly expire = (): void => {
     this.timer = undefined;
+    this.held = false;
     const now = Date.now();
     const q = this.queue;
     while (this.first < q.length && (q[this.first]!.done || q[this.first]!.end <= now)) {
@@ -89,7 +103,10 @@ export class Budget {
       }
     }
     this.drop();
-    if (this.first < q.length) this.timer = setTimeout(this.expire, Math.max(q[this.first]!.end - now, 1));
+    if (this.first < q.length) {
+      this.timer = setTimeout(this.expire, Math.max(q[this.first]!.end - now, 1));
+      this.held = true;
+    }
   };
 }
 
