@@ -12,4 +12,3 @@ export * from "./engine.js";
 export { LocalLimiter } from "./fallback.js";
 export { rlExpress, applyVerdict } from "./express.js";
 export { rlFastify, type RlFastifyOptions } from "./fastify.js";
-export { Budget, budget } from "./deadline.js";

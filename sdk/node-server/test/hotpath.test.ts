@@ -7,7 +7,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Budget, prepareRate, rateCommand, RlUnavailableError, type RuleConfig } from "../src/index.js";
+import { Budget } from "../src/deadline.js";
+import { prepareRate, rateCommand, RlUnavailableError, type RuleConfig } from "../src/index.js";
 
 type Req = { tenant: string; key: string };
 const REQ: Req = { tenant: "t{1}", key: "k1" };
