@@ -273,7 +273,8 @@ bench: deps
 # each; not part of `make test`). Node: the same Express route with
 # express-rate-limit + rate-limit-redis, with rl's store, and with rl's
 # middleware, in interleaved rounds on one Redis (requests per second, p99,
-# Redis command time and CPU per decision, Express's CPU per request;
+# Redis command time and CPU per decision, Express's CPU per request; then
+# the three limiters alone, without HTTP, CPU per decision;
 # sdk/node-server/bench/app.mjs). Results: bench/RESULTS.md.
 bench-app: bench-app-node bench-app-python
 

@@ -15,8 +15,14 @@
 // rate-limit-redis's, rl's throughput at least 1.0x; with the server CPU
 // ratio beside them and what one command per decision costs Redis outside
 // the command (reading it, writing the reply, the event loop: the same
-// whatever the command is, so a floor under any such store's CPU). Environment:
-// RL_MODULE, REDIS_SERVER, ROUNDS (12), SECONDS (2), CONNECTIONS (32).
+// whatever the command is, so a floor under any such store's CPU). Then
+// the limiters alone, without HTTP or Express: each variant's middleware
+// function called in this process with a minimal request and response, on
+// the same Redis, CONNECTIONS decisions in flight, DECISIONS per round,
+// in interleaved rounds: this process's CPU per decision (the limiter and
+// its Redis client: the part a store or middleware chooses, steadier than
+// a whole server's on a shared machine). Environment: RL_MODULE,
+// REDIS_SERVER, ROUNDS (12), SECONDS (2), CONNECTIONS (32), DECISIONS (20000).
 import { execFileSync, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { once } from "node:events";
@@ -26,12 +32,16 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 
+import { createClient } from "redis";
+
+import { limiterOf, VARIANTS } from "./app-limiters.mjs";
+
 const HERE = dirname(fileURLToPath(import.meta.url));
 const MODULE = resolve(process.env.RL_MODULE ?? join(HERE, "../../../target/release/librl.so"));
 const ROUNDS = Number(process.env.ROUNDS ?? 12);
 const SECONDS = Number(process.env.SECONDS ?? 2);
 const CONNECTIONS = Number(process.env.CONNECTIONS ?? 32);
-const VARIANTS = ["rate-limit-redis", "rl-store", "rl-middleware"];
+const DECISIONS = Number(process.env.DECISIONS ?? 20000);
 /** The commands a decision sends (scripts count with the commands they call). */
 const TOP_LEVEL = /^(evalsha|eval|evalsha_ro|eval_ro|fcall|rl\.|cl\.)/;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -104,6 +114,49 @@ async function load(url) {
   return { n: latencies.length, latencies, bad };
 }
 
+/** One decision of `limiter` (an Express middleware) on a minimal request and response: resolves when it lets the request through. */
+function decideOnce(limiter) {
+  return new Promise((resolve, reject) => {
+    const req = { ip: "127.0.0.1", originalUrl: "/bench", url: "/bench", method: "GET", headers: {}, get: () => undefined };
+    const res = { headersSent: false, statusCode: 200, setHeader() {}, append() {}, once() { return res; },
+      end: () => reject(new Error("the limiter answered: refused")) };
+    limiter(req, res, (err) => (err ? reject(err) : resolve()));
+  });
+}
+
+/** Each variant's limiter alone in this process: CPU µs per decision in interleaved rounds, and the ratios to the peer. */
+async function limitersAlone(port) {
+  const client = createClient({ url: `redis://127.0.0.1:${port}` });
+  await client.connect();
+  try {
+    // validations off: they look at a real Express request (and run once anyway)
+    const limiters = Object.fromEntries(VARIANTS.map((v) => [v, limiterOf(v, client, { validate: false })]));
+    const run = async (limiter) => {
+      let started = 0;
+      const c0 = process.cpuUsage();
+      await Promise.all(Array.from({ length: CONNECTIONS }, async () => {
+        while (started++ < DECISIONS) await decideOnce(limiter);
+      }));
+      const c = process.cpuUsage(c0);
+      return (c.user + c.system) / DECISIONS;
+    };
+    for (const v of VARIANTS) await run(limiters[v]); // warm-up
+    const us = Object.fromEntries(VARIANTS.map((v) => [v, []]));
+    for (let round = 0; round < ROUNDS; round++) {
+      for (const v of VARIANTS.map((_, i) => VARIANTS[(i + round) % VARIANTS.length])) us[v].push(await run(limiters[v]));
+    }
+    const peer = us["rate-limit-redis"];
+    console.log(`\nThe limiters alone (no HTTP, no Express): each middleware function called in one process, ${CONNECTIONS} decisions in flight, ${ROUNDS} interleaved rounds of ${DECISIONS}; the process's CPU per decision (the limiter and its Redis client)\n`);
+    console.log("| variant | CPU µs/decision | vs peer |");
+    console.log("|---|---|---|");
+    for (const v of VARIANTS) {
+      console.log(`| ${v} | ${median(us[v]).toFixed(2)} | ${median(us[v].map((x, i) => x / peer[i])).toFixed(2)} |`);
+    }
+  } finally {
+    await client.quit();
+  }
+}
+
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 const pct = (xs, p) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -172,6 +225,7 @@ try {
     console.log(`${v}: Redis command time per decision ${cmd.toFixed(2)}x the peer's (target <= 0.5: ${cmd <= 0.5 ? "met" : "missed"}); throughput ${thr.toFixed(2)}x (target >= 1.0: ${thr >= 1 ? "met" : "missed"}); server CPU ${cpu.toFixed(2)}x`);
   }
   console.log(`Outside the command, one command per decision costs Redis ${outside.toFixed(2)} of the peer's ${peerCpu.toFixed(2)} µs CPU per decision (${(outside / peerCpu).toFixed(2)}x): a floor under the server CPU ratio of any store sending one command per decision`);
+  await limitersAlone(redisPort);
 } finally {
   for (const s of Object.values(servers)) s.proc.kill();
   redisProc.kill();

@@ -22,11 +22,12 @@ function isNodeRedisCluster(c: object): c is NodeRedisCluster {
 
 /** A transport over a node-redis client or cluster (`createClient` / `createCluster`). */
 export function nodeRedisTransport(client: NodeRedisClient | NodeRedisCluster): Transport {
+  // node-redis reads the arguments without changing them (and rl's commands never change them after sending)
   if (isNodeRedisCluster(client)) {
-    return { send: (keys, args, readonly) => client.sendCommand(keys[0], readonly, [...args]) };
+    return { send: (keys, args, readonly) => client.sendCommand(keys[0], readonly, args as string[]) };
   }
   const c = client as NodeRedisClient;
-  return { send: (_keys, args) => c.sendCommand([...args]) };
+  return { send: (_keys, args) => c.sendCommand(args as string[]) };
 }
 
 /** The part of an ioredis client or cluster used here. */

@@ -6,7 +6,7 @@
  */
 import { int, key, RlConfigError, seconds } from "./args.js";
 
-/** Sends one command: `keys` are the command's keys (all in one slot). */
+/** Sends one command: `keys` are the command's keys (all in one slot); `args` stay as they are (a client may read them when it writes). */
 export interface Transport {
   send(keys: readonly string[], args: readonly string[], readonly: boolean): Promise<unknown>;
 }
@@ -134,21 +134,27 @@ function ints(reply: unknown, n: number, what: string): number[] {
   if (!Array.isArray(reply) || reply.length < n) {
     throw new RlReplyError(`${what}: expected ${n} integers, got ${JSON.stringify(reply)}`);
   }
-  return reply.map((v, i) => {
-    const x = typeof v === "bigint" ? Number(v) : v;
-    if (typeof x !== "number" || !Number.isInteger(x)) {
-      throw new RlReplyError(`${what}: reply item ${i + 1} is not an integer`);
+  // the usual reply (integers as numbers) is read in place; bigints (a client's option) are converted
+  let out: unknown[] = reply;
+  for (let i = 0; i < reply.length; i++) {
+    const v: unknown = reply[i];
+    if (typeof v === "number" && Number.isInteger(v)) continue;
+    if (typeof v === "bigint") {
+      if (out === reply) out = reply.slice();
+      out[i] = Number(v);
+      continue;
     }
-    return x;
-  });
+    throw new RlReplyError(`${what}: reply item ${i + 1} is not an integer`);
+  }
+  return out as number[];
 }
 
-const STATUS: Record<number, Status> = { 1: "allowed", 0: "throttled", [-1]: "boxed", 2: "delayed" };
+const STATUS: readonly (Status | undefined)[] = ["throttled", "allowed", "delayed"];
 
 /** The decision of an 8 (or 9, with PARTIAL) integer reply charging `cost`. */
 export function decisionOf(reply: unknown, cost: number, what = "RL.TAKE"): Decision {
   const r = ints(reply, 8, what);
-  const status = STATUS[r[0]!];
+  const status = r[0] === -1 ? "boxed" : STATUS[r[0]!];
   if (!status) {
     throw new RlReplyError(`${what}: unknown status ${r[0]}`);
   }

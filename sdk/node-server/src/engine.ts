@@ -9,13 +9,18 @@
 import { randomBytes, randomUUID } from "node:crypto";
 
 import { RlConfigError } from "./args.js";
+import { budget, RlUnavailableError, withTimeout, type Budget } from "./deadline.js";
 import { decisionOf, type Lease, type RlCommands } from "./commands.js";
 import { LocalLimiter } from "./fallback.js";
 import {
   DEFAULT_RESPONSE_CONF, failClosed, idempotencyKeyRequired, leaseOutcome, rateOutcome, respond,
-  type Answer, type Outcome, type ResponseConf, type RuleView,
+  type Answer, type Outcome, type RequestView, type ResponseConf, type RuleView,
 } from "./responses.js";
-import { checkRule, rateCommand, ruleKey, ruleView, type OnRedisFailure, type RuleConfig } from "./rules.js";
+import {
+  checkRule, prepareRate, rateCommand, ruleKey, ruleView, type OnRedisFailure, type PreparedRate, type RuleConfig,
+} from "./rules.js";
+
+export { RlUnavailableError, withTimeout };
 
 /** A per-resource mutual exclusion: one request at a time per key (a lease of 1), others refused at once (409 with Retry-After), never queued. */
 export interface LockConfig<Req> {
@@ -88,11 +93,21 @@ export interface Verdict {
   holds: boolean;
 }
 
+/** A rate rule made ready at start: its prepared command, the largest cost that can ever fit. */
+export interface RatePlan<Req> {
+  command: PreparedRate<Req>;
+  cap: number;
+}
+
 /** A route checked and compiled at start. */
 export interface CompiledRoute<Req> {
   rules: RuleConfig<Req>[];
   views: RuleView[];
+  /** Per rule: its plan (undefined for a lease). */
+  plans: (RatePlan<Req> | undefined)[];
   config: RouteConfig<Req>;
+  /** The route's Redis budget. */
+  budget: Budget;
 }
 
 /** A bad limiter or route option, named. */
@@ -101,26 +116,43 @@ function optionError(where: string, msg: string): never {
 }
 
 const NOTHING = async () => {};
+const ONLY = (o: Outcome): Outcome[] => [o];
+const ALL = (o: Outcome[]): Outcome[] => o;
 const SAFE_ID = /^[\w.:-]{1,64}$/;
-
-/** Raised when Redis does not answer within the budget. */
-export class RlUnavailableError extends Error {
-  override name = "RlUnavailableError";
-}
-
-/** `p`, or an RlUnavailableError after `ms` ms. */
-export function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  let timer: NodeJS.Timeout;
-  return Promise.race([p, new Promise<T>((_, reject) => {
-    timer = setTimeout(() => reject(new RlUnavailableError(`Redis did not answer within ${ms} ms`)), ms);
-  })]).finally(() => clearTimeout(timer));
-}
 
 interface Entry<Req> {
   rule: RuleConfig<Req>; view: RuleView; value: string; cost: number;
+  /** A rate rule's prepared command and the largest cost that can ever fit. */
+  plan: RatePlan<Req> | undefined;
   /** The first key (a lease's key; the local limiter's key of a rate rule). */
   key: string;
   leaseId?: string;
+}
+
+/**
+ * The request as the answer sees it. The path and the request id are read
+ * on first use (an admitted request needs neither); a class, so that every
+ * request's view shares one shape (an object literal with getters would
+ * make a new one each time).
+ */
+class RequestState<Req> implements RequestView {
+  private id: string | undefined;
+  readonly nowMs = Date.now();
+
+  constructor(private readonly http: HttpRequest<Req>, readonly tier: string | null) {}
+
+  get path(): string {
+    return this.http.path;
+  }
+
+  /** The request's X-Request-Id when it is safe to echo, else 32 random hex digits. */
+  get requestId(): string {
+    if (this.id === undefined) {
+      const given = this.http.header("x-request-id");
+      this.id = given && SAFE_ID.test(given) ? given : randomBytes(16).toString("hex");
+    }
+    return this.id;
+  }
 }
 
 /** The framework-independent limiter. */
@@ -169,12 +201,15 @@ export class Engine<Req> {
     if (config.onRedisFailure !== undefined && !["closed", "local", "open"].includes(config.onRedisFailure)) {
       optionError(where, "onRedisFailure must be closed, local or open");
     }
-    return { rules, views: rules.map((r) => ruleView(r)), config };
-  }
-
-  private requestId(http: HttpRequest<Req>): string {
-    const given = http.header("x-request-id");
-    return given && SAFE_ID.test(given) ? given : randomBytes(16).toString("hex");
+    const plans = rules.map((r) => {
+      const l = r.limiter;
+      if (l.kind === "lease") return undefined;
+      const cap = Math.min(l.kind === "bucket" ? l.burst : l.limit,
+        ...(l.also ?? []).map((a) => (l.kind === "bucket" ? a.burst : a.limit)!));
+      return { command: prepareRate(this.prefix, r), cap };
+    });
+    return { rules, views: rules.map((r) => ruleView(r)), plans, config,
+      budget: budget(config.timeoutMs ?? this.timeoutMs) };
   }
 
   /** Reports a decision to onDecision (the request id read only then). */
@@ -190,34 +225,34 @@ export class Engine<Req> {
 
   /** Decides a request. */
   async decide(route: CompiledRoute<Req>, http: HttpRequest<Req>): Promise<Verdict> {
-    // the request id is made on first use (an admitted request needs none)
-    let id: string | undefined;
-    const requestIdOf = () => (id ??= this.requestId(http));
-    const view = { path: http.path, get requestId() { return requestIdOf(); },
-      tier: this.options.tier?.(http.req) ?? null, nowMs: Date.now() };
+    const view = new RequestState(http, this.options.tier?.(http.req) ?? null);
     if (route.config.idempotencyKey && !http.header("idempotency-key")) {
       this.event({ decision: "idempotency_key_missing", status: 400 }, view);
       return { answer: idempotencyKeyRequired(this.conf, view), release: NOTHING, holds: false };
     }
     const entries: Entry<Req>[] = [];
-    route.rules.forEach((rule, i) => {
-      const value = rule.key ? rule.key(http.req) : http.ip;
-      if (value === undefined || value === null) return;
+    for (let i = 0; i < route.rules.length; i++) {
+      const rule = route.rules[i]!;
+      const given = rule.key ? rule.key(http.req) : http.ip;
+      if (given === undefined || given === null) continue;
+      const value = String(given);
       const cost = typeof rule.cost === "function" ? rule.cost(http.req) : rule.cost ?? 1;
       if (!Number.isSafeInteger(cost) || cost < 0) {
         throw new RlConfigError(`${rule.name}: cost must be an integer >= 0, the function returned ${String(cost)}`);
       }
       const v = rule.limiter.kind === "quota" ? ruleView(rule) : route.views[i]!;
-      entries.push({ rule, view: v, value: String(value), cost,
-        key: ruleKey(this.prefix, String(value), rule.name, rule.scope?.(http.req)),
-        ...(rule.limiter.kind === "lease" ? { leaseId: randomUUID() } : {}) });
-    });
+      const entry: Entry<Req> = { rule, view: v, value, cost, plan: route.plans[i],
+        key: ruleKey(this.prefix, value, rule.name, rule.scope?.(http.req)) };
+      if (rule.limiter.kind === "lease") entry.leaseId = randomUUID();
+      entries.push(entry);
+    }
     if (entries.length === 0) return { answer: { status: null, headers: {} }, release: NOTHING, holds: false };
     const shadow = route.config.shadow ?? this.options.shadow ?? false;
     const calls = entries.map((e) => this.call(e, http.req));
     let outcomes: Outcome[];
     try {
-      outcomes = await withTimeout(Promise.all(calls), route.config.timeoutMs ?? this.timeoutMs);
+      // one rule (the usual case) needs no Promise.all
+      outcomes = await (calls.length === 1 ? route.budget.run(calls[0]!, ONLY) : route.budget.run(Promise.all(calls), ALL));
     } catch (err) {
       // what the calls that did (or do, late) succeed took is given back: leases, points
       calls.forEach((c, i) => c.then((o) => {
@@ -253,14 +288,13 @@ export class Engine<Req> {
       const lease: Lease = await this.rl.lease.acquire(key, { max: l.max, ttl: l.ttl ?? 300, id: e.leaseId! });
       return leaseOutcome(e.view, lease, l.ttl ?? 300, l.expected ?? 1);
     }
-    const cap = Math.min(...[l.kind === "bucket" ? l.burst : l.limit,
-      ...(l.also ?? []).map((a) => (l.kind === "bucket" ? a.burst : a.limit)!)]);
+    const { cap, command } = e.plan!;
     if (e.cost > cap) {
       // never fits: refused without Retry-After
       return { state: "refused", retryMs: null, strikes: null, level: 0, cost: e.cost,
         binding: { name: e.rule.name, limit: cap, remaining: 0, clamp: l.kind !== "bucket", ...(e.view.window !== undefined ? { window: e.view.window } : {}) } };
     }
-    const b = rateCommand(this.prefix, e.rule, req, e.value, e.cost);
+    const b = command(req, e.key, e.value, e.cost);
     return rateOutcome(e.view, decisionOf(await this.rl.transport.send(b.keys, b.args, false), e.cost), e.cost);
   }
 
@@ -300,7 +334,8 @@ export class Engine<Req> {
         binding: { name, limit: burst, remaining: t.remaining, resetMs: t.resetMs, window: period / 1000, clamp: false } };
       return { rule, outcome };
     });
-    const answer = respond(this.conf, decided, { ...view, degraded: true });
+    const answer = respond(this.conf, decided,
+      { path: view.path, requestId: view.requestId, tier: view.tier, nowMs: view.nowMs, degraded: true });
     const refused = answer.status !== null;
     this.event({ decision: "degraded", status: answer.status ?? 200, error,
       ...(refused ? { policy: decided[answer.refusedBy!]!.rule.name } : {}) }, view);

@@ -11,12 +11,16 @@ import type { NextFunction, Request, RequestHandler, Response } from "express";
 
 import { Engine, type HttpRequest, type LimiterOptions, type RouteConfig, type Verdict } from "./engine.js";
 
+function setHeaders(res: import("node:http").ServerResponse, headers: Record<string, string>): void {
+  for (const k in headers) res.setHeader(k, headers[k]!);
+}
+
 /** Writes a verdict to a Node response: the refusal, or the fields and the release at the response's end. */
 export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse): boolean {
   const a = v.answer;
   if (a.status !== null) {
     res.statusCode = a.status;
-    for (const [k, x] of Object.entries(a.headers)) res.setHeader(k, x);
+    setHeaders(res, a.headers);
     if (a.body) {
       res.setHeader("Content-Type", a.contentType!);
       res.end(JSON.stringify(a.body));
@@ -25,7 +29,7 @@ export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse
     }
     return true;
   }
-  for (const [k, x] of Object.entries(a.headers)) res.setHeader(k, x);
+  setHeaders(res, a.headers);
   if (!v.holds) return false;
   let released = false;
   // "close" comes once the response is sent, or when the client went away first
@@ -38,9 +42,27 @@ export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse
   return false;
 }
 
-/** The request as the engine sees it. */
-function httpOf(req: Request): HttpRequest<Request> {
-  return { req, path: req.originalUrl.split("?")[0]!, ip: req.ip, header: (n) => req.get(n) };
+/** An Express request as the engine sees it (a class: one shape for every request; the path read only when an answer needs it). */
+class ExpressRequest implements HttpRequest<Request> {
+  constructor(readonly req: Request) {}
+
+  get path(): string {
+    return pathOf(this.req.originalUrl);
+  }
+
+  get ip(): string | undefined {
+    return this.req.ip;
+  }
+
+  header(name: string): string | undefined {
+    return this.req.get(name);
+  }
+}
+
+/** A URL's path (the part before any query). */
+export function pathOf(url: string): string {
+  const q = url.indexOf("?");
+  return q === -1 ? url : url.slice(0, q);
 }
 
 /** A limiter for an Express app: `route(config)` makes each route's middleware. */
@@ -55,7 +77,7 @@ export function rlExpress(options: LimiterOptions<Request>): {
     route(config) {
       const route = engine.route(config, `route #${++n}`);
       return (req: Request, res: Response, next: NextFunction) => {
-        engine.decide(route, httpOf(req)).then((v) => {
+        engine.decide(route, new ExpressRequest(req)).then((v) => {
           if (!applyVerdict(v, res)) next();
         }, next);
       };

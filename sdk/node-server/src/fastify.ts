@@ -11,8 +11,8 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
 import fp from "fastify-plugin";
 
-import { Engine, type LimiterOptions, type RouteConfig } from "./engine.js";
-import { applyVerdict } from "./express.js";
+import { Engine, type HttpRequest, type LimiterOptions, type RouteConfig } from "./engine.js";
+import { applyVerdict, pathOf } from "./express.js";
 
 declare module "fastify" {
   interface FastifyContextConfig {
@@ -30,6 +30,24 @@ export interface RlFastifyOptions extends LimiterOptions<FastifyRequest> {
   hook?: "onRequest" | "preHandler";
 }
 
+/** A Fastify request as the engine sees it (a class: one shape for every request; the path read only when an answer needs it). */
+class FastifyHttp implements HttpRequest<FastifyRequest> {
+  constructor(readonly req: FastifyRequest) {}
+
+  get path(): string {
+    return pathOf(this.req.url);
+  }
+
+  get ip(): string {
+    return this.req.ip;
+  }
+
+  header(name: string): string | undefined {
+    const h = this.req.headers[name.toLowerCase()];
+    return Array.isArray(h) ? h[0] : h;
+  }
+}
+
 async function plugin(app: FastifyInstance, options: RlFastifyOptions): Promise<void> {
   const engine = new Engine<FastifyRequest>(options);
   const hook = options.hook ?? "preHandler";
@@ -40,13 +58,7 @@ async function plugin(app: FastifyInstance, options: RlFastifyOptions): Promise<
     if (!config) return;
     const route = engine.route(config, `route ${String(routeOptions.method)} ${routeOptions.url}`);
     const decide = async (request: FastifyRequest, reply: FastifyReply) => {
-      const v = await engine.decide(route, {
-        req: request, path: request.url.split("?")[0]!, ip: request.ip,
-        header: (n) => {
-          const h = request.headers[n.toLowerCase()];
-          return Array.isArray(h) ? h[0] : h;
-        },
-      });
+      const v = await engine.decide(route, new FastifyHttp(request));
       if (applyVerdict(v, reply.raw)) {
         reply.hijack();
       }

@@ -54,9 +54,17 @@ export function seconds(ms: number | null | undefined): number {
   return !ms || ms <= 0 ? 0 : Math.ceil(ms / 1000);
 }
 
+// structured-field strings of the names seen (rule and unit names: a few, from configuration)
+const sfStrings = new Map<string, string>();
+
 /** A structured-field String item. */
 function sfString(s: string): string {
-  return `"${s.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+  let v = sfStrings.get(s);
+  if (v === undefined) {
+    v = `"${s.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+    if (sfStrings.size < 1000) sfStrings.set(s, v);
+  }
+  return v;
 }
 
 /** One RateLimit-Policy item. */

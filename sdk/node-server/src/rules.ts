@@ -4,7 +4,7 @@
  * answers, what happens when Redis fails), checked at start with the
  * option named, and turned into one rl command per rule and request.
  */
-import { RlConfigError, seconds as durationArg } from "./args.js";
+import { int, RlConfigError, seconds as durationArg } from "./args.js";
 import {
   buildQuota, buildTake, buildWindow, type Built, type QuotaPeriod, type WindowMode,
 } from "./commands.js";
@@ -197,38 +197,85 @@ export function ruleView<Req>(r: RuleConfig<Req>): RuleView {
   return view;
 }
 
+/** `s` without braces (a key's hash tag is the one its rule puts there). */
+function clean(s: string): string {
+  return s.indexOf("{") === -1 && s.indexOf("}") === -1 ? s : s.replace(/[{}]/g, "");
+}
+
 /** The Redis key of `name` for scope value `value`: one hash tag per value, so a rule's ALSO keys share its slot. */
 export function ruleKey(prefix: string, value: string, name: string, sub?: string): string {
-  const clean = (s: string) => s.replace(/[{}]/g, "");
   return `${prefix}:{${clean(value)}}:${clean(name)}${sub !== undefined ? `:${clean(sub)}` : ""}`;
 }
 
-/** The rate command of a rule (not a lease) for scope `value` charging `cost`. */
-export function rateCommand<Req>(prefix: string, r: RuleConfig<Req>, req: Req, value: string, cost: number,
-  refund = false): Built {
+/** The rate command of a rule (not a lease) on its keys (`k`, then one per `also`) charging `cost`. */
+function rateOnKeys<Req>(r: RuleConfig<Req>, k: string, alsoKeys: string[], cost: number, refund: boolean): Built {
   const l = r.limiter;
   const pen = l.kind === "lease" ? {} : {
     ...(l.strikes ? { strikes: l.strikes } : {}), ...(l.box ? { box: l.box } : {}),
     ...(l.offensesTtl ? { offenses: l.offensesTtl } : {}), ...(l.jitter ? { jitter: l.jitter } : {}),
   };
   const charge = refund ? { refund: cost } : { cost };
-  const alsoKey = (a: AlsoConfig<Req>) => ruleKey(prefix, value, a.name, a.scope?.(req));
-  const k = ruleKey(prefix, value, r.name, r.scope?.(req));
   if (l.kind === "bucket") {
     return buildTake(k, { capacity: l.burst, tokens: l.rate, period: l.period ?? 60, ...charge, ...(refund ? {} : pen),
-      also: (l.also ?? []).map((a) => ({ key: alsoKey(a), capacity: a.burst!, tokens: a.rate!,
+      also: (l.also ?? []).map((a, i) => ({ key: alsoKeys[i]!, capacity: a.burst!, tokens: a.rate!,
         period: (a.period as number | undefined) ?? 60 })) });
   }
   if (l.kind === "window") {
     return buildWindow(k, { limit: l.limit, window: l.window, mode: l.mode ?? "sliding", ...charge,
       ...(refund ? {} : pen),
-      also: (l.also ?? []).map((a) => ({ key: alsoKey(a), limit: a.limit!, window: a.window ?? l.window })) });
+      also: (l.also ?? []).map((a, i) => ({ key: alsoKeys[i]!, limit: a.limit!, window: a.window ?? l.window })) });
   }
   if (l.kind === "quota") {
     const p = (x: string) => x.toLowerCase() as QuotaPeriod;
     return buildQuota(k, { limit: l.limit, period: p(l.period), ...charge, ...(refund ? {} : pen),
-      also: (l.also ?? []).map((a) => ({ key: alsoKey(a), limit: a.limit!,
+      also: (l.also ?? []).map((a, i) => ({ key: alsoKeys[i]!, limit: a.limit!,
         period: p((a.period as string | undefined) ?? l.period) })) });
   }
   throw new RlConfigError(`${r.name}: a lease has no rate command`);
+}
+
+/** The ALSO keys of a rule for scope value `value`. */
+function alsoKeysOf<Req>(prefix: string, r: RuleConfig<Req>, req: Req, value: string): string[] {
+  const l = r.limiter;
+  return l.kind === "lease" ? [] : (l.also ?? []).map((a) => ruleKey(prefix, value, a.name, a.scope?.(req)));
+}
+
+/** The rate command of a rule (not a lease) for scope value `value` charging `cost`. */
+export function rateCommand<Req>(prefix: string, r: RuleConfig<Req>, req: Req, value: string, cost: number,
+  refund = false): Built {
+  return rateOnKeys(r, ruleKey(prefix, value, r.name, r.scope?.(req)), alsoKeysOf(prefix, r, req, value), cost, refund);
+}
+
+/** A rule's rate command made once: `(req, k, value, cost)` gives {@link rateCommand}'s, `k` its first key. */
+export type PreparedRate<Req> = (req: Req, k: string, value: string, cost: number) => Built;
+
+/**
+ * Prepares a rule's (not a lease's) rate command: its arguments are
+ * checked and formatted once, with stand-ins for the keys; a request
+ * copies them, puts its keys in, and COST when it is not 1.
+ */
+export function prepareRate<Req>(prefix: string, r: RuleConfig<Req>): PreparedRate<Req> {
+  const l = r.limiter;
+  const n = l.kind === "lease" ? 0 : (l.also ?? []).length;
+  // a NUL never reaches Redis: every one of them is replaced
+  const stand = Array.from({ length: n }, (_, i) => `\0also${i}`);
+  const one = rateOnKeys(r, "\0key", stand, 1, false).args;
+  const two = rateOnKeys(r, "\0key", stand, 2, false).args;
+  let at = 0;
+  while (one[at] === two[at]) at++; // where COST goes
+  const keyAt = one.indexOf("\0key");
+  const alsoAt = stand.map((x) => one.indexOf(x));
+  return (req, k, value, cost) => {
+    const args = one.slice();
+    args[keyAt] = k;
+    const keys = [k];
+    for (let i = 0; i < n; i++) {
+      const a = (l as { also: AlsoConfig<Req>[] }).also[i]!;
+      const ak = ruleKey(prefix, value, a.name, a.scope?.(req));
+      args[alsoAt[i]!] = ak;
+      keys.push(ak);
+    }
+    if (cost !== 1) args.splice(at, 0, "COST", int("cost", cost));
+    return { args, keys, cost, readonly: false };
+  };
 }

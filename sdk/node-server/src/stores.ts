@@ -10,9 +10,9 @@
  * the stores report it as one hit above the limit, which both libraries
  * read as "refused", with the time until a request fits again.
  */
-import { RlConfigError } from "./args.js";
-import { buildWindow, decisionOf, type Decision, type RlCommands, type WindowMode } from "./commands.js";
-import { withTimeout } from "./engine.js";
+import { key, RlConfigError } from "./args.js";
+import { buildWindow, decisionOf, type Decision, type RlCommands, type Transport, type WindowMode } from "./commands.js";
+import { budget, type Budget } from "./deadline.js";
 
 /** Options of both stores. */
 export interface RlStoreOptions {
@@ -69,10 +69,19 @@ function waitOf(d: Decision): number {
   return d.allowed ? d.resetMs ?? 0 : d.retryAfterMs ?? 0;
 }
 
-/** Sends a store's command within its budget. */
-function send(rl: RlCommands, keys: string[], args: string[], timeoutMs: number): Promise<unknown> {
-  return withTimeout(rl.transport.send(keys, args, false), timeoutMs);
+/** Sends a store's command within its budget; `then` reads the reply. */
+function send<R>(transport: Transport, b: Budget, keys: readonly string[], args: readonly string[],
+  then: (reply: unknown) => R): Promise<R> {
+  let p: Promise<unknown>;
+  try {
+    p = transport.send(keys, args, false);
+  } catch (e) {
+    return Promise.reject(e);
+  }
+  return b.run(p, then);
 }
+
+const nothing = (): void => {};
 
 /**
  * An express-rate-limit store (its `Store` interface: `init`, `get`,
@@ -86,15 +95,23 @@ export class RlExpressStore {
   readonly prefix: string;
   private readonly rl: RlCommands;
   private readonly mode: WindowMode;
-  private readonly timeoutMs: number;
-  private limit = 0;
-  private window = 0;
+  private readonly budget: Budget;
+  /** RL.WINDOW's arguments of a hit, a read (COST 0) and a refund, key left empty: made by `init`. */
+  private hitArgs: string[] = [];
+  private readArgs: string[] = [];
+  private refundArgs: string[] = [];
   private error: Error | undefined = new RlConfigError("RlExpressStore: init was not called (pass it as `store`)");
+  // the reply readers, made once (a request allocates no closure for them)
+  private readonly counted = (reply: unknown) => this.info(decisionOf(reply, 1, "RL.WINDOW"));
+  private readonly read = (reply: unknown) => {
+    const d = decisionOf(reply, 0, "RL.WINDOW");
+    return d.remaining === d.limit ? undefined : this.info(d);
+  };
 
   constructor(options: RlStoreOptions) {
     this.rl = checkRl(options?.rl);
     this.mode = checkMode(options.mode);
-    this.timeoutMs = checkTimeout(options.timeoutMs);
+    this.budget = budget(checkTimeout(options.timeoutMs));
     this.prefix = options.prefix ?? "rl:erl:";
   }
 
@@ -105,8 +122,12 @@ export class RlExpressStore {
       if (typeof limit !== "number" || !Number.isSafeInteger(limit) || limit < 1) {
         throw new RlConfigError(`limit must be a whole number >= 1 with RlExpressStore (a function of the request is not supported), got ${typeof limit === "function" ? "a function" : String(limit)}`);
       }
-      this.window = windowSeconds("windowMs", options.windowMs);
-      this.limit = limit;
+      const window = windowSeconds("windowMs", options.windowMs);
+      // the arguments every call shares, checked and formatted once
+      const shared = buildWindow("k", { limit, window, mode: this.mode }).args.slice(2);
+      this.hitArgs = ["RL.WINDOW", "", ...shared];
+      this.readArgs = [...this.hitArgs, "COST", "0"];
+      this.refundArgs = [...this.hitArgs, "REFUND", "1"];
       this.error = undefined;
     } catch (e) {
       this.error = e as Error;
@@ -114,10 +135,13 @@ export class RlExpressStore {
     }
   }
 
-  private async call(key: string, cost: number): Promise<Decision> {
-    if (this.error) throw this.error;
-    const b = buildWindow(this.prefix + key, { limit: this.limit, window: this.window, mode: this.mode, cost });
-    return decisionOf(await send(this.rl, b.keys, b.args, this.timeoutMs), cost, "RL.WINDOW");
+  /** RL.WINDOW on the client's key with `template`'s arguments. */
+  private call<R>(clientKey: string, template: readonly string[], then: (reply: unknown) => R): Promise<R> {
+    if (this.error) return Promise.reject(this.error);
+    const k = key("key", this.prefix + clientKey);
+    const args = template.slice();
+    args[1] = k;
+    return send(this.rl.transport, this.budget, [k], args, then);
   }
 
   private info(d: Decision): { totalHits: number; resetTime: Date } {
@@ -125,27 +149,24 @@ export class RlExpressStore {
   }
 
   /** Counts a hit: one RL.WINDOW (cost 1, rl's default; not counted when it does not fit). */
-  async increment(key: string): Promise<{ totalHits: number; resetTime: Date }> {
-    return this.info(await this.call(key, 1));
+  increment(key: string): Promise<{ totalHits: number; resetTime: Date }> {
+    return this.call(key, this.hitArgs, this.counted);
   }
 
   /** The count without counting (COST 0: writes nothing). */
-  async get(key: string): Promise<{ totalHits: number; resetTime: Date } | undefined> {
-    const d = await this.call(key, 0);
-    return d.remaining === d.limit ? undefined : this.info(d);
+  get(key: string): Promise<{ totalHits: number; resetTime: Date } | undefined> {
+    return this.call(key, this.readArgs, this.read);
   }
 
   /** Gives one hit back (RL.WINDOW ... REFUND 1), for skipSuccessfulRequests / skipFailedRequests. */
-  async decrement(key: string): Promise<void> {
-    if (this.error) throw this.error;
-    const b = buildWindow(this.prefix + key, { limit: this.limit, window: this.window, mode: this.mode, refund: 1 });
-    await send(this.rl, b.keys, b.args, this.timeoutMs);
+  decrement(key: string): Promise<void> {
+    return this.call(key, this.refundArgs, nothing);
   }
 
   /** Forgets a client's count. */
-  async resetKey(key: string): Promise<void> {
+  resetKey(key: string): Promise<void> {
     const k = this.prefix + key;
-    await send(this.rl, [k], ["DEL", k], this.timeoutMs);
+    return send(this.rl.transport, this.budget, [k], ["DEL", k], nothing);
   }
 }
 
@@ -169,7 +190,7 @@ export interface FastifyStore {
 export function rlFastifyStore(options: RlStoreOptions): new (params: object) => FastifyStore {
   const rl = checkRl(options?.rl);
   const mode = checkMode(options.mode);
-  const timeoutMs = checkTimeout(options.timeoutMs);
+  const wait = budget(checkTimeout(options.timeoutMs));
   const base = options.prefix ?? "rl:frl:";
 
   class RlFastifyStore {
@@ -191,8 +212,7 @@ export function rlFastifyStore(options: RlStoreOptions): new (params: object) =>
         cb(e as Error);
         return;
       }
-      send(rl, b.keys, b.args, timeoutMs).then((reply) => {
-        const d = decisionOf(reply, cost, "RL.WINDOW");
+      send(rl.transport, wait, b.keys, b.args, (reply) => decisionOf(reply, cost, "RL.WINDOW")).then((d) => {
         cb(null, { current: hitsOf(d), ttl: waitOf(d) });
       }, (e: Error) => cb(e));
     }
