@@ -38,6 +38,10 @@
 #                                 which are added with RL_BENCH_GW_BEFORE)
 #   RL_BENCH_GW_IR_SECS=6         seconds of measured load per target
 #   RL_BENCH_GW_BEFORE=dir        a gateway/ directory to compare with
+#   RL_REDIS_TIMEOUT_MS=1000      the policies' Redis budget (bench/gateway.sh's
+#                                 is 20 ms: under callgrind on a loaded machine
+#                                 a call can take longer, and its request would
+#                                 take the degraded path, not the allowed one)
 #
 # Needs valgrind (as bench/profile.sh; not installed by .ci/deps).
 
@@ -75,6 +79,7 @@ trap 'exit 130' INT TERM
 
 start_server redis
 export RL_REDIS_HOST=$HOST RL_REDIS_PORT=$PORT_redis RL_BENCH_GATEWAY_DIR=$ROOT/gateway
+export RL_REDIS_TIMEOUT_MS=${RL_REDIS_TIMEOUT_MS:-1000}
 
 # The library to compare with, as package restyb.rl (both in one nginx).
 BEFORE_PATH=""
@@ -134,7 +139,7 @@ rl_servers() {
 }
 {
     echo "$MODULES"
-    echo "env RL_REDIS_HOST; env RL_REDIS_PORT; env RL_BENCH_GATEWAY_DIR;"
+    echo "env RL_REDIS_HOST; env RL_REDIS_PORT; env RL_BENCH_GATEWAY_DIR; env RL_REDIS_TIMEOUT_MS;"
     echo "master_process off; daemon off; worker_processes 1; pid logs/nginx.pid;"
     echo "error_log logs/error.log warn; events { worker_connections 1024; }"
     echo "http { access_log off; $TEMPS"

@@ -31,7 +31,8 @@ local function policy_field(e, make)
     if not e.static or e.params.kind == "quota" then
         return make(e)
     end
-    return policy_fields:get(e.rule, e.tier, policy_of, make, e)
+    return policy_fields:peek(e.rule, e.tier)
+        or policy_fields:get(e.rule, e.tier, policy_of, make, e)
 end
 
 -- Ranks a hard refusal: a box without end first, then the longest wait.

@@ -70,7 +70,7 @@ local function pool_options(rconf, host, port, database)
         m = memo.new(1000)
         pools[rconf] = m
     end
-    return m:get(host, port, new_pool_options, rconf, database)
+    return m:peek(host, port) or m:get(host, port, new_pool_options, rconf, database)
 end
 
 --- A pooled connection to host:port (one pool per node and database),

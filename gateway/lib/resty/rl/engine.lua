@@ -397,7 +397,6 @@ function Engine:access(req)
         answer.rate_headers(conf, state, cached)
         return answer.refuse_with(conf, req, state, cached)
     end
-    local needs = self.needs
     local steps = state.steps or NONE
     if steps.one_in_flight then
         for _, e in ipairs(entries) do
@@ -417,26 +416,42 @@ function Engine:access(req)
     hotpath.each(entries, plan, conf, state)
     local cmds = state.cmds or NONE
     local sent = cmds ~= NONE and sent_entries(state) or NONE
-    if #cmds > 0 then
-        -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
-        local res
-        res, err = commands.pipeline(route.store_conf or conf, cmds)
-        if not res then
-            return self:redis_failed(req, state, err)
-        end
-        local bad = hotpath.each(sent, decide, res)
-        if bad then
-            -- an error reply (a slot moved, ...): the others give back their charge
-            limiters.compensate(conf, state, sent)
-            return self:redis_failed(req, state, bad)
-        end
-        if steps.probes then
-            local done, perr = self:record_probes(state, sent)
-            if not done then
-                return self:redis_failed(req, state, perr)
-            end
+    if #cmds == 0 then
+        return self:decided(req, state, sent)
+    end
+    -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
+    local res
+    res, err = commands.pipeline(route.store_conf or conf, cmds)
+    if not res then
+        return self:redis_failed(req, state, err)
+    end
+    -- (the round trip resumes this phase in LuaJIT's interpreter: the rest
+    -- in a method of its own, which it compiles from its start)
+    return self:replied(req, state, sent, res)
+end
+
+--- Access phase, after the round trip: the outcomes of the `sent`
+--- entries from their replies `res`, then decided.
+function Engine:replied(req, state, sent, res)
+    local bad = hotpath.each(sent, decide, res)
+    if bad then
+        -- an error reply (a slot moved, ...): the others give back their charge
+        limiters.compensate(self.conf, state, sent)
+        return self:redis_failed(req, state, bad)
+    end
+    if state.steps and state.steps.probes then
+        local done, perr = self:record_probes(state, sent)
+        if not done then
+            return self:redis_failed(req, state, perr)
         end
     end
+    return self:decided(req, state, sent)
+end
+
+--- Access phase, every outcome known: the strictest one answers (a
+--- refusal) or marks the request (soft); else it goes through.
+function Engine:decided(req, state, sent)
+    local conf, entries = self.conf, state.entries
     hotpath.each(entries, note_box, conf, state)
     local win = answer.strictest(entries)
     local keep = win and win.rule.on_refusal.keep_charges
@@ -456,9 +471,9 @@ function Engine:access(req)
     end
     state.admitted = true
     if self.upstream_headers then
-        self:tell_upstream(req, ident)
+        self:tell_upstream(req, state.ident)
     end
-    if needs.delays then
+    if self.needs.delays then
         for _, e in ipairs(entries) do
             if e.outcome.state == "delayed" and e.outcome.retry_ms then
                 -- shaping (limiter.delay): the points are reserved; wait for them

@@ -337,7 +337,7 @@ function _M.resolve(conf, req)
         end
     end
     if record and not (id.store or id.jwt or id.headers) then
-        return static_callers:get(conf, record, static_caller)
+        return static_callers:peek(conf, record) or static_callers:get(conf, record, static_caller)
     end
     local attrs = key_attrs(record)
     -- one constructor with every field, at most 8 (see resty.rl.phases.start)

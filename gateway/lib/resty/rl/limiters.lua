@@ -244,7 +244,8 @@ function _M.command_of(e, cost)
     end
     -- (a quota's command names today's counter: one memo per key and day;
     -- by limiter: a rule's limiter resolved per tier is one table per tier)
-    local by_cost = static_cmds:get(e.params, e.keys_id or e.day_key or e.key, new_by_cost)
+    local id = e.keys_id or e.day_key or e.key
+    local by_cost = static_cmds:peek(e.params, id) or static_cmds:get(e.params, id, new_by_cost)
     local cmd = by_cost[cost]
     if not cmd then
         cmd = commands.encoded(kind.command(e, cost, false, nil), kind.reply_ints)

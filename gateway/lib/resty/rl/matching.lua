@@ -76,7 +76,7 @@ end
 -- A name of the configuration with the caller's tier for `{tier}`
 -- (names and tiers come from the configuration: a bounded set).
 local function tier_name(name, tier)
-    return tier_names:get(name, tier, with_tier)
+    return tier_names:peek(name, tier) or tier_names:get(name, tier, with_tier)
 end
 
 -- Rule keys of one-attribute scopes, by rule and value (the hot keys).
@@ -94,7 +94,8 @@ local function memo_rule_key(conf, rule, tag_value, values, build)
     if #scope ~= 1 or scope[1] ~= rule.tag then
         return build(conf, rule.tag, values, rule.name, scope)
     end
-    return one_attr_keys:get(rule, tag_value, one_attr_key, conf, build)
+    return one_attr_keys:peek(rule, tag_value)
+        or one_attr_keys:get(rule, tag_value, one_attr_key, conf, build)
 end
 
 -- Resolves every reference inside `v` for the caller.
@@ -301,7 +302,9 @@ function _M.entry(conf, req, state, rule, ident)
         params = rule.limiter
     elseif rule.tier_limiter and ident.overrides.tenant == nil and ident.attrs.tier then
         static = true
-        params = tier_limiters:get(rule, ident.attrs.tier, tier_limiter, ident)
+        local tier = ident.attrs.tier
+        params = tier_limiters:peek(rule, tier)
+            or tier_limiters:get(rule, tier, tier_limiter, ident)
     else
         params = resolve_deep(rule.limiter, ident)
     end
@@ -328,7 +331,8 @@ function _M.entry(conf, req, state, rule, ident)
     if kt then
         local kerr, karg
         if kt.from_record and ident.record then
-            keys = record_keys:get(rule, ident.record, record_template_keys, conf, ident)
+            keys = record_keys:peek(rule, ident.record)
+                or record_keys:get(rule, ident.record, record_template_keys, conf, ident)
         else
             keys, kerr, karg = template_keys(conf, rule, req, ident, state.route)
         end
@@ -343,7 +347,8 @@ function _M.entry(conf, req, state, rule, ident)
     e.rule, e.params, e.cost, e.probe = rule, params, cost, rule.count ~= "requests"
     e.name, e.tier, e.static = tier_name(rule.name, tier), tier, static
     -- (with a key template: the names of the rule and tier, shared, never written)
-    e.also_names = params.also and (keys and also_names:get(rule, tier, names_of_also) or {})
+    e.also_names = params.also and (keys and (also_names:peek(rule, tier)
+        or also_names:get(rule, tier, names_of_also)) or {})
         or NONE
     e.also_keys = keys and keys[2] or params.also and {} or NONE
     e.member = values and values[rule.limiter.member] or false

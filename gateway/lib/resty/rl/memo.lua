@@ -18,6 +18,17 @@ function _M.new(max, weak)
     return m
 end
 
+--- The value of (`a`, `b`) when it was made before, else nil. The hot
+--- path reads with peek and calls get only when it gives nil: a function
+--- with both paths, hot first on a miss (early, or LuaJIT's hot counters
+--- drained by the configuration's loops), gets a trace through `make`
+--- (a string.gsub, ...) that the traces calling it stop and link to
+--- rather than compile through.
+function Memo:peek(a, b)
+    local inner = self.t[a]
+    return inner and inner[b]
+end
+
 --- The value of (`a`, `b`): `make(a, b, x, y)` the first time.
 function Memo:get(a, b, make, x, y)
     local inner = self.t[a]

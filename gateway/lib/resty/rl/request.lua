@@ -164,7 +164,7 @@ function _M.match_route(conf, method, path)
         m = memo.new(ROUTES_SEEN)
         route_memos[conf] = m
     end
-    return m:get(method, path, first_route, conf)
+    return m:peek(method, path) or m:get(method, path, first_route, conf)
 end
 
 -- Days from 1970-01-01 of a YYYY-MM-DD date, or nil.

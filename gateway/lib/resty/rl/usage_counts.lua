@@ -54,7 +54,8 @@ function _M.count(conf, state)
     end
     local now = ngx.time()
     local admitted = ADMITTED[state.decision]
-    local n = counter_names:get(conf.key_prefix, key_id, new_names)
+    local n = counter_names:peek(conf.key_prefix, key_id)
+        or counter_names:get(conf.key_prefix, key_id, new_names)
     if n.at ~= now then
         n.at, n.a, n.r = now, "a" .. SEP .. n.who .. now, "r" .. SEP .. n.who .. now
     end
