@@ -60,7 +60,50 @@ pub async fn run(
     let counter = Counter::new(local.clone(), &regions);
     let mut from = "0";
     let mut failing = false;
+    // A resync owed to the region (with the gap to close, if any), tried
+    // before any other read until it succeeds; and the pending entries
+    // found trimmed, acknowledged once it has.
+    let mut owed: Option<Option<gap::Gap>> = None;
+    let mut trimmed_ids: Vec<String> = Vec::new();
     loop {
+        if let Some(gap) = &owed {
+            let scan = (regions.remote[&name].scan_count, limit);
+            match gap::recover(
+                &remote,
+                &reader,
+                (stream, group),
+                &name,
+                &local,
+                gap.as_ref(),
+                scan,
+            )
+            .await
+            {
+                Ok(r) => {
+                    tracing::info!(region = %name, components = r.components, grew = r.grew, "resynced");
+                    let fields = [("gaps", 1), ("resynced", r.components)];
+                    counter
+                        .add(&fields.map(|(what, n)| (format!("{name}:{what}"), n)))
+                        .await;
+                    if !trimmed_ids.is_empty() {
+                        let acked: redis::RedisResult<i64> = acker
+                            .query(redis::cmd("XACK").arg(stream).arg(group).arg(&trimmed_ids))
+                            .await;
+                        if let Err(e) = acked {
+                            tracing::warn!(region = %name, reason = %e, "XACK failed");
+                        }
+                        trimmed_ids.clear();
+                    }
+                    owed = None;
+                    from = "0";
+                }
+                Err(e) => {
+                    tracing::warn!(region = %name, reason = %e, "cannot resync the region; trying again");
+                    tokio::time::sleep(retry).await;
+                    continue;
+                }
+            }
+        }
         let cmd = store::xreadgroup(
             group,
             CONSUMER,
@@ -98,21 +141,7 @@ pub async fn run(
             // The entries just read follow the gap: read again once it is closed.
             tracing::warn!(region = %name, lost = gap.lost, resume = %gap.resume,
                 "entries trimmed from the stream before they were read: merging every current component of the region");
-            let scan = (regions.remote[&name].scan_count, limit);
-            match gap::recover(&remote, &reader, (stream, group), &name, &local, &gap, scan).await {
-                Ok(r) => {
-                    tracing::info!(region = %name, components = r.components, grew = r.grew, "gap closed");
-                    let fields = [("gaps", 1), ("resynced", r.components)];
-                    counter
-                        .add(&fields.map(|(what, n)| (format!("{name}:{what}"), n)))
-                        .await;
-                }
-                Err(e) => {
-                    tracing::warn!(region = %name, reason = %e, "cannot close the gap; trying again");
-                    tokio::time::sleep(retry).await;
-                }
-            }
-            from = "0";
+            owed = Some(Some(gap));
             continue;
         }
         if entries.is_empty() {
@@ -133,9 +162,18 @@ pub async fn run(
         let mut done = Vec::new();
         let mut tally = Tally::default();
         for ((id, _), outcome) in entries.iter().zip(outcomes) {
+            let trimmed = matches!(outcome, Outcome::Trimmed);
             if tally.add(&name, id, outcome) {
-                done.push(id.as_str());
+                if trimmed {
+                    trimmed_ids.push(id.clone());
+                } else {
+                    done.push(id.as_str());
+                }
             }
+        }
+        if !trimmed_ids.is_empty() && owed.is_none() {
+            // what they carried is lost: the region's components stand in
+            owed = Some(None);
         }
         if !done.is_empty() {
             let acked: redis::RedisResult<i64> = acker

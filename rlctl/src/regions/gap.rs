@@ -4,11 +4,13 @@
 //!
 //! Detection: every read of new entries is sent in one pipeline after
 //! `XINFO STREAM` and `XINFO GROUPS`, so the check sees the stream as the
-//! read does. The group's next entry is gone when the stream's oldest entry
-//! is past the group's last-delivered id and fewer entries were read than
-//! were trimmed (`entries-added - length` against the group's
-//! `entries-read`, which Redis 7.0+ and Valkey report; older servers are
-//! not checked).
+//! read does. Entries were lost when fewer were read than were trimmed
+//! (`entries-added - length` against the group's `entries-read`, which
+//! Redis 7.0+ and Valkey report; where the counter is unknown, when the
+//! stream's oldest entry is past the group's last-delivered id; older
+//! servers are not checked). A pending entry found trimmed when it is read
+//! again (read, not yet applied) is a gap too: the consumer resyncs the
+//! region before it acknowledges it.
 //!
 //! Recovery: components merge by maximum, so reading the remote region's
 //! current component of every key and merging it here restores exactly
@@ -112,27 +114,27 @@ impl Snapshot {
     }
 
     /// The gap before the group's next entry, if entries it has not read
-    /// were trimmed.
+    /// were trimmed. With the group's read counter known, every trimmed
+    /// entry it has not counted was never delivered, wherever its
+    /// last-delivered id is now (the read sent with the check moves it past
+    /// the gap; a recovery that failed before setting it back leaves it
+    /// there). Without the counter, a gap is the group's next entry gone.
     pub fn gap(&self) -> Option<Gap> {
         let added = self.entries_added?;
         let delivered = self.last_delivered?;
-        let resume = match self.first {
-            Some(first) if self.length > 0 => {
-                if first <= delivered {
-                    return None;
-                }
-                first.before()?
-            }
+        let (resume, next_gone) = match self.first {
+            Some(first) if self.length > 0 => (first.before()?, first > delivered),
             _ => {
                 let last = self.last_generated?;
-                if last <= delivered {
-                    return None;
-                }
-                last
+                (last, last > delivered)
             }
         };
         let trimmed = added.saturating_sub(self.length);
-        let lost = trimmed.saturating_sub(self.entries_read.unwrap_or(0));
+        let lost = match self.entries_read {
+            Some(read) => trimmed.saturating_sub(read),
+            None if next_gone => trimmed,
+            None => 0,
+        };
         (lost > 0).then_some(Gap {
             lost,
             resume,
@@ -165,19 +167,20 @@ pub struct Resynced {
     pub grew: i64,
 }
 
-/// Closes `gap` in region `name`'s stream: the group set back before the
-/// oldest entry, every current component of `name` merged here, then the
-/// group's read counter set.
+/// Merges every current component of region `name` here, closing `gap`
+/// in its stream when there is one: the group set back before the oldest
+/// entry, the components merged, then the group's read counter set.
+/// Without a gap (pending entries found trimmed) the group stays where it is.
 pub async fn recover(
     remote: &Target,
     reader: &Store,
     (stream, group): (&str, &str),
     name: &str,
     local: &Store,
-    gap: &Gap,
+    gap: Option<&Gap>,
     (scan_count, limit): (u64, Duration),
 ) -> Result<Resynced, String> {
-    let setid = |entries_read: Option<u64>| {
+    let setid = |gap: &Gap, entries_read: Option<u64>| {
         let mut cmd = redis::cmd("XGROUP");
         cmd.arg("SETID")
             .arg(stream)
@@ -188,15 +191,19 @@ pub async fn recover(
         }
         cmd
     };
-    reader
-        .query::<()>(&setid(None))
-        .await
-        .map_err(|e| format!("XGROUP SETID: {e}"))?;
+    if let Some(gap) = gap {
+        reader
+            .query::<()>(&setid(gap, None))
+            .await
+            .map_err(|e| format!("XGROUP SETID: {e}"))?;
+    }
     let done = resync(remote, name, local, scan_count, limit).await?;
-    reader
-        .query::<()>(&setid(Some(gap.entries_read)))
-        .await
-        .map_err(|e| format!("XGROUP SETID ... ENTRIESREAD: {e}"))?;
+    if let Some(gap) = gap {
+        reader
+            .query::<()>(&setid(gap, Some(gap.entries_read)))
+            .await
+            .map_err(|e| format!("XGROUP SETID ... ENTRIESREAD: {e}"))?;
+    }
     Ok(done)
 }
 
@@ -254,7 +261,15 @@ async fn merge_page(
     let mut changes = Vec::new();
     for (key, read) in keys.iter().zip(reads) {
         let shown = String::from_utf8_lossy(key);
-        let reply = read.map_err(|e| format!("RL.REGION READ {shown}: {e}"))?;
+        let reply = match read {
+            Ok(reply) => reply,
+            // a key replaced since the scan, say: skipped, as the publisher does
+            Err(e) if is_refusal(&e) => {
+                tracing::warn!(region = name, key = %shown, reason = %e, "resync: key skipped");
+                continue;
+            }
+            Err(e) => return Err(format!("RL.REGION READ {shown}: {e}")),
+        };
         match component_of(key, &reply, name) {
             Ok(Some(change)) => changes.push(change),
             Ok(None) => {}
@@ -339,7 +354,19 @@ mod tests {
         let gap = s.gap().expect("a gap");
         assert_eq!((gap.lost, gap.resume), (40, EntryId(50, 0)));
         s.last_delivered = Some(EntryId(50, 0));
+        s.entries_read = Some(50);
         assert_eq!(s.gap(), None);
+    }
+
+    #[test]
+    fn a_gap_stays_found_after_a_read_moved_the_group_past_it() {
+        // The read sent with the check delivered 20 entries from id 300,
+        // then the recovery failed before setting the group back: its
+        // counter (5 + 20) still shows 275 trimmed entries never read.
+        let gap = snapshot(105, 405, 300, 320, Some(25)).gap().expect("a gap");
+        assert_eq!((gap.lost, gap.resume), (275, EntryId(299, u64::MAX)));
+        // Without the counter it cannot be told from a group that read them.
+        assert_eq!(snapshot(105, 405, 300, 320, None).gap(), None);
     }
 
     #[test]
