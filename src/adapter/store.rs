@@ -74,8 +74,8 @@ impl Call {
 
     /// Say that the keys' expiries usually stay where the previous call
     /// set them (`Limiter::steady_expiry`): [`Call::commit`] then reads
-    /// each stored key's expiry and sets it only when it moved, a read
-    /// costing Redis less than a write.
+    /// each stored key's expiry and sets it only when it moved (a read
+    /// costs Redis 7.4 about 60% of a write, 7.0 about the same).
     pub fn expect_steady_expiry(&mut self) {
         self.steady_expiry = true;
     }

@@ -9,7 +9,7 @@
 //! `INFO`, commands, ACL categories, key specs) in [`command`]. A key's
 //! value and the type's callbacks are reached only in [`super::value`],
 //! through [`api!`] too. The API that older servers lack is read from its
-//! pointer, which may be null, where it is used (`RM_SetAbsExpire` in
+//! pointer, which may be null, where it is used (`RM_SetAbsExpire` and `RM_GetAbsExpire` in
 //! [`key`], the ACL and command-info calls in [`command`]). Every `unsafe`
 //! block says why it is sound.
 //!
