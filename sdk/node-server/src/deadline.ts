@@ -15,7 +15,7 @@ export class RlUnavailableError extends Error {
 }
 
 interface Pending {
-  /** Date.now() at which the call fails. */
+  /** performance.now() at which the call fails (a monotonic clock: a step of the wall clock moves no deadline). */
   end: number;
   /** Fails the call; let go once it has settled (it holds the caller's state). */
   reject: ((e: Error) => void) | undefined;
@@ -40,7 +40,7 @@ export class Budget {
    */
   run<T, R>(p: Promise<T>, then: (value: T) => R): Promise<R> {
     return new Promise<R>((resolve, reject) => {
-      const entry: Pending = { end: Date.now() + this.ms, reject, done: false };
+      const entry: Pending = { end: performance.now() + this.ms, reject, done: false };
       this.queue.push(entry);
       if (this.timer === undefined) {
         this.timer = setTimeout(this.expire, this.ms);
@@ -91,7 +91,7 @@ export class Budget {
   private readonly expire = (): void => {
     this.timer = undefined;
     this.held = false;
-    const now = Date.now();
+    const now = performance.now();
     const q = this.queue;
     while (this.first < q.length && (q[this.first]!.done || q[this.first]!.end <= now)) {
       const e = q[this.first++]!;

@@ -54,7 +54,6 @@ async def send_once_async(client: Any, args: Sequence[Arg], key: Arg) -> Any:
         cluster: Any = client
         await cluster.initialize()
         return await cluster.execute_command(*args, target_nodes=cluster.get_node_from_key(key))
-    await client.initialize()
     pool = client.connection_pool
     conn = await pool.get_connection()
     try:
