@@ -89,6 +89,8 @@ end)
 T.cases("a bad home or borrow is refused naming the option", {
     { name = "borrow without home", allowance = { size = 50, borrow = 20 },
       err = "allowance.borrow needs allowance.home" },
+    { name = "home and borrow without size", allowance = { borrow = 20, home = { host = "h" } },
+      err = "allowance.size is needed with the other allowance options" },
     { name = "borrow negative", allowance = { size = 50, borrow = -1, home = { host = "h" } },
       err = "allowance.borrow must be an integer >= 0 (points)" },
     { name = "home port", allowance = { size = 50, home = { host = "h", port = 70000 } },

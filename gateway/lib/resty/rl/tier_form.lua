@@ -169,7 +169,10 @@ end
 --- field as null), nested tables likewise; nil when nothing is left.
 function _M.without_nulls(t)
     if type(t) ~= "table" then
-        return t ~= ngx.null and t or nil
+        if t == ngx.null then
+            return nil
+        end
+        return t
     end
     local out = {}
     for k, v in pairs(t) do

@@ -29,8 +29,12 @@ end
 -- ("allowance.borrow needs allowance.home").
 local function valid_allowance(a)
     local given = require("resty.rl.tier_form").without_nulls(a)
-    if given == nil or given.size == nil then
+    if given == nil then
         return true
+    end
+    if given.size == nil then
+        -- the tier form has no allowance without its size: say so rather than drop the rest
+        return nil, "allowance.size is needed with the other allowance options"
     end
     local ok, err = pcall(require("resty.rl.config").build, { allowance = given })
     if not ok then
