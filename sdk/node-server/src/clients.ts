@@ -35,9 +35,10 @@ export interface IoredisClient {
   sendCommand(command: unknown): unknown;
   /** `Redis.duplicate(override)`; a `Cluster`'s takes the startup nodes first. */
   duplicate(...args: unknown[]): IoredisClient;
-  once(event: "end", listener: () => void): unknown;
-  on(event: "close", listener: () => void): unknown;
+  on(event: "close" | "end", listener: () => void): unknown;
   disconnect(): void;
+  /** ioredis's connection state: "end" once it will not reconnect. */
+  readonly status: string;
 }
 
 type SentCommand = { rlKeys: string[]; written: boolean; promise: Promise<unknown>; reject(err: Error): void };
@@ -83,17 +84,23 @@ export class RlConnectionClosedError extends Error {
  * the duplicate has both off (and its cluster nodes no reconnect strategy
  * of their own), and a command it had sent fails with
  * `RlConnectionClosedError` when its connection closes. The user's client
- * and its options are left as they are; the duplicate connects at its
- * first command and disconnects when the user's client ends.
+ * and its options are left as they are (but for the offline queue: the
+ * duplicate queues what it has not written yet, which is safe to send
+ * once); the duplicate connects at its first command, disconnects when the
+ * user's client ends, and is opened again by the next command after it
+ * ended. One per client (`atMostOnce`).
  */
 class AtMostOnce {
   private dup: IoredisClient | undefined;
   private readonly inFlight = new Set<SentCommand>();
 
-  constructor(private readonly client: IoredisClient) {}
+  constructor(private readonly client: IoredisClient) {
+    client.on("end", () => this.dup?.disconnect());
+  }
 
   send(cmd: SentCommand): Promise<unknown> {
-    const dup = (this.dup ??= this.open());
+    if (this.dup === undefined || this.dup.status === "end") this.dup = this.open();
+    const dup = this.dup;
     this.inFlight.add(cmd);
     const done = () => this.inFlight.delete(cmd);
     cmd.promise.then(done, done);
@@ -104,8 +111,10 @@ class AtMostOnce {
   private open(): IoredisClient {
     const cluster = typeof (this.client as { nodes?: unknown }).nodes === "function";
     const dup = cluster
-      ? this.client.duplicate([], { lazyConnect: true, retryDelayOnFailover: 0, clusterNodeRetryStrategy: null })
-      : this.client.duplicate({ lazyConnect: true, autoResendUnfulfilledCommands: false });
+      ? this.client.duplicate([], {
+          lazyConnect: true, enableOfflineQueue: true, retryDelayOnFailover: 0, clusterNodeRetryStrategy: null,
+        })
+      : this.client.duplicate({ lazyConnect: true, enableOfflineQueue: true, autoResendUnfulfilledCommands: false });
     // a closed connection's replies never come (not resent): fail what it had sent
     dup.on("close", () => {
       for (const cmd of this.inFlight) {
@@ -113,9 +122,20 @@ class AtMostOnce {
           "the connection to Redis closed after the command was sent; rl does not send it again"));
       }
     });
-    this.client.once("end", () => dup.disconnect());
     return dup;
   }
+}
+
+const AT_MOST_ONCE = new WeakMap<IoredisClient, AtMostOnce>();
+
+/** The one `AtMostOnce` of `client` (one duplicate connection however many transports use it). */
+function atMostOnce(client: IoredisClient): AtMostOnce {
+  let once = AT_MOST_ONCE.get(client);
+  if (once === undefined) {
+    once = new AtMostOnce(client);
+    AT_MOST_ONCE.set(client, once);
+  }
+  return once;
 }
 
 /**
@@ -123,7 +143,7 @@ class AtMostOnce {
  * through the client itself, the others at most once (see `AtMostOnce`).
  */
 export function ioredisTransport(client: IoredisClient): Transport {
-  const once = new AtMostOnce(client);
+  const once = atMostOnce(client);
   return {
     send: async (keys, args, readonly) => {
       const Command = await keyedCommand();

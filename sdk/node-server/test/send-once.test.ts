@@ -125,6 +125,24 @@ for (const flavour of SERVERS) {
         await proxy.close();
       }
     });
+
+    test("ioredis: one rl connection per client, opened again after the client ended and reconnected", async () => {
+      const c = new Redis(server.port, "127.0.0.1", { lazyConnect: true });
+      try {
+        await c.connect();
+        const [a, b] = [forIoredis(c), forIoredis(c)];
+        await a.take("once:reopen", BUCKET);
+        await b.take("once:reopen", BUCKET);
+        const named = async () => (String(await admin.client("LIST")).match(/cmd=rl\.take/g) ?? []).length;
+        assert.equal(await named(), 1); // the two share the one duplicate
+        await c.quit(); // the user's client ends: its duplicate is disconnected
+        await sleep(100);
+        await c.connect();
+        assert.equal((await a.take("once:reopen", BUCKET)).remaining, 97);
+      } finally {
+        c.disconnect();
+      }
+    });
   });
 }
 
