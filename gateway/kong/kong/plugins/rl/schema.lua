@@ -125,6 +125,30 @@ local function window(limit)
     }
 end
 
+-- The fields of a Redis connection (the policy's `redis` table), with
+-- the defaults `d` (none for a region's home: a field left out is the
+-- plugin's own).
+local function redis_fields(d)
+    d = d or {}
+    return {
+        { host = typedefs.host { default = d.host } },
+        { port = typedefs.port { default = d.port } },
+        { password = { type = "string", referenceable = true, encrypted = true } },
+        { database = { type = "integer", between = { 0, 15 } } },
+        { timeout_ms = { type = "number", default = d.timeout_ms, gt = 0 } },
+        { pool_size = { type = "integer", default = d.pool_size, gt = 0 } },
+        { keepalive_ms = { type = "integer", default = d.keepalive_ms, gt = 0 } },
+        { mode = { type = "string", default = d.mode, one_of = { "single", "cluster", "sentinel" } } },
+        -- cluster seeds / sentinels, each "host:port"
+        { nodes = { type = "array", elements = { type = "string" } } },
+        { sentinels = { type = "array", elements = { type = "string" } } },
+        { master_name = { type = "string", default = d.master_name } },
+        { sentinel_password = { type = "string", referenceable = true, encrypted = true } },
+        { dict = { type = "string", default = d.dict } },
+        { refresh_ms = { type = "integer", default = d.refresh_ms, gt = 0 } },
+    }
+end
+
 return {
     name = "rl",
     fields = {
@@ -134,24 +158,10 @@ return {
             fields = {
                 -- a rule policy (JSON); when set, it is the whole configuration
                 { policy = { type = "string", custom_validator = valid_policy } },
-                { redis = { type = "record", fields = {
-                    { host = typedefs.host { default = "127.0.0.1" } },
-                    { port = typedefs.port { default = 6379 } },
-                    { password = { type = "string", referenceable = true, encrypted = true } },
-                    { database = { type = "integer", between = { 0, 15 } } },
-                    { timeout_ms = { type = "number", default = 20, gt = 0 } },
-                    { pool_size = { type = "integer", default = 64, gt = 0 } },
-                    { keepalive_ms = { type = "integer", default = 60000, gt = 0 } },
-                    { mode = { type = "string", default = "single",
-                               one_of = { "single", "cluster", "sentinel" } } },
-                    -- cluster seeds / sentinels, each "host:port"
-                    { nodes = { type = "array", elements = { type = "string" } } },
-                    { sentinels = { type = "array", elements = { type = "string" } } },
-                    { master_name = { type = "string", default = "mymaster" } },
-                    { sentinel_password = { type = "string", referenceable = true, encrypted = true } },
-                    { dict = { type = "string", default = "rl_redis" } },
-                    { refresh_ms = { type = "integer", default = 1000, gt = 0 } },
-                } } },
+                { redis = { type = "record", fields = redis_fields({
+                    host = "127.0.0.1", port = 6379, timeout_ms = 20, pool_size = 64,
+                    keepalive_ms = 60000, mode = "single", master_name = "mymaster",
+                    dict = "rl_redis", refresh_ms = 1000 }) } },
                 { key_prefix = { type = "string", default = "rl" } },
                 { shadow = { type = "boolean", default = false } },
                 { legacy_headers = { type = "boolean", default = false } },
@@ -202,22 +212,7 @@ return {
                     { refill_below = { type = "integer" } },
                     { dict = { type = "string" } },
                     -- the home region's Redis: the fields of redis, those unset taken from it
-                    { home = { type = "record", fields = {
-                        { host = typedefs.host },
-                        { port = typedefs.port },
-                        { password = { type = "string", referenceable = true, encrypted = true } },
-                        { database = { type = "integer", between = { 0, 15 } } },
-                        { timeout_ms = { type = "number", gt = 0 } },
-                        { pool_size = { type = "integer", gt = 0 } },
-                        { keepalive_ms = { type = "integer", gt = 0 } },
-                        { mode = { type = "string", one_of = { "single", "cluster", "sentinel" } } },
-                        { nodes = { type = "array", elements = { type = "string" } } },
-                        { sentinels = { type = "array", elements = { type = "string" } } },
-                        { master_name = { type = "string" } },
-                        { sentinel_password = { type = "string", referenceable = true, encrypted = true } },
-                        { dict = { type = "string" } },
-                        { refresh_ms = { type = "integer", gt = 0 } },
-                    } } },
+                    { home = { type = "record", fields = redis_fields() } },
                     -- points a node admits on its own while the home is unreachable
                     { borrow = { type = "integer", between = { 0, 1000000000 } } },
                 } } },
