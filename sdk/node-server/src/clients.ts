@@ -35,7 +35,7 @@ export interface IoredisClient {
   sendCommand(command: unknown): unknown;
   /** `Redis.duplicate(override)`; a `Cluster`'s takes the startup nodes first. */
   duplicate(...args: unknown[]): IoredisClient;
-  on(event: "close" | "end", listener: () => void): unknown;
+  on(event: "close" | "end" | "error", listener: () => void): unknown;
   disconnect(): void;
   /** ioredis's connection state: "end" once it will not reconnect. */
   readonly status: string;
@@ -90,6 +90,8 @@ export class RlConnectionClosedError extends Error {
  * user's client ends, and is opened again by the next command after it
  * ended. One per client (`atMostOnce`).
  */
+const CLOSED = "the connection to Redis closed after the command was sent; rl does not send it again";
+
 class AtMostOnce {
   private dup: IoredisClient | undefined;
   private readonly inFlight = new Set<SentCommand>();
@@ -105,7 +107,13 @@ class AtMostOnce {
     const done = () => this.inFlight.delete(cmd);
     cmd.promise.then(done, done);
     dup.sendCommand(cmd);
-    return cmd.promise;
+    // ioredis fails what a connection that will not reconnect had sent with its own "Connection is closed."
+    return cmd.promise.catch((e: Error) => {
+      if (cmd.written && !(e instanceof RlConnectionClosedError) && /Connection is closed/.test(e.message)) {
+        throw new RlConnectionClosedError(CLOSED);
+      }
+      throw e;
+    });
   }
 
   private open(): IoredisClient {
@@ -113,13 +121,18 @@ class AtMostOnce {
     const dup = cluster
       ? this.client.duplicate([], {
           lazyConnect: true, enableOfflineQueue: true, retryDelayOnFailover: 0, clusterNodeRetryStrategy: null,
+          clusterRetryStrategy: () => null,
         })
-      : this.client.duplicate({ lazyConnect: true, enableOfflineQueue: true, autoResendUnfulfilledCommands: false });
+      : this.client.duplicate({
+          lazyConnect: true, enableOfflineQueue: true, autoResendUnfulfilledCommands: false, retryStrategy: () => null,
+        });
+    // it never reconnects by itself (a closed one ends; the next command opens another), and its
+    // errors reach the commands that failed
+    dup.on("error", () => {});
     // a closed connection's replies never come (not resent): fail what it had sent
     dup.on("close", () => {
       for (const cmd of this.inFlight) {
-        if (cmd.written) cmd.reject(new RlConnectionClosedError(
-          "the connection to Redis closed after the command was sent; rl does not send it again"));
+        if (cmd.written) cmd.reject(new RlConnectionClosedError(CLOSED));
       }
     });
     return dup;
