@@ -87,7 +87,8 @@ run: deps build
 # tests (sdk/test.sh). The last line sums up every test binary of these runs
 # (cargo's own last line is the doc-tests' count), the SDKs' counts and the
 # Lua unit tests' count, after the wall time of each run; the exit status is
-# the first failure.
+# the first failure. rlctl's binary is built before the runs: the gateway
+# tests run it, and building it inside a test would slow the tests around it.
 test: deps
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -95,6 +96,7 @@ test: deps
 	$(CARGO) clippy -p envoy-ratelimit --all-targets -- -D warnings
 	$(CARGO) clippy --features system-alloc --bench core -- -D warnings
 	$(CARGO) build --release
+	$(CARGO) build --release -p rlctl
 	@rm -f $(FIGURES) $(FIGURES_REDIS74) $(FIGURES_VALKEY) $(TEST_LOG_REDIS74) \
 		$(TEST_LOG_VALKEY) $(SDK_COUNTS) $(LUA_COUNTS)
 	@set -o pipefail; \

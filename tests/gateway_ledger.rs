@@ -37,6 +37,8 @@ fn until_boxed(a: &ureq::Agent, url: &str, key: (&str, &str), max: usize) -> Res
 
 #[test]
 fn ledger_example_runs_every_rule_of_its_design() {
+    // built (if it must be) before the clock of any rule starts
+    let rlctl = rlctl_bin();
     let redis = Server::start(&[]);
     let mut con = redis.client();
     let gw = start(redis.port, &[example("ledger")], &[]).expect("start");
@@ -290,7 +292,7 @@ fn ledger_example_runs_every_rule_of_its_design() {
             .expect("GET the release version")
     };
     let before = version(&mut con);
-    let out = std::process::Command::new(rlctl_bin())
+    let out = std::process::Command::new(&rlctl)
         .arg("--config")
         .arg(&cfg)
         .args([

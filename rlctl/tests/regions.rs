@@ -66,6 +66,11 @@ fn convergence_bound(backlog: u64) -> Duration {
     Duration::from_millis(RETRY_MS + TIMEOUT_MS + rounds * 3 * TIMEOUT_MS)
 }
 
+/// The entries a partition left to sync: what its sides admitted.
+fn backlog_of(admitted: &BTreeMap<&str, u64>) -> u64 {
+    admitted.values().sum()
+}
+
 /// `rlctl regions status --json` in eu: the whole reply and its row of us.
 fn status_of_us(world: &World) -> (serde_json::Value, serde_json::Value) {
     let out = common::rlctl(&world.configs[0], &["regions", "status", "--json"], &[]);
@@ -151,17 +156,23 @@ fn steady_traffic_converges_and_a_partition_stays_within_its_bound() {
         over <= bound,
         "over-admission {over} above the bound {bound}"
     );
-    // ap saw both sides all along: it admits nothing more.
+    // ap saw both sides all along: once their partition traffic has
+    // reached it (sync is asynchronous), it admits nothing more.
+    wait_converged(
+        &mut cons[2..],
+        std::slice::from_ref(&key),
+        &p.0,
+        convergence_bound(backlog_of(&admitted)),
+    );
     assert!(!take(&mut *cons[2], &key, limit, 1));
 
     world.link("eu", "us").heal();
     world.link("us", "eu").heal();
-    let backlog = admitted.values().sum::<u64>();
     wait_converged(
         &mut cons,
         std::slice::from_ref(&key),
         &p.0,
-        convergence_bound(backlog),
+        convergence_bound(backlog_of(&admitted)),
     );
     for con in cons.iter_mut() {
         let c = components(&mut **con, &key);

@@ -220,8 +220,7 @@ pub fn start_with_env(
 pub fn rlctl_bin() -> PathBuf {
     let module = super::common::module_path();
     let dir = module.parent().expect("the module's directory");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut build = Command::new(cargo);
+    let mut build = super::common::cargo();
     build
         .args(["build", "-p", "rlctl", "--quiet"])
         .current_dir(env!("CARGO_MANIFEST_DIR"));

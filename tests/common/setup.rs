@@ -40,8 +40,7 @@ pub fn module_path() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-            let status = Command::new(cargo)
+            let status = cargo()
                 .args(["build", "--lib", "--quiet"])
                 .current_dir(root)
                 .status()
@@ -52,6 +51,32 @@ pub fn module_path() -> PathBuf {
             module
         })
         .clone()
+}
+
+/// A `cargo` command as a shell would run it: without the variables cargo
+/// sets for the test process (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`,
+/// `OUT_DIR`, ...). Some build scripts track those (ring tracks
+/// `CARGO_MANIFEST_DIR`), so a build that inherited them would count as
+/// changed and rebuild its dependencies, during the test and again at the
+/// next build from a shell.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string()));
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_by_cargo = [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+            || ["OUT_DIR", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"].contains(&name);
+        if set_by_cargo {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
 }
 
 /// Ports already handed out by this test process; never handed out twice,
