@@ -85,15 +85,8 @@ pub async fn run(
                     counter
                         .add(&fields.map(|(what, n)| (format!("{name}:{what}"), n)))
                         .await;
-                    if !trimmed_ids.is_empty() {
-                        let acked: redis::RedisResult<i64> = acker
-                            .query(redis::cmd("XACK").arg(stream).arg(group).arg(&trimmed_ids))
-                            .await;
-                        if let Err(e) = acked {
-                            tracing::warn!(region = %name, reason = %e, "XACK failed");
-                        }
-                        trimmed_ids.clear();
-                    }
+                    ack(&acker, (stream, group), &name, &trimmed_ids).await;
+                    trimmed_ids.clear();
                     owed = None;
                     from = "0";
                 }
@@ -175,20 +168,31 @@ pub async fn run(
             // what they carried is lost: the region's components stand in
             owed = Some(None);
         }
-        if !done.is_empty() {
-            let acked: redis::RedisResult<i64> = acker
-                .query(redis::cmd("XACK").arg(stream).arg(group).arg(&done))
-                .await;
-            if let Err(e) = acked {
-                // Read again later and applied again: harmless.
-                tracing::warn!(region = %name, reason = %e, "XACK failed");
-            }
-        }
+        ack(&acker, (stream, group), &name, &done).await;
         counter.add(&tally.fields(&name)).await;
         if tally.retry > 0 {
             from = "0";
             tokio::time::sleep(retry).await;
         }
+    }
+}
+
+/// Acknowledges `ids` (none: nothing sent). A failure is logged only: the
+/// entries are read again later and applied again, which is harmless.
+async fn ack<T: redis::ToRedisArgs>(
+    acker: &Store,
+    (stream, group): (&str, &str),
+    region: &str,
+    ids: &[T],
+) {
+    if ids.is_empty() {
+        return;
+    }
+    let acked: redis::RedisResult<i64> = acker
+        .query(redis::cmd("XACK").arg(stream).arg(group).arg(ids))
+        .await;
+    if let Err(e) = acked {
+        tracing::warn!(region, reason = %e, "XACK failed");
     }
 }
 
