@@ -144,6 +144,69 @@ def test_late_reply_charges_once_cluster(cluster: List[RedisServer], cluster_cli
     owner.close()
 
 
+def owner_seen_by(conn: redis.Redis, key: str) -> int:
+    """The port of the node that ``conn``'s node says owns ``key``."""
+    try:
+        conn.exists(key)
+        return int(conn.connection_pool.connection_kwargs["port"])
+    except redis.exceptions.MovedError as moved:
+        return int(moved.port)
+
+
+def move_slot(cluster: List[RedisServer], key: str, from_port: int, to_port: int) -> None:
+    """Moves the (empty) slot of ``key`` from one node to another as a
+    resharding does: importing, migrating, then the new owner everywhere."""
+    conns = {n.port: redis.Redis(port=n.port) for n in cluster}
+    slot = int(conns[to_port].cluster("keyslot", key))
+    assert conns[from_port].cluster("countkeysinslot", slot) == 0
+    ids = {port: c.cluster("myid") for port, c in conns.items()}
+    conns[to_port].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from_port])
+    conns[from_port].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to_port])
+    for port in [to_port, from_port] + [p for p in conns if p not in (to_port, from_port)]:
+        conns[port].execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[to_port])
+    deadline = time.monotonic() + 10
+    owners = {owner_seen_by(c, key) for c in conns.values()}
+    while owners != {to_port} and time.monotonic() < deadline:
+        time.sleep(0.05)
+        owners = {owner_seen_by(c, key) for c in conns.values()}
+    assert owners == {to_port}, owners
+    for c in conns.values():
+        c.close()
+
+
+def test_moved_is_followed_and_charges_once(cluster: List[RedisServer], cluster_client: RedisCluster) -> None:
+    """A slot moved after the client read the slots: the typed command
+    follows MOVED and runs once, on the new owner, sync and asyncio."""
+    key = "rl:{once-moved}:b"
+    bucket = Bucket(key, 100, 100, 1000)
+    rl = RL(cluster_client)
+    assert rl.box_status(key).level == 0  # the client knows the slots
+    old = cluster_client.get_node_from_key(key).port
+    new = next(n.port for n in cluster if n.port != old)
+    owner = redis.Redis(port=new)
+    owner.config_resetstat()
+    move_slot(cluster, key, old, new)
+    assert rl.take(bucket).remaining == 99
+    assert calls(owner, "rl.take") == 1
+    assert cluster_client.get_node_from_key(key).port == new  # the client learnt the move
+
+    async def main() -> None:
+        arc = aioredis.RedisCluster(host="127.0.0.1", port=old, socket_timeout=TIMEOUT)
+        arl = AsyncRL(arc)
+        await arl.box_status(key)
+        move_slot(cluster, key, new, old)
+        assert (await arl.take(bucket)).remaining == 99
+        await arc.aclose()
+
+    previous = redis.Redis(port=old)
+    previous.config_resetstat()
+    owner.delete(key)  # a slot moves back empty here: the count starts again
+    asyncio.run(main())
+    assert calls(previous, "rl.take") == 1
+    previous.close()
+    owner.close()
+
+
 def test_limits_storage_hit_counts_once(server: RedisServer, fresh: redis.Redis) -> None:
     from rl_server.limits_storage import RLStorage
 
