@@ -4,7 +4,8 @@
  * the server and then closes the client's side before the reply. ioredis
  * (which sends unanswered commands again after it reconnects, and as a
  * Cluster when a node's connection closes) and node-redis get an error;
- * the server ran the command once.
+ * the server ran the command once. So does the Express and Fastify
+ * middleware: the request is refused as its rule's failure setting says.
  */
 import assert from "node:assert/strict";
 import { once } from "node:events";
@@ -15,6 +16,7 @@ import { Cluster, Redis } from "ioredis";
 import { createClient } from "redis";
 
 import { forIoredis, forRedis, type RlCommands } from "../src/index.js";
+import { FRAMEWORKS, serve } from "./apps.js";
 import { Server, SERVERS, sleep, startCluster } from "./servers.js";
 
 /** A proxy to `port` that drops the client's connection right after passing its first RL.TAKE on. */
@@ -111,6 +113,33 @@ for (const flavour of SERVERS) {
       assert.equal(r.left, 99);
       assert.match(r.got, /^error /);
     });
+
+    for (const framework of FRAMEWORKS) {
+      test(`${framework} middleware: a request whose RL.TAKE was sent is refused, charged once`, async () => {
+        await admin.config("RESETSTAT");
+        const proxy = new DroppingProxy(server.port);
+        const c = new Redis(await proxy.listen(), "127.0.0.1");
+        const rule = `once-${framework}`;
+        const app = await serve(framework, { rl: forIoredis(c), timeoutMs: 5_000 }, [{ method: "GET", path: "/once",
+          limits: { rules: [{ name: rule, limiter: { kind: "bucket", rate: 100, burst: 100, period: 1000 },
+            onRedisFailure: "closed" }] } }]);
+        try {
+          await c.ping(); // connected before the request under test
+          assert.equal((await fetch(`${app.url}/once`)).status, 503);
+          assert.ok(proxy.dropped);
+          await sleep(500); // a resend (if any) comes after a reconnect
+          const stats = String(await admin.info("commandstats"));
+          assert.equal(Number(/cmdstat_rl\.take:calls=(\d+)/.exec(stats)?.[1] ?? 0), 1);
+          const next = await fetch(`${app.url}/once`);
+          assert.equal(next.status, 200);
+          assert.match(next.headers.get("ratelimit") ?? "", /;r=98;/);
+        } finally {
+          await app.close();
+          c.disconnect();
+          await proxy.close();
+        }
+      });
+    }
 
     test("ioredis: the client and its rl commands work on after a drop", async () => {
       const proxy = new DroppingProxy(server.port);
