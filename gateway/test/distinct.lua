@@ -1,8 +1,7 @@
 -- Rule policies of tests/gateway_distinct.rs, by name: distinct-member
--- rules with small numbers, and quota threshold events. Redis comes from
--- RL_REDIS_PORT, as in the shipped examples.
-local redis = { host = "127.0.0.1", port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
-                timeout_ms = 1000 }
+-- rules with small numbers, and quota threshold events.
+local parts = require "rule_policy_parts"
+local redis = parts.redis
 local TOKEN = "POST /v1/auth/token"
 
 local M = {}
@@ -36,8 +35,7 @@ M.stuffing = {
 -- A monthly quota of 10 per tenant with events at 50 % and 100 %.
 M.quota = {
     redis = redis, key_prefix = "qa",
-    identity = { required = true, api_key = { keys = {
-        ["q-1"] = { key_id = "q1", tenant = "t-1" }, ["q-2"] = { key_id = "q2", tenant = "t-1" } } } },
+    identity = parts.api_keys("q", 2, "t-1"),
     rules = {
         { name = "monthly", scope = { "tenant" },
           limiter = { kind = "quota", limit = 10, period = "MONTH" },

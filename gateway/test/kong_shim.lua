@@ -29,6 +29,20 @@ local function phase_check(name, allowed)
     end
 end
 
+-- The functions of the PDK table `prefix` ("kong.request") from `defs`,
+-- name = { phases allowed, function }: each checks its phase first.
+local function pdk(prefix, defs)
+    local out = {}
+    for name, def in pairs(defs) do
+        local full, allowed, fn = prefix .. "." .. name, def[1], def[2]
+        out[name] = function(...)
+            phase_check(full, allowed)
+            return fn(...)
+        end
+    end
+    return out
+end
+
 local function first(v)
     if type(v) == "table" then
         return v[1]
@@ -45,88 +59,59 @@ local function plugin_ctx()
     return c
 end
 
+-- kong.request.get_body
+local function get_body()
+    local ctype = ngx.var.content_type or ""
+    ngx.req.read_body()
+    if not ngx.req.get_body_data() and ngx.req.get_body_file() then
+        -- Kong's answer for a body nginx keeps in a temp file
+        return nil, "request body did not fit into client body buffer, consider "
+            .. "raising 'client_body_buffer_size'"
+    end
+    if ctype:find("application/x-www-form-urlencoded", 1, true) then
+        return ngx.req.get_post_args(100), nil, "application/x-www-form-urlencoded"
+    elseif ctype:find("application/json", 1, true) then
+        return cjson.decode(ngx.req.get_body_data() or ""), nil, "application/json"
+    end
+    return nil, "missing content type", ctype
+end
+
+-- kong.response.exit
+local function exit(status, body, headers)
+    ngx.status = status
+    for k, v in pairs(headers or {}) do
+        ngx.header[k] = v
+    end
+    if body then
+        ngx.print(body)
+    end
+    return ngx.exit(status)
+end
+
 --- The `kong` global of the shim.
 _M.kong = {
-    request = {
-        get_header = function(name)
-            phase_check("kong.request.get_header", REQ)
-            return first(ngx.req.get_headers(100)[name])
-        end,
-        get_headers = function(max_headers)
-            phase_check("kong.request.get_headers", REQ)
-            return ngx.req.get_headers(max_headers or 100)
-        end,
-        get_method = function()
-            phase_check("kong.request.get_method", REQ)
-            return ngx.req.get_method()
-        end,
-        get_path = function()
-            phase_check("kong.request.get_path", REQ)
-            return ngx.var.uri
-        end,
-        get_query_arg = function(name)
-            phase_check("kong.request.get_query_arg", REQ)
-            return first(ngx.req.get_uri_args(100)[name])
-        end,
-        get_query = function(max_args)
-            phase_check("kong.request.get_query", REQ)
-            return ngx.req.get_uri_args(max_args or 100)
-        end,
-        get_body = function()
-            phase_check("kong.request.get_body", GET_BODY)
-            local ctype = ngx.var.content_type or ""
-            ngx.req.read_body()
-            if not ngx.req.get_body_data() and ngx.req.get_body_file() then
-                -- Kong's answer for a body nginx keeps in a temp file
-                return nil, "request body did not fit into client body buffer, consider "
-                    .. "raising 'client_body_buffer_size'"
-            end
-            if ctype:find("application/x-www-form-urlencoded", 1, true) then
-                return ngx.req.get_post_args(100), nil, "application/x-www-form-urlencoded"
-            elseif ctype:find("application/json", 1, true) then
-                return cjson.decode(ngx.req.get_body_data() or ""), nil, "application/json"
-            end
-            return nil, "missing content type", ctype
-        end,
-    },
-    client = {
-        get_forwarded_ip = function()
-            phase_check("kong.client.get_forwarded_ip", REQ)
-            return ngx.var.remote_addr
-        end,
-    },
-    response = {
-        exit = function(status, body, headers)
-            phase_check("kong.response.exit", EXIT)
-            ngx.status = status
-            for k, v in pairs(headers or {}) do
-                ngx.header[k] = v
-            end
-            if body then
-                ngx.print(body)
-            end
-            return ngx.exit(status)
-        end,
-        set_header = function(name, value)
-            phase_check("kong.response.set_header", SET_HEADER)
-            ngx.header[name] = value
-        end,
-        get_status = function()
-            phase_check("kong.response.get_status", GET_STATUS)
-            return ngx.status
-        end,
-    },
+    request = pdk("kong.request", {
+        get_header = { REQ, function(name) return first(ngx.req.get_headers(100)[name]) end },
+        get_headers = { REQ, function(max) return ngx.req.get_headers(max or 100) end },
+        get_method = { REQ, function() return ngx.req.get_method() end },
+        get_path = { REQ, function() return ngx.var.uri end },
+        get_query_arg = { REQ, function(name) return first(ngx.req.get_uri_args(100)[name]) end },
+        get_query = { REQ, function(max) return ngx.req.get_uri_args(max or 100) end },
+        get_body = { GET_BODY, get_body },
+    }),
+    client = pdk("kong.client", {
+        get_forwarded_ip = { REQ, function() return ngx.var.remote_addr end },
+    }),
+    response = pdk("kong.response", {
+        exit = { EXIT, exit },
+        set_header = { SET_HEADER, function(name, value) ngx.header[name] = value end },
+        get_status = { GET_STATUS, function() return ngx.status end },
+    }),
     service = {
-        request = {
-            set_header = function(name, value)
-                phase_check("kong.service.request.set_header", EXIT)
-                ngx.req.set_header(name, value)
-            end,
-            clear_header = function(name)
-                phase_check("kong.service.request.clear_header", EXIT)
-                ngx.req.clear_header(name)
-            end,
-        },
+        request = pdk("kong.service.request", {
+            set_header = { EXIT, function(name, value) ngx.req.set_header(name, value) end },
+            clear_header = { EXIT, function(name) ngx.req.clear_header(name) end },
+        }),
     },
     log = {
         warn = function(...)
@@ -195,18 +180,12 @@ local function fill(field, value)
         end
         return out
     end
-    if (field.type == "array" or field.type == "map") and field.elements
-        and field.elements.type == "record" then
-        local out = {}
-        for i, v in ipairs(value) do
-            out[i] = fill(field.elements, v)
-        end
-        return out
-    end
-    if field.type == "map" and field.values and field.values.type == "record" then
+    -- records inside an array (its elements) or a map (its values)
+    local inner = field.type == "array" and field.elements or field.type == "map" and field.values
+    if inner and inner.type == "record" then
         local out = {}
         for k, v in pairs(value) do
-            out[k] = fill(field.values, v)
+            out[k] = fill(inner, v)
         end
         return out
     end

@@ -1,7 +1,6 @@
 -- Rule policies of the end-to-end tests (tests/gateway_rules.rs), by name.
--- Redis comes from RL_REDIS_PORT, as in the shipped examples.
-local redis = { host = "127.0.0.1", port = tonumber(os.getenv("RL_REDIS_PORT") or "6379"),
-                timeout_ms = 1000 }
+local parts = require "rule_policy_parts"
+local redis = parts.redis
 
 local M = {}
 
@@ -52,9 +51,7 @@ M.untrusted = {
 -- lease per tenant, all on one route.
 M.mixed = {
     redis = redis, key_prefix = "mixed",
-    identity = { required = true, api_key = { keys = {
-        ["m-1"] = { key_id = "m1", tenant = "mix" }, ["m-2"] = { key_id = "m2", tenant = "mix" },
-        ["m-3"] = { key_id = "m3", tenant = "mix" } } } },
+    identity = parts.api_keys("m", 3, "mix"),
     rules = {
         { name = "key-bucket", scope = { "key_id" },
           limiter = { kind = "bucket", rate = 20, burst = 20, period = 1 } },
@@ -71,8 +68,7 @@ M.mixed = {
 -- tenant's bucket refuses gives back what the key's rules took.
 M.compensated = {
     redis = redis, key_prefix = "comp",
-    identity = { required = true, api_key = { keys = {
-        ["c-1"] = { key_id = "c1", tenant = "ct" }, ["c-2"] = { key_id = "c2", tenant = "ct" } } } },
+    identity = parts.api_keys("c", 2, "ct"),
     rules = {
         { name = "key-bucket", scope = { "key_id" },
           limiter = { kind = "bucket", rate = 1, burst = 10, period = 3600 } },

@@ -263,14 +263,12 @@ end
 Dict.safe_set = Dict.set
 
 function Dict:add(key, value, exptime, flags)
-    local k, err = checked(key)
-    if not k then
-        return false, err
-    end
-    if live(self, k) then
+    local k = checked(key)
+    if k and live(self, k) then
         return false, "exists", false
     end
-    return self:set(k, value, exptime, flags)
+    -- a bad key: set's answer
+    return self:set(key, value, exptime, flags)
 end
 Dict.safe_add = Dict.add
 

@@ -191,13 +191,10 @@ function _M.header_filter(name)
     return get(name):header_filter(_M.adapter)
 end
 
---- body_filter_by_lua handler (rule policies with post-paid rules read
---- the response's usage here; nothing for the others).
+--- body_filter_by_lua handler (post-paid rules read the response's
+--- usage here; nothing for the others).
 function _M.body_filter(name)
-    local gw = get(name)
-    if gw.body_filter then
-        return gw:body_filter(_M.adapter)
-    end
+    return get(name):body_filter(_M.adapter)
 end
 
 --- log_by_lua handler.

@@ -12,31 +12,25 @@ _M.CONTENT_TYPE = "application/problem+json"
 --- The backoff problem bodies recommend (the ledger design's wording).
 _M.RECOMMENDED_BACKOFF = "exponential_with_full_jitter"
 
-local TITLES = {
-    ["rate-limit-exceeded"] = "Rate limit exceeded",
-    ["penalty-box-active"] = "Penalty box active",
-    ["concurrency-limit-exceeded"] = "Concurrency limit exceeded",
-    ["rate-limiter-unavailable"] = "Rate limiter unavailable",
-    ["unauthenticated"] = "Unknown or missing API key",
-    ["ambiguous-argument"] = "Ambiguous request argument",
-    ["body-too-large"] = "Request body too large to check",
-    ["quota-exceeded"] = "Quota exceeded",
-    ["challenge-required"] = "Re-authentication required",
+-- The problem types: their title and the machine-readable `$error` of a
+-- refusal of that type.
+local TYPES = {
+    ["rate-limit-exceeded"] = { "Rate limit exceeded", "RATE_LIMIT_EXCEEDED" },
+    ["penalty-box-active"] = { "Penalty box active", "RATE_LIMIT_EXCEEDED" },
+    ["concurrency-limit-exceeded"] = { "Concurrency limit exceeded", "CONCURRENCY_LIMIT_EXCEEDED" },
+    ["rate-limiter-unavailable"] = { "Rate limiter unavailable", "RATE_LIMITER_UNAVAILABLE" },
+    ["unauthenticated"] = { "Unknown or missing API key", "UNAUTHENTICATED" },
+    ["ambiguous-argument"] = { "Ambiguous request argument", "INVALID_ARGUMENT" },
+    ["body-too-large"] = { "Request body too large to check", "PAYLOAD_TOO_LARGE" },
+    ["quota-exceeded"] = { "Quota exceeded", "QUOTA_EXCEEDED" },
+    ["challenge-required"] = { "Re-authentication required", "REAUTH_REQUIRED" },
 }
 
--- The machine-readable `$error` of a refusal, by problem type.
-local ERRORS = {
-    ["rate-limit-exceeded"] = "RATE_LIMIT_EXCEEDED",
-    ["penalty-box-active"] = "RATE_LIMIT_EXCEEDED",
-    ["concurrency-limit-exceeded"] = "CONCURRENCY_LIMIT_EXCEEDED",
-    ["quota-exceeded"] = "QUOTA_EXCEEDED",
-    ["challenge-required"] = "REAUTH_REQUIRED",
-    ["rate-limiter-unavailable"] = "RATE_LIMITER_UNAVAILABLE",
-    ["unauthenticated"] = "UNAUTHENTICATED",
-    ["ambiguous-argument"] = "INVALID_ARGUMENT",
-    ["body-too-large"] = "PAYLOAD_TOO_LARGE",
-}
-
+-- Titles and `$error`s by problem type (looked up per refusal).
+local TITLES, ERRORS = {}, {}
+for kind, t in pairs(TYPES) do
+    TITLES[kind], ERRORS[kind] = t[1], t[2]
+end
 
 -- Replaces "$name" strings inside a template (recursively) by vars[name]
 -- (typed: a number stays a number, a missing value is null).
@@ -135,7 +129,7 @@ function _M.backoff(secs)
     return _M.RECOMMENDED_BACKOFF
 end
 
---- Encodes a problem of `kind` (a key of TITLES) with `status` and the
+--- Encodes a problem of `kind` (a key of TYPES) with `status` and the
 --- extension members of `fields` (nil members are left out).
 function _M.encode(conf, kind, status, fields)
     local body = {

@@ -39,37 +39,39 @@ local function dig(t, path)
     return t
 end
 
---- Does `v` hold a reference (a value resolved per caller)?
-function _M.has_ref(v)
+-- Does `v` hold a reference for which `pred(ref)` is true?
+local function any_ref(v, pred)
     if type(v) ~= "table" then
         return false
     end
     if v.path then
-        return true
+        return pred(v)
     end
     for _, x in pairs(v) do
-        if _M.has_ref(x) then
+        if any_ref(x, pred) then
             return true
         end
     end
     return false
 end
 
+local function always()
+    return true
+end
+
+local function beyond_tier(ref)
+    return ref.path[1] ~= "tier"
+end
+
+--- Does `v` hold a reference (a value resolved per caller)?
+function _M.has_ref(v)
+    return any_ref(v, always)
+end
+
 --- Does `v` hold references to the caller's tier only (values the same
 --- for every caller of a tier without a tenant override)?
 function _M.tier_only(v)
-    if type(v) ~= "table" then
-        return true
-    end
-    if v.path then
-        return v.path[1] == "tier"
-    end
-    for _, x in pairs(v) do
-        if not _M.tier_only(x) then
-            return false
-        end
-    end
-    return true
+    return not any_ref(v, beyond_tier)
 end
 
 --- Resolves `v` for a caller: a reference is looked up in the caller's

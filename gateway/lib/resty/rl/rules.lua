@@ -27,6 +27,11 @@ local function positive_int(v)
     return type(v) == "number" and v >= 1 and v == math.floor(v)
 end
 
+-- An integer percent from 0 to 100.
+local function percent(v)
+    return type(v) == "number" and v >= 0 and v <= 100 and v % 1 == 0
+end
+
 -- Seconds the module takes: > 0 (>= 0 with `zero_ok`), at most 100
 -- years, at most 3 decimals.
 local function seconds(v, zero_ok)
@@ -99,6 +104,13 @@ local function check_opt(where, name, v, tiers, pred, what)
     end
 end
 
+-- Checks option `name` as check_opt does when it is given (not nil).
+local function check_given(where, name, v, tiers, pred, what)
+    if v ~= nil then
+        check_opt(where, name, v, tiers, pred, what)
+    end
+end
+
 local function strikes_ok(s)
     return s == nil or s == false or type(s) == "table" and positive_int(s.threshold)
         and seconds(s.window) and (s.every_refusal == nil or type(s.every_refusal) == "boolean")
@@ -131,14 +143,8 @@ _M.KINDS = {
         check_opt(where, "burst", l.burst, tiers, positive_int, "an integer >= 1")
         l.period = l.period or 60
         check_opt(where, "period", l.period, tiers, seconds, "seconds > 0 with at most 3 decimals")
-        if l.delay ~= nil then
-            check_opt(where, "delay", l.delay, tiers, seconds, "seconds > 0 (the longest wait)")
-        end
-        if l.reserve ~= nil then
-            check_opt(where, "reserve", l.reserve, tiers,
-                function(v) return type(v) == "number" and v >= 0 and v <= 100 and v % 1 == 0 end,
-                "an integer percent from 0 to 100")
-        end
+        check_given(where, "delay", l.delay, tiers, seconds, "seconds > 0 (the longest wait)")
+        check_given(where, "reserve", l.reserve, tiers, percent, "an integer percent from 0 to 100")
     end,
     window = function(where, l, tiers)
         check_opt(where, "limit", l.limit, tiers, positive_int, "an integer >= 1")
@@ -163,9 +169,7 @@ _M.KINDS = {
             "an integer from 1 to 1000")
         l.ttl = l.ttl or 300
         check_opt(where, "ttl", l.ttl, tiers, seconds, "seconds > 0")
-        if l.expected ~= nil then
-            check_opt(where, "expected", l.expected, tiers, seconds, "seconds > 0")
-        end
+        check_given(where, "expected", l.expected, tiers, seconds, "seconds > 0")
     end,
     -- distinct members (resty.rl.distinct); `member` is checked as an attribute
     distinct = function(where, l, tiers)
@@ -175,12 +179,10 @@ _M.KINDS = {
         check(l.strikes == nil and l.box == nil and l.jitter == nil,
             "%s: a distinct limiter boxes with trip = {level, duration}, not strikes/box/jitter",
             where)
-        if l.trip ~= nil then
-            check_opt(where, "trip", l.trip, tiers, function(t)
-                return type(t) == "table" and positive_int(t.level) and t.level <= 3
-                    and seconds(t.duration, true)
-            end, "{level = 1 to 3, duration = seconds >= 0 (0 = manual)}")
-        end
+        check_given(where, "trip", l.trip, tiers, function(t)
+            return type(t) == "table" and positive_int(t.level) and t.level <= 3
+                and seconds(t.duration, true)
+        end, "{level = 1 to 3, duration = seconds >= 0 (0 = manual)}")
         if l.min_events ~= nil then
             check(l.trip ~= nil, "%s: min_events needs trip", where)
             check_opt(where, "min_events", l.min_events, tiers,
@@ -197,14 +199,8 @@ local function check_penalty(where, l, tiers)
         check(l.strikes ~= nil, "%s: box needs strikes", where)
         check_opt(where, "box", l.box, tiers, box_ok, "3 durations in seconds >= 0 (0 = manual)")
     end
-    if l.offenses_ttl ~= nil then
-        check_opt(where, "offenses_ttl", l.offenses_ttl, tiers, seconds, "seconds > 0")
-    end
-    if l.jitter ~= nil then
-        check_opt(where, "jitter", l.jitter, tiers,
-            function(v) return type(v) == "number" and v >= 0 and v <= 100 and v % 1 == 0 end,
-            "an integer percent from 0 to 100")
-    end
+    check_given(where, "offenses_ttl", l.offenses_ttl, tiers, seconds, "seconds > 0")
+    check_given(where, "jitter", l.jitter, tiers, percent, "an integer percent from 0 to 100")
 end
 
 local ACTIONS = {

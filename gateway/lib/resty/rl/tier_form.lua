@@ -165,9 +165,10 @@ local function auth_rule(name, attr, key, routes, auth, w)
     }
 end
 
---- A copy of table `t` without its ngx.null fields (Kong stores an unset
---- field as null), nested tables likewise; nil when nothing is left.
-function _M.without_nulls(t)
+--- A copy of `t` without its ngx.null fields (Kong stores an unset field
+--- as null), nested tables likewise; a table left empty is nil too,
+--- unless `keep_empty`.
+function _M.without_nulls(t, keep_empty)
     if type(t) ~= "table" then
         if t == ngx.null then
             return nil
@@ -176,9 +177,9 @@ function _M.without_nulls(t)
     end
     local out = {}
     for k, v in pairs(t) do
-        out[k] = _M.without_nulls(v)
+        out[k] = _M.without_nulls(v, keep_empty)
     end
-    return next(out) ~= nil and out or nil
+    return (keep_empty or next(out) ~= nil) and out or nil
 end
 
 --- Adds to `conf` (a validated tier-form configuration) the rule policy

@@ -4,6 +4,7 @@
 -- kong.log); Redis is reached by the library through lua-resty-redis.
 
 local gateway = require "resty.rl.gateway"
+local tier_form = require "resty.rl.tier_form"
 local cjson = require "cjson.safe"
 
 local RlHandler = {
@@ -18,29 +19,15 @@ local RlHandler = {
 -- every request until the configuration changes).
 local gateways = setmetatable({}, { __mode = "k" })
 
--- Kong fills unset optional fields with ngx.null: drop them, so that the
--- library's defaults apply.
-local function denull(v)
-    if v == ngx.null then
-        return nil
-    end
-    if type(v) ~= "table" then
-        return v
-    end
-    local out = {}
-    for k, x in pairs(v) do
-        out[k] = denull(x)
-    end
-    return out
-end
-
 local function get(conf)
     local gw = gateways[conf]
     if not gw then
         -- a rule policy (the schema's `policy`, JSON) is the whole configuration
         local rule_policy = conf.policy ~= nil and conf.policy ~= ngx.null
             and cjson.decode(conf.policy)
-        gw = gateway.new(rule_policy or denull(conf))
+        -- Kong fills unset optional fields with ngx.null: they are dropped,
+        -- so that the library's defaults apply
+        gw = gateway.new(rule_policy or tier_form.without_nulls(conf, true))
         gateways[conf] = gw
     end
     return gw
@@ -122,13 +109,10 @@ function RlHandler:header_filter(conf)
     return get(conf):header_filter(adapter)
 end
 
---- Body filter: post-paid rules of a rule policy read the response's
---- usage here (`settle.from = "usage"`); nothing for the tier form.
+--- Body filter: post-paid rules (`settle.from = "usage"`) read the
+--- response's usage here; nothing for the others.
 function RlHandler:body_filter(conf)
-    local gw = get(conf)
-    if gw.body_filter then
-        return gw:body_filter(adapter)
-    end
+    return get(conf):body_filter(adapter)
 end
 
 --- Log phase: counters, the structured log line, lease release and
