@@ -35,9 +35,12 @@ local function policy_field(e, make)
         or policy_fields:get(e.rule, e.tier, policy_of, make, e)
 end
 
--- Ranks a hard refusal: a box without end first, then the longest wait.
+-- Ranks a hard refusal: a box without end first, then the longest wait
+-- in whole seconds, as Retry-After says it. Refusals whose waits round to
+-- the same second rank alike, and the rule listed first wins: which
+-- millisecond each Redis call saw does not pick the answer.
 local function severity(o)
-    return o.retry_ms or math.huge
+    return o.retry_ms and headers.seconds(o.retry_ms) or math.huge
 end
 
 --- The strictest outcome of `entries` (a hard refusal, else a soft block,
