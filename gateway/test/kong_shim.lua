@@ -11,6 +11,7 @@
 --   access_by_lua_block { require("kong_shim").run("access") }
 
 local cjson = require "cjson.safe"
+local mapped = require("resty.rl.tables").mapped
 
 local _M = {}
 
@@ -183,11 +184,7 @@ local function fill(field, value)
     -- records inside an array (its elements) or a map (its values)
     local inner = field.type == "array" and field.elements or field.type == "map" and field.values
     if inner and inner.type == "record" then
-        local out = {}
-        for k, v in pairs(value) do
-            out[k] = fill(inner, v)
-        end
-        return out
+        return mapped(value, function(v) return fill(inner, v) end)
     end
     return value
 end

@@ -44,32 +44,34 @@ local function set(fields)
     end
 end
 
+-- Each case's error follows "rules[1] (alpha): allowance." (the option
+-- named from the rule's allowance on).
 T.cases("a bad home or borrow option is named", {
     { name = "borrow without home", mod = function(p)
         p.rules[1].allowance = { size = 6, borrow = 2 }
-    end, err = R .. ": allowance.borrow needs allowance.home" },
+    end, err = "borrow needs allowance.home" },
     { name = "borrow negative", mod = set({ borrow = -1 }),
-      err = R .. ": allowance.borrow must be an integer >= 0 (points)" },
+      err = "borrow must be an integer >= 0 (points)" },
     { name = "borrow fractional", mod = set({ borrow = 1.5 }),
-      err = R .. ": allowance.borrow must be an integer >= 0 (points)" },
+      err = "borrow must be an integer >= 0 (points)" },
     { name = "home not a table", mod = set({ home = "10.0.0.9" }),
-      err = R .. ": allowance.home must be a table of redis fields (host, port, mode, nodes, ...)" },
+      err = "home must be a table of redis fields (host, port, mode, nodes, ...)" },
     { name = "an unknown home field", mod = set({ home = { host = "h", hots = 1 } }),
-      err = R .. ": allowance.home.hots is not a redis field" },
+      err = "home.hots is not a redis field" },
     { name = "home port", mod = set({ home = { host = "h", port = 70000 } }),
-      err = R .. ": allowance.home.host must be a string and allowance.home.port a port" },
+      err = "home.host must be a string and allowance.home.port a port" },
     { name = "home timeout", mod = set({ home = { host = "h", timeout_ms = 0 } }),
-      err = R .. ": allowance.home.timeout_ms must be > 0" },
+      err = "home.timeout_ms must be > 0" },
     { name = "home mode", mod = set({ home = { host = "h", mode = "ring" } }),
-      err = R .. ": allowance.home.mode must be single, cluster or sentinel" },
+      err = "home.mode must be single, cluster or sentinel" },
     { name = "home sentinel without sentinels", mod = set({ home = { mode = "sentinel" } }),
-      err = R .. ": allowance.home in sentinel mode needs sentinels and master_name" },
+      err = "home in sentinel mode needs sentinels and master_name" },
     { name = "home cluster without its own dict", mod = function(p)
         p.redis = { mode = "cluster", nodes = { "127.0.0.1:7000" } }
         p.rules[1].allowance.home = { mode = "cluster", nodes = { "10.0.0.9:7000" } }
-    end, err = R .. ": allowance.home in cluster mode needs nodes and a dict of its own "
+    end, err = "home in cluster mode needs nodes and a dict of its own "
         .. "(allowance.home.dict, a lua_shared_dict)" },
-}, T.refusing(good, config.build, "rl config: "))
+}, T.refusing(good, config.build, "rl config: " .. R .. ": allowance."))
 
 -- ngx.timer replaced for `fn`: the timers asked for are recorded (never
 -- run); the stub's refusing one put back after.

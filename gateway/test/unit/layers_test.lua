@@ -5,7 +5,7 @@
 
 -- Bottom first.
 local LAYERS = {
-    { "base", { "hotpath", "memo" } },
+    { "base", { "hotpath", "memo", "tables" } },
     { "observe", { "metrics", "usage_counts" } },
     { "format", { "headers", "problem" } },
     { "redis", { "connection", "cluster", "redis", "commands", "redis_env" } },

@@ -236,40 +236,42 @@ local function checked(key)
     return tostring(key)
 end
 
-function Dict:get(key)
-    local k, err = checked(key)
-    if not k then
-        return nil, err
+-- The method `fn(self, k, ...)` over the checked form `k` of its key; a
+-- bad key answers `refused`, "bad key" (nil for reads, false for writes).
+local function keyed(refused, fn)
+    return function(self, key, ...)
+        local k, err = checked(key)
+        if not k then
+            return refused, err
+        end
+        return fn(self, k, ...)
     end
+end
+
+Dict.get = keyed(nil, function(self, k)
     local e = live(self, k)
     if not e then
         return nil
     end
     return e.value, e.flags
-end
+end)
 
-function Dict:set(key, value, exptime, flags)
-    local k, err = checked(key)
-    if not k then
-        return false, err
-    end
+Dict.set = keyed(false, function(self, k, value, exptime, flags)
     if value == nil then
         self.items[k] = nil
     else
         self.items[k] = { value = value, flags = flags ~= 0 and flags or nil, expires = expiry(exptime) }
     end
     return true, nil, false
-end
+end)
 Dict.safe_set = Dict.set
 
-function Dict:add(key, value, exptime, flags)
-    local k = checked(key)
-    if k and live(self, k) then
+Dict.add = keyed(false, function(self, k, value, exptime, flags)
+    if live(self, k) then
         return false, "exists", false
     end
-    -- a bad key: set's answer
-    return self:set(key, value, exptime, flags)
-end
+    return self:set(k, value, exptime, flags)
+end)
 Dict.safe_add = Dict.add
 
 function Dict:replace(key, value, exptime, flags)
@@ -280,11 +282,7 @@ function Dict:replace(key, value, exptime, flags)
     return self:set(k, value, exptime, flags)
 end
 
-function Dict:incr(key, value, init, init_ttl)
-    local k, err = checked(key)
-    if not k then
-        return nil, err
-    end
+Dict.incr = keyed(nil, function(self, k, value, init, init_ttl)
     if type(value) ~= "number" then
         error("bad value: a number expected", 2)
     end
@@ -301,7 +299,7 @@ function Dict:incr(key, value, init, init_ttl)
     end
     e.value = e.value + value
     return e.value
-end
+end)
 
 function Dict:delete(key)
     self.items[tostring(key)] = nil

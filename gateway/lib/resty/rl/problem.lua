@@ -4,6 +4,7 @@
 -- another tenant's data.
 
 local cjson = require "cjson.safe"
+local mapped = require("resty.rl.tables").mapped
 
 local _M = {}
 
@@ -36,11 +37,7 @@ end
 -- (typed: a number stays a number, a missing value is null).
 local function fill(template, vars)
     if type(template) == "table" then
-        local out = {}
-        for k, v in pairs(template) do
-            out[k] = fill(v, vars)
-        end
-        return out
+        return mapped(template, fill, vars)
     end
     if type(template) == "string" then
         local name = template:match("^%$([%w_]+)$")

@@ -18,6 +18,7 @@
 -- fills what a tier-form configuration leaves out.
 
 local problem = require "resty.rl.problem"
+local mapped = require("resty.rl.tables").mapped
 
 local _M = {}
 
@@ -175,10 +176,7 @@ function _M.without_nulls(t, keep_empty)
         end
         return t
     end
-    local out = {}
-    for k, v in pairs(t) do
-        out[k] = _M.without_nulls(v, keep_empty)
-    end
+    local out = mapped(t, _M.without_nulls, keep_empty)
     return (keep_empty or next(out) ~= nil) and out or nil
 end
 

@@ -255,9 +255,17 @@ local function refuse(conf, req, status, kind, detail)
         problem.CONTENT_TYPE)
 end
 
--- The 404 of the usage endpoints with `usage = false` (`what`: report, dashboard).
-local function switched_off(conf, req, what)
-    return refuse(conf, req, 404, "not-found", "No usage " .. what .. " on this gateway.")
+-- The content handler (gw, req) of a usage endpoint (`what`: report,
+-- dashboard): `handler(gw, req, conf)`, or a 404 when the policy has
+-- `usage = false`.
+local function unless_off(what, handler)
+    return function(gw, req)
+        local conf = gw.conf
+        if not conf.usage then
+            return refuse(conf, req, 404, "not-found", "No usage " .. what .. " on this gateway.")
+        end
+        return handler(gw, req, conf)
+    end
 end
 
 --- The caller, authenticated by its API key alone (JWTs and auth-layer
@@ -431,11 +439,7 @@ function _M.report(gw, req, ident)
 end
 
 --- content_by_lua of GET /_rl/usage: the caller's usage as JSON.
-function _M.serve(gw, req)
-    local conf = gw.conf
-    if not conf.usage then
-        return switched_off(conf, req, "report")
-    end
+_M.serve = unless_off("report", function(gw, req, conf)
     if req.method() ~= "GET" and req.method() ~= "HEAD" then
         return refuse(conf, req, 405, "method-not-allowed", "GET only.")
     end
@@ -462,7 +466,7 @@ function _M.serve(gw, req)
     end
     local json = (cjson.encode(out) or "{}"):gsub("\\/", "/")
     return answer(req, 200, json)
-end
+end)
 
 -- The dashboard page (dashboard.html, next to this file), read when the
 -- library is loaded (init_by_lua: nginx's workers run as another user,
@@ -484,11 +488,7 @@ end
 
 --- content_by_lua of GET /_rl/dashboard: the page (no key needed to load
 --- it; its script asks for the key and sends it in the API key header).
-function _M.dashboard(gw, req)
-    local conf = gw.conf
-    if not conf.usage then
-        return switched_off(conf, req, "dashboard")
-    end
+_M.dashboard = unless_off("dashboard", function(_, req, conf)
     -- the header name as a JS string literal (a replacement string: % doubled)
     local header = (cjson.encode(key_header(conf)) or '"X-Api-Key"'):gsub("%%", "%%%%")
     local html = page:gsub("__API_KEY_HEADER__", header)
@@ -501,6 +501,6 @@ function _M.dashboard(gw, req)
             .. "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; "
             .. "frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
     })
-end
+end)
 
 return _M

@@ -99,26 +99,18 @@ local adapter = {
     end,
 }
 
---- Access phase: the gateway's decision (may end the request).
-function RlHandler:access(conf)
-    return get(conf):access(adapter)
-end
-
---- Header filter: the RateLimit fields decided in the access phase.
-function RlHandler:header_filter(conf)
-    return get(conf):header_filter(adapter)
-end
-
---- Body filter: post-paid rules (`settle.from = "usage"`) read the
---- response's usage here; nothing for the others.
-function RlHandler:body_filter(conf)
-    return get(conf):body_filter(adapter)
-end
-
---- Log phase: counters, the structured log line, lease release and
---- failed-login records (in a timer).
-function RlHandler:log(conf)
-    return get(conf):log(adapter)
+--- The phase handlers, `RlHandler:<phase>(conf)`: the gateway's phase of
+--- the same name. access: the decision (may end the request);
+--- header_filter: the RateLimit fields decided in the access phase;
+--- body_filter: post-paid rules (`settle.from = "usage"`) read the
+--- response's usage (nothing for the others); log: counters, the
+--- structured log line, lease release and failed-login records (in a
+--- timer). Made once at load, each a closure over its phase's name.
+for _, phase in ipairs({ "access", "header_filter", "body_filter", "log" }) do
+    RlHandler[phase] = function(_, conf)
+        local gw = get(conf)
+        return gw[phase](gw, adapter)
+    end
 end
 
 return RlHandler
