@@ -68,14 +68,6 @@ local function schedule_flush(d)
     d:delete(mark_name())
     return false
 end
--- Never compiled: a trace recorded through it (a timer: a C call) would
--- end there, and the log phase's traces, which call add, would stop and
--- link to it rather than compile through add (LuaJIT records the path
--- of the call that makes a function hot; this one is taken every
--- FLUSH_S, the others go through add's own part).
-if jit then
-    jit.off(schedule_flush)
-end
 
 --- Counts one decision on `route` for `tier`.
 function _M.decision(conf, decision, route, tier)

@@ -88,6 +88,8 @@ end
 -- The ngx.var names of request headers ("X-Api-Key" -> "http_x_api_key"),
 -- made once per name (names come from the configuration).
 local header_vars = {}
+-- The keys of ngx.req.get_headers' table ("X-Api-Key" -> "x-api-key").
+local header_keys = {}
 
 --- The request adapter of resty.rl.gateway for ngx_lua.
 _M.adapter = {
@@ -109,7 +111,14 @@ _M.adapter = {
     -- every value of a request header: a string, a list for a repeated
     -- one (whatever nginx's version), or nil
     header_values = function(name)
-        return ngx.req.get_headers(0)[name]
+        -- by the table's own key (lower case, "-" for "_"): its __index
+        -- would make that key per call, and a trace stops at it (NYI)
+        local key = header_keys[name]
+        if not key then
+            key = name:lower():gsub("_", "-")
+            header_keys[name] = key
+        end
+        return ngx.req.get_headers(0)[key]
     end,
     method = function()
         return ngx.req.get_method()
