@@ -137,6 +137,20 @@ pub fn snapshot(con: &mut Connection) -> BTreeMap<String, (Vec<u8>, i64)> {
         .collect()
 }
 
+/// `snapshot` without the keys that expire by `cutoff_ms` (Unix ms): what
+/// stays the same across a reload that takes less than the time to the
+/// cutoff, whatever ends on its own meanwhile (a fixed window ends at its
+/// boundary, wherever that falls).
+pub fn snapshot_lasting_past(
+    con: &mut Connection,
+    cutoff_ms: i64,
+) -> BTreeMap<String, (Vec<u8>, i64)> {
+    snapshot(con)
+        .into_iter()
+        .filter(|(_, (_, at))| *at < 0 || *at > cutoff_ms)
+        .collect()
+}
+
 /// A subscriber on `con` to the module's keyspace events
 /// (`__keyevent@0__:rl.*`), waiting at most 5 s for each message.
 pub fn rl_events(con: &mut Connection) -> redis::PubSub<'_> {
