@@ -9,6 +9,7 @@ local limiters = require "resty.rl.limiters"
 local request = require "resty.rl.request"
 local memo = require "resty.rl.memo"
 local hotpath = require "resty.rl.hotpath"
+local tables = require "resty.rl.tables"
 
 local _M = {}
 
@@ -106,11 +107,7 @@ local function resolve_deep(v, ident)
     if v.path then
         return resolve_deep(refs.resolve(v, ident), ident)
     end
-    local out = {}
-    for k, x in pairs(v) do
-        out[k] = resolve_deep(x, ident)
-    end
-    return out
+    return tables.mapped(v, resolve_deep, ident)
 end
 
 -- The Redis key of `name` for the scope values: one hash tag per value

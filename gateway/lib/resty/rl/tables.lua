@@ -1,5 +1,5 @@
 -- resty.rl.tables: helpers over plain Lua tables shared by the modules
--- that build a configuration or a body from a template.
+-- that build a configuration, a caller's limiter or a body from a template.
 
 local _M = {}
 
