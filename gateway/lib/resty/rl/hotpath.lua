@@ -97,10 +97,11 @@ end
 --- LuaJIT's length limit ("trace too long"): then it is not compiled at
 --- all, and its entry is blacklisted. LuaJIT ends a trace at a call of
 --- a C function it does not compile (and stitches the next one on after
---- it); `collectgarbage("count")`, a read of one counter, is the
---- cheapest such call.
+--- it); `gcinfo()`, a read of one counter without an option to parse
+--- (`collectgarbage("count")` compares its option with the names of
+--- every other), is the cheapest such call.
 function _M.split_trace()
-    return collectgarbage("count")
+    return gcinfo()
 end
 
 return _M
