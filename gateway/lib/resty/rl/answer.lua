@@ -206,7 +206,8 @@ function _M.refuse_with(conf, req, state, e, decision_as)
         level = o.level ~= 0 and o.level or null, block_type = a.block_type or null,
         upgrade_url = a.upgrade_url or null, challenge = a.challenge or null,
         concurrency_limit = o.concurrency or null, instance = req.path(),
-        request_id = state.request_id, error = a.error or null, degraded = state.degraded or null,
+        request_id = phases.request_id(state), error = a.error or null,
+        degraded = state.degraded or null,
         ends_at = (o.state == "boxed" and o.retry_ms)
             and problem.timestamp(headers.ends_at(o.retry_ms)) or null,
     }
@@ -225,7 +226,7 @@ function _M.refuse_plain(conf, req, state, status, kind, decision, detail, retry
         return
     end
     local ctype, body = problem.render(conf, { status = status, type = kind,
-        message = detail, instance = req.path(), request_id = state.request_id,
+        message = detail, instance = req.path(), request_id = phases.request_id(state),
         tier = state.tier_name or null, retry_after = retry_after or null }, false)
     return phases.exit(req, state, status, ctype, body)
 end

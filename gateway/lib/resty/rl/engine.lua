@@ -106,10 +106,11 @@ end
 function Engine:one_in_flight(state, e)
     local f = e.rule.one_in_flight
     local key = e.key .. ":attempt"
-    phases.add_lease(state, { key = key, id = state.request_id })
+    local id = phases.request_id(state)
+    phases.add_lease(state, { key = key, id = id })
     -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
     local res, err = phases.acquire_waiting(state.route.store_conf or self.conf, key, f.ttl,
-        state.request_id, f.wait_ms)
+        id, f.wait_ms)
     if not res then
         return nil, err
     end
@@ -188,18 +189,6 @@ function Engine:tell_upstream(req, ident)
         req.set_upstream_header(name, x ~= nil and tostring(x) or nil)
     end
 end
-
--- A request's state reads the request id on first use (most requests
--- need none): `state.request_id`.
-local lazy_request_id = {
-    __index = function(state, k)
-        if k == "request_id" then
-            local id = state.request_id_of()
-            rawset(state, "request_id", id)
-            return id
-        end
-    end,
-}
 
 -- The steps of the access phase over a request's entries, one call per
 -- item through resty.rl.hotpath (one entry: no loop, so that LuaJIT
@@ -299,7 +288,7 @@ local function plan(e, i, conf, state)
         local lease = e.params.kind == "lease"
         local cmd
         if lease then
-            cmd = kind.command(e, e.cost, false, state.request_id)
+            cmd = kind.command(e, e.cost, false, phases.request_id(state))
         elseif e.fetch then
             cmd = allowance.command(e)
         else
@@ -308,7 +297,7 @@ local function plan(e, i, conf, state)
         add_sent(state, e, i, cmd)
         if lease then
             -- recorded before the call: a timed-out ACQUIRE may have been granted
-            phases.add_lease(state, { key = e.key, id = state.request_id })
+            phases.add_lease(state, { key = e.key, id = phases.request_id(state) })
         end
     end
 end
@@ -349,8 +338,6 @@ function Engine:access(req)
                   tier_data = conf.default_tier and conf.tiers[conf.default_tier] or {} }
     end
     local state = phases.start(conf, req, ident, matching.new_list(self.most_entries))
-    -- the request id is read on first use (most requests need none)
-    setmetatable(state, lazy_request_id)
     if store_failed then
         phases.redis_error(conf, state, err)
         -- never admitted unchecked (an unknown caller is never treated

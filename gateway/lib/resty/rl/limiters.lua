@@ -407,6 +407,7 @@ function _M.compensate(conf, state, sent, keep_charges)
         local o = e.outcome
         if o and (o.state == "allowed" or o.state == "delayed") then
             if e.params.kind == "lease" then
+                -- (the request id was read when its ACQUIRE was made)
                 cmds[#cmds + 1] = { "RL.LEASE", "RELEASE", e.key, state.request_id }
                 released[e.key] = true
             elseif not keep_charges and not e.probe and e.cost > 0 then

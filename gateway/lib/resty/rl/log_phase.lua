@@ -50,7 +50,7 @@ local function alert(conf, state, e)
         "tenant", tenant or "", "key_id", key_id or "", "user", user or "", "brand", brand or "",
         "ip", ident.attrs.ip or "", "subject", ident.attrs.subject or "", "key", e.key,
         "route", state.route.name, "box_seconds", o.retry_ms and headers.seconds(o.retry_ms) or -1,
-        "request_id", state.request_id }
+        "request_id", phases.request_id(state) }
 end
 
 -- The failures of distinct rules (`failed`): recorded; the boxes they
@@ -117,7 +117,8 @@ end
 local function event(_req, state, status)
     local tenant, key_id, user, brand = log_ident(state)
     return {
-        request_id = state.request_id, decision = state.decision, would_be = state.would_be,
+        request_id = phases.request_id(state), decision = state.decision,
+        would_be = state.would_be,
         route = state.route.name, tenant = tenant, key_id = key_id, user = user,
         brand = brand, tier = state.tier_name or nil, status = status,
         policy = state.policy or nil, retry_after = state.retry_after, box_level = state.box_level,
@@ -201,7 +202,7 @@ function _M.log(conf, req)
                     quota = quota_alerts.events(state) }
     if #later.failed > 0 then
         -- read now: the timer has no request (an alert names it)
-        local _ = state.request_id
+        phases.request_id(state)
     end
     if #cmds > 0 or #egress > 0 or #later.failed > 0 or #later.quota > 0 then
         phases.after(req, after_response, conf, cmds, egress, req.warn, later)

@@ -49,10 +49,25 @@ function _M.start(conf, req, ident, entries)
     local state = { route = route, headers = new_table(0, 2), leases = _M.NO_LEASES,
                     decision = "allowed", ident = ident or false,
                     tier_name = ident and ident.attrs.tier or false, entries = entries,
-                    request_id_of = req.request_id, binding = false, binding_entry = false,
-                    admitted = false, cmds = false, sent = false, steps = false }
+                    request_id = false, request_id_of = req.request_id, binding = false,
+                    binding_entry = false, admitted = false, cmds = false, sent = false,
+                    steps = false }
     req.ctx().rl = state
     return state
+end
+
+--- The request id of the request of `state`, read on first use (most
+--- requests need none: nginx makes it on first read, about 7,000
+--- instructions of random bytes) and kept in state.request_id. A plain
+--- function, not an __index on the state: with a metatable every read
+--- of a field the state lacks (state.boxed, ...) would call it.
+function _M.request_id(state)
+    local id = state.request_id
+    if not id then
+        id = state.request_id_of()
+        state.request_id = id
+    end
+    return id
 end
 
 --- A refusal with `status`, counted as `decision`. True when the response
