@@ -151,7 +151,11 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
         // At most 19 digits cannot overflow: no check per digit.
         1..=19 => {
             let mut value = 0u64;
-            for &b in bytes {
+            let mut chunks = bytes.chunks_exact(8);
+            for chunk in &mut chunks {
+                value = value * 100_000_000 + eight_digits(chunk)?;
+            }
+            for &b in chunks.remainder() {
                 let digit = b.wrapping_sub(b'0');
                 if digit > 9 {
                     return None;
@@ -163,6 +167,26 @@ pub fn parse_integer(bytes: &[u8]) -> Option<u64> {
         20 => parse_integer_checked(bytes),
         _ => None,
     }
+}
+
+/// Eight ASCII digits (`None` if any byte is not one) as their number, in
+/// a few steps on one 64-bit word (the first digit in its lowest byte).
+#[inline(always)]
+fn eight_digits(chunk: &[u8]) -> Option<u64> {
+    let word = u64::from_le_bytes(chunk.try_into().ok()?);
+    const HIGH: u64 = 0xf0f0_f0f0_f0f0_f0f0;
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    // Each byte is 0x30..=0x39: its high nibble is 3, and still 3 with 6
+    // added (no byte carries into the next: each is below 0x40).
+    if word & HIGH != ZEROS || (word + 0x0606_0606_0606_0606) & HIGH != ZEROS {
+        return None;
+    }
+    let digits = word - ZEROS;
+    // Pairs, then fours, then all eight: each step joins neighbours, the
+    // lower byte (the earlier digit) the more significant.
+    let pairs = (digits * 10 + (digits >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let fours = (pairs * 100 + (pairs >> 16)) & 0x0000_ffff_0000_ffff;
+    Some((fours * 10_000 + (fours >> 32)) & 0xffff_ffff)
 }
 
 /// [`parse_integer`] for 20 digits, where `u64` may overflow.
@@ -241,6 +265,25 @@ mod tests {
         assert_eq!(parse_integer(b"0"), Some(0));
         assert_eq!(parse_integer(b"3000"), Some(3000));
         assert_eq!(parse_integer(b"18446744073709551615"), Some(u64::MAX));
+        // Eight digits a step: every length, and a bad byte anywhere.
+        let digits = b"9876543210123456789";
+        for len in 1..=digits.len() {
+            let text = std::str::from_utf8(&digits[..len]).expect("ascii");
+            assert_eq!(parse_integer(&digits[..len]), text.parse().ok(), "{text}");
+            for at in 0..len {
+                for bad in [b'/', b':', b'a', b' ', 0x80, 0xb0, 0x00, b'0' + 0x40] {
+                    let mut wrong = digits[..len].to_vec();
+                    wrong[at] = bad;
+                    assert_eq!(parse_integer(&wrong), None, "{text} with {bad} at {at}");
+                }
+            }
+        }
+        assert_eq!(parse_integer(b"00000000"), Some(0));
+        assert_eq!(parse_integer(b"99999999"), Some(99_999_999));
+        assert_eq!(
+            parse_integer(b"1000000000000000"),
+            Some(1_000_000_000_000_000)
+        );
         for bad in [
             "",
             "-1",

@@ -70,6 +70,15 @@ fn fnv1a_reference_values() {
     assert_eq!(fnv1a_64(b""), 0xcbf2_9ce4_8422_2325);
     assert_eq!(fnv1a_64(b"a"), 0xaf63_dc4c_8601_ec8c);
     assert_eq!(fnv1a_64(b"foobar"), 0x8594_4171_f739_67e8);
+    // Eight bytes a step: the same as the byte-by-byte definition at
+    // every length around the steps.
+    let bytes: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(37) ^ 0xa5).collect();
+    for len in 0..=bytes.len() {
+        let fold = bytes[..len].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        assert_eq!(fnv1a_64(&bytes[..len]), fold, "{len}");
+    }
 }
 
 #[test]
