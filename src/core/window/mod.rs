@@ -397,6 +397,14 @@ impl Window {
 
     /// The end of the window of this key that holds `now`.
     fn window_end(&self, now: Millis) -> i128 {
+        // The usual parameters (an offset below the window, as
+        // `key_offset` makes it) in 64-bit arithmetic: the same boundary.
+        if let (Ok(w), Ok(offset)) = (i64::try_from(self.window_ms), i64::try_from(self.offset_ms))
+        {
+            if let (true, Some(since)) = ((0..w).contains(&offset), now.checked_sub(offset)) {
+                return i128::from(now) - i128::from(since.rem_euclid(w)) + i128::from(w);
+            }
+        }
         self.boundary_before(i128::from(now)) + self.w()
     }
 

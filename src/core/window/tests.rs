@@ -523,3 +523,34 @@ fn encoded_sizes() {
     // delta 3600 as a u16 (3 bytes) and the cost (1 byte).
     assert_eq!(size(&exact), 4 + 5 + 3 + 9 + 1 + 999 * 4);
 }
+
+#[test]
+fn window_end_in_64_bits_is_the_general_boundary() {
+    let times = [
+        i64::MIN,
+        i64::MIN + 1,
+        -86_400_001,
+        -1,
+        0,
+        1,
+        59_999,
+        60_000,
+        1_764_000_000_123,
+        i64::MAX - 1,
+        i64::MAX,
+    ];
+    for window_ms in [1, 2, 1000, 60_000, 3_153_600_000_000, u64::MAX] {
+        for offset_ms in [0, 1, window_ms / 2, window_ms - 1, window_ms, u64::MAX] {
+            let w = Window {
+                limit: 10,
+                window_ms,
+                mode: Mode::Fixed,
+                offset_ms,
+            };
+            for now in times {
+                let general = w.boundary_before(i128::from(now)) + w.w();
+                assert_eq!(w.window_end(now), general, "{window_ms} {offset_ms} {now}");
+            }
+        }
+    }
+}
