@@ -8,12 +8,12 @@
 use std::os::raw::c_int;
 
 use super::limiter_call::{check_cost, parse_call, run_parsed, Clause, Effect, KeyPositions};
-use crate::adapter::args::{is, parse_duration_ms, parse_integer, set_once, Cursor};
+use crate::adapter::args::{is, set_once, Cursor};
 use crate::adapter::errors::ArgError;
 use crate::adapter::ffi::{Arg, Ctx};
 use crate::adapter::stats;
 use crate::core::limits::{MAX_EXACT_LIMIT, MAX_POINTS};
-use crate::core::take::{Request, Settle};
+use crate::core::take::Request;
 use crate::core::window::{key_offset, Mode, Window};
 
 const NAME: &str = "rl.window";
@@ -22,18 +22,6 @@ const NAME: &str = "rl.window";
 /// `ALSO` windows take the first window's mode; each key's boundary
 /// offset is a stable hash of its name.
 pub fn parse<A: AsRef<[u8]>>(
-    args: &[A],
-    keys: &mut KeyPositions,
-    req: &mut Request<Window>,
-) -> Result<(), ArgError> {
-    if parse_plain(args, keys, req) {
-        return Ok(());
-    }
-    parse_general(args, keys, req)
-}
-
-/// [`parse`] by the general parser, whatever the call.
-fn parse_general<A: AsRef<[u8]>>(
     args: &[A],
     keys: &mut KeyPositions,
     req: &mut Request<Window>,
@@ -61,60 +49,6 @@ fn parse_general<A: AsRef<[u8]>>(
         }
     }
     Ok(())
-}
-
-/// The plain call `key limit window [FIXED | EXACT]` (no option but the
-/// mode: the shape the application stores send), parsed without the
-/// general parser's option loop: `true` when `args` is such a call and
-/// valid, and then `keys` and `req` hold what [`parse`] makes of it;
-/// `false` otherwise, with both left as they were (the general parser
-/// then parses the call, and words its errors).
-fn parse_plain<A: AsRef<[u8]>>(
-    args: &[A],
-    keys: &mut KeyPositions,
-    req: &mut Request<Window>,
-) -> bool {
-    let (key, limit, window, mode) = match args {
-        [_, key, limit, window] => (key, limit, window, Mode::Sliding),
-        [_, key, limit, window, word] => {
-            let word = word.as_ref();
-            let mode = if is(word, "FIXED") {
-                Mode::Fixed
-            } else if is(word, "EXACT") {
-                Mode::Exact
-            } else {
-                return false;
-            };
-            (key, limit, window, mode)
-        }
-        _ => return false,
-    };
-    let Some(limit) = parse_integer(limit.as_ref()).filter(|l| (1..=MAX_POINTS).contains(l)) else {
-        return false;
-    };
-    let Some(window_ms) = parse_duration_ms(window.as_ref()).filter(|&w| w > 0) else {
-        return false;
-    };
-    if (mode == Mode::Exact && limit > MAX_EXACT_LIMIT)
-        || !keys.is_empty()
-        || !req.limits.is_empty()
-    {
-        return false;
-    }
-    keys.push(1);
-    req.limits.push(Window {
-        limit,
-        window_ms,
-        mode,
-        offset_ms: key_offset(key.as_ref(), window_ms),
-    });
-    // As the general parser leaves a call without options: COST 1 (which
-    // fits any limit), charged, no penalty, no jitter.
-    req.cost = 1;
-    req.penalty = None;
-    req.jitter_percent = 0;
-    req.settle = Settle::Charge;
-    true
 }
 
 /// Read `limit window`.
@@ -181,45 +115,6 @@ mod tests {
             let name = format!("rl:{{t}}:k{i}");
             assert_eq!(w.offset_ms, key_offset(name.as_bytes(), 60_000));
             assert!(w.offset_ms < 60_000);
-        }
-    }
-
-    #[test]
-    fn plain_calls_parse_as_the_general_parser_does() {
-        let general = |args: &[&str]| {
-            let (mut keys, mut req) = (KeyPositions::new(), Request::empty());
-            parse_general(args, &mut keys, &mut req).map(|()| (keys, req))
-        };
-        for line in [
-            "RL.WINDOW a 5 60",
-            "RL.WINDOW LIMITS-rl:LIMITER/x//hello/10/1/minute 1000000000000000 60 FIXED",
-            "RL.WINDOW erl:7 1000000000 60 fixed",
-            "RL.WINDOW a 10000 0.5 EXACT",
-            "RL.WINDOW a 1 3153600000 Exact",
-        ] {
-            let args: Vec<&str> = line.split_whitespace().collect();
-            let (mut keys, mut req) = (KeyPositions::new(), Request::empty());
-            assert!(parse_plain(&args, &mut keys, &mut req), "{line}");
-            let (gkeys, greq) = general(&args).expect(line);
-            assert_eq!(keys, gkeys, "{line}");
-            assert_eq!(req, greq, "{line}");
-        }
-        // Anything else is left to the general parser, untouched.
-        for line in [
-            "RL.WINDOW a 0 60",
-            "RL.WINDOW a 5 0",
-            "RL.WINDOW a 1000000000000001 60",
-            "RL.WINDOW a 10001 60 EXACT",
-            "RL.WINDOW a 5 60 COST",
-            "RL.WINDOW a 5 60 SLIDING",
-            "RL.WINDOW a 5 -60 FIXED",
-            "RL.WINDOW a 5",
-            "RL.WINDOW a 5 60 FIXED COST 1",
-        ] {
-            let args: Vec<&str> = line.split_whitespace().collect();
-            let (mut keys, mut req) = (KeyPositions::new(), Request::empty());
-            assert!(!parse_plain(&args, &mut keys, &mut req), "{line}");
-            assert!(keys.is_empty() && req.limits.is_empty(), "{line}");
         }
     }
 
