@@ -1,8 +1,9 @@
 //! Harness of the usage dashboard tests (`tests/gateway_usage.rs`): Redis
-//! command counters, and headless Chromium (Debian's `chromium`, which
-//! `.ci/deps` installs: a missing browser fails the test, it never skips).
+//! command counters, headless Chromium (Debian's `chromium`, which
+//! `.ci/deps` installs: a missing browser fails the test, it never skips),
+//! and the tests' policy, gateway, traffic and usage reports.
 //!
-//! Included next to `common/gateway.rs`:
+//! Included next to `common/gateway.rs` and `common/gateway_policy.rs`:
 //! `#[path = "common/gateway_usage.rs"] mod gateway_usage;`.
 
 #![allow(dead_code)]
@@ -15,7 +16,11 @@ use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use super::common::{fresh_dir, Server};
+use serde_json::Value;
+
+use super::common::{fresh_dir, poll_for, Server};
+use super::gateway::{agent, get, Resp};
+use super::gateway_policy::{start, Front, PolicyGateway};
 
 /// Longest run of one headless Chromium (start, page, script, exit).
 pub const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -170,4 +175,125 @@ pub fn chromium_screenshot(url: &str, name: &str, width: u32, height: u32) -> Pa
         png.display()
     );
     png
+}
+
+// ---------------------------------------------------------------------------
+// The usage tests' policy and gateway
+// ---------------------------------------------------------------------------
+
+/// The policy under test: a monthly quota per tenant, a bucket per key
+/// (burst 20, refilled 1 an hour: counts are exact; strikes counted, box
+/// far away) with the tenant's bucket (burst 30) in the same command, and
+/// a window per client IP, which is not the key's own and is never shown.
+pub const POLICY: &str = r#"return {
+    redis = { port = tonumber(os.getenv("RL_REDIS_PORT")), timeout_ms = 1000 },
+    key_prefix = "use",
+    identity = { required = true, api_key = { keys = {
+        ["key-a"] = { key_id = "a1", tenant = "ta", tier = "dev" },
+        ["key-b"] = { key_id = "b1", tenant = "tb", tier = "dev" },
+        ["key-c"] = { key_id = "c1", tenant = "tc", tier = "dev" },
+    } } },
+    tiers = { dev = { monthly = 1000, burst = 20, rate = 1 } },
+    rules = {
+        { name = "{tier}-monthly", scope = { "tenant" },
+          limiter = { kind = "quota", limit = "tier.monthly", period = "MONTH" } },
+        { name = "{tier}-key", scope = { "tenant", "key_id" },
+          limiter = { kind = "bucket", rate = "tier.rate", burst = "tier.burst", period = 3600,
+                      strikes = { threshold = 100, window = 60 },
+                      also = { { name = "{tier}-tenant", scope = { "tenant" }, rate = 1,
+                                 burst = 30, period = 3600 } } } },
+        { name = "per-ip", scope = { "ip" }, limiter = { kind = "window", limit = 10000, window = 60 } },
+    },
+}"#;
+
+/// The policy with `usage` set to `usage` (Lua) and the key prefix `prefix`.
+pub fn variant(usage: &str, prefix: &str) -> Front {
+    Front::Nginx(format!(
+        "(function() local p = dofile(DIR .. \"/usage_policy.lua\"); p.usage = {usage}; \
+         p.key_prefix = \"{prefix}\"; return p end)()"
+    ))
+}
+
+/// Front end 0: the policy; 1: the same with `usage = false`; 2: with a
+/// counters dict that is not declared; 3: without the monthly quota.
+pub fn usage_gateway(redis: &Server) -> PolicyGateway {
+    let front = Front::Nginx("dofile(DIR .. \"/usage_policy.lua\")".into());
+    start(
+        redis.port,
+        &[
+            front,
+            variant("false", "off"),
+            variant(
+                "{ dict = \"undeclared\", reports_per_second = 10 }",
+                "nodict",
+            ),
+            Front::Nginx(
+                "(function() local p = dofile(DIR .. \"/usage_policy.lua\"); \
+                 table.remove(p.rules, 1); p.key_prefix = \"noquota\"; return p end)()"
+                    .into(),
+            ),
+        ],
+        &[("usage_policy.lua", POLICY)],
+    )
+    .expect("nginx starts")
+}
+
+pub fn usage(gw: &PolicyGateway, key: Option<&str>, query: &str) -> Resp {
+    let headers: Vec<(&str, &str)> = key.map(|k| ("X-Api-Key", k)).into_iter().collect();
+    get(
+        &agent(),
+        &format!("{}/_rl/usage{query}", gw.url(0)),
+        &headers,
+    )
+}
+
+/// `n` ordinary requests of `key` on front end `front`, their statuses.
+pub fn traffic_on(gw: &PolicyGateway, front: usize, key: &str, n: usize) -> Vec<u16> {
+    let a = agent();
+    let url = format!("{}/v1/things", gw.url(front));
+    (0..n)
+        .map(|_| get(&a, &url, &[("X-Api-Key", key)]).status)
+        .collect()
+}
+
+/// `n` ordinary requests of `key` on the policy's front end.
+pub fn traffic(gw: &PolicyGateway, key: &str, n: usize) -> Vec<u16> {
+    traffic_on(gw, 0, key, n)
+}
+
+/// The sum of a per-second series of a report (`admitted`, `refused`).
+pub fn series_total(u: &Value, which: &str) -> u64 {
+    u["rate"]["series"][which]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_u64).sum())
+        .unwrap_or(0)
+}
+
+/// The report of `key` once this node's counters show `admitted` and
+/// `refused` requests (they are written in the log phase, just after each
+/// response is sent), polled within 5 s (below the report cap).
+pub fn settled(gw: &PolicyGateway, key: &str, admitted: u64, refused: u64) -> Value {
+    let mut last = Value::Null;
+    let got = poll_for(Duration::from_secs(5), Duration::from_millis(150), || {
+        let r = usage(gw, Some(key), "");
+        assert_eq!(r.status, 200, "{}", r.body);
+        last = r.json();
+        let seen = (
+            series_total(&last, "admitted"),
+            series_total(&last, "refused"),
+        );
+        (seen == (admitted, refused)).then(|| last.clone())
+    });
+    got.unwrap_or_else(|| panic!("the counters never showed {admitted} + {refused}: {last}"))
+}
+
+pub fn policy_names(u: &Value) -> Vec<String> {
+    u["policies"]
+        .as_array()
+        .map(|l| {
+            l.iter()
+                .map(|p| p["name"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }
