@@ -312,12 +312,23 @@ pub async fn trip(
         .await
         .map_err(|e| format!("tripped, but {e}"))?;
     println!(
-        "{key}: boxed at level {} for {} (offenses {}); audit entry {id}",
+        "{key}: boxed at level {} {} (offenses {}); audit entry {id}",
         s.level,
-        crate::alert::time_left(s.ttl_ms),
+        box_length(s.ttl_ms),
         s.offenses
     );
     Ok(())
+}
+
+/// How long a box lasts, after "boxed at level N": "for 15m", or "until
+/// released by hand" for a manual box (`ttl_ms` -1).
+fn box_length(ttl_ms: i64) -> String {
+    let left = crate::alert::time_left(ttl_ms);
+    if ttl_ms < 0 {
+        left
+    } else {
+        format!("for {left}")
+    }
 }
 
 /// `rlctl audit [--since TIME] [--key KEY] [--limit N] [--json]`.
@@ -438,6 +449,12 @@ mod tests {
         assert_eq!(parse_box_duration("manual").unwrap(), "0");
         assert!(parse_box_duration("soon").unwrap_err().starts_with("--for"));
         assert!(parse_box_duration("1us").is_err());
+    }
+
+    #[test]
+    fn a_manual_box_reads_until_released_by_hand() {
+        assert_eq!(box_length(900_000), "for 15m");
+        assert_eq!(box_length(-1), "until released by hand");
     }
 
     #[test]

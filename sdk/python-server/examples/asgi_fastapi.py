@@ -1,9 +1,9 @@
 """rl's ASGI middleware on FastAPI: a payments API whose routes declare
 what they spend and hold.
 
-    pip install 'rl-server[asgi]' fastapi uvicorn
+    pip install '.[asgi]' fastapi uvicorn
     REDIS_URL=redis://127.0.0.1:6379 python examples/asgi_fastapi.py
-    curl -i -H 'X-Api-Key: k1' -H 'X-Tenant: acme' -X POST http://127.0.0.1:8000/payments
+    curl -i -H 'X-Api-Key: k1' -H 'X-Tenant: acme' -H 'Idempotency-Key: p-1' -X POST http://127.0.0.1:8000/payments
 """
 
 import asyncio

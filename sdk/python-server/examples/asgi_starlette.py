@@ -1,7 +1,7 @@
 """rl's ASGI middleware on plain Starlette: a per-client bucket on one
 route and a concurrency lease on another.
 
-    pip install 'rl-server[asgi]' uvicorn
+    pip install '.[asgi]' uvicorn
     REDIS_URL=redis://127.0.0.1:6379 python examples/asgi_starlette.py
     curl -i http://127.0.0.1:8000/hello
 """

@@ -1,7 +1,7 @@
 """flask-limiter with rl as its storage: the usual flask-limiter code, with
 the storage URI ``rl://`` (and the import that registers it).
 
-    pip install 'rl-server[limits]' Flask Flask-Limiter
+    pip install '.[limits]' Flask Flask-Limiter
     RL_STORAGE_URI=rl://127.0.0.1:6379 python examples/flask_limiter_app.py
     curl -i http://127.0.0.1:8000/hello
 """

@@ -1,7 +1,7 @@
 """slowapi on FastAPI with rl as its storage: the usual slowapi code, with
 the storage URI ``rl://`` (and the import that registers it).
 
-    pip install 'rl-server[limits]' slowapi fastapi uvicorn
+    pip install '.[limits]' slowapi fastapi uvicorn
     RL_STORAGE_URI=rl://127.0.0.1:6379 python examples/slowapi_fastapi.py
     curl -i http://127.0.0.1:8000/hello
 """

@@ -1,5 +1,6 @@
 """slowapi on plain Starlette with rl as its storage.
 
+    pip install '.[limits]' slowapi uvicorn
     RL_STORAGE_URI=rl://127.0.0.1:6379 python examples/slowapi_starlette.py
     curl -i http://127.0.0.1:8000/hello
 """
