@@ -10,6 +10,9 @@ local deny = require "resty.rl.deny"
 local limiters = require "resty.rl.limiters"
 local phases = require "resty.rl.phases"
 local memo = require "resty.rl.memo"
+local hotpath = require "resty.rl.hotpath"
+
+local single = hotpath.single
 
 local _M = {}
 
@@ -49,10 +52,11 @@ end
 --- the edge deny cache answers); between it and the other refusals, the
 --- one without end, then the longest wait.
 function _M.strictest(entries)
-    if #entries == 1 then
+    local one = single(entries)
+    if one then
         -- one entry, without a loop (resty.rl.hotpath)
-        local o = entries[1].outcome
-        return o and (o.state == "refused" or o.state == "boxed") and entries[1] or nil
+        local o = one.outcome
+        return o and (o.state == "refused" or o.state == "boxed") and one or nil
     end
     local box, hard, soft
     for _, e in ipairs(entries) do
@@ -80,8 +84,8 @@ end
 -- units left: the tier form's), a distinct rule's members only when no
 -- rate entry applies (they are not requests left).
 function _M.tightest(entries, by_remaining)
-    if #entries == 1 then
-        local e = entries[1]
+    local e = single(entries)
+    if e then
         return e.outcome and e.outcome.binding and e.params.kind ~= "lease" and e or nil
     end
     local best, share, members
@@ -111,9 +115,10 @@ end
 --- Sets RateLimit-Policy (every entry that applied) and RateLimit.
 function _M.rate_headers(conf, state, binding_entry)
     local entries = state.entries
-    if #entries == 1 then
+    local one = single(entries)
+    if one then
         -- one entry (the common case): its value, without a list
-        local v = policy_field(entries[1], entry_policy)
+        local v = policy_field(one, entry_policy)
         if v ~= "" then
             state.headers["RateLimit-Policy"] = v
         end

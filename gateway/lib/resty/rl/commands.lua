@@ -51,11 +51,13 @@ _M.none = none
 function _M.is_rate_reply(res)
     -- (eight tests without a loop: a loop here would end the access
     -- phase's trace, and the rest of the phase would run interpreted)
-    return type(res) == "table" and #res == 8 and type(res[1]) == "number"
+    -- (and none after them: no `#res`, a call into LuaJIT's runtime in a
+    -- trace, resty.rl.hotpath.single)
+    return type(res) == "table" and type(res[1]) == "number"
         and type(res[2]) == "number" and type(res[3]) == "number"
         and type(res[4]) == "number" and type(res[5]) == "number"
         and type(res[6]) == "number" and type(res[7]) == "number"
-        and type(res[8]) == "number"
+        and type(res[8]) == "number" and res[9] == nil
 end
 
 --- The one decoder of the module's 8-integer limiter reply (RL.TAKE,

@@ -233,9 +233,9 @@ end
 --- "ERR ..."} in its place), or nil and an error (the connection is then
 --- closed).
 function _M.send(red, cmds, asking)
-    local one = cmds[1]
+    local one = hotpath.single(cmds)
     local sock = rawget(red, "_sock")
-    if #cmds == 1 and not asking and one.ints and sock then
+    if one and not asking and one.ints and sock then
         -- one limiter call (the tier form's RL.TAKE, a rule's command): its
         -- reply in one read; a request without `resp` encoded by the driver
         local req = one.resp

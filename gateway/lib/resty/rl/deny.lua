@@ -25,6 +25,7 @@
 local cjson = require "cjson.safe"
 local commands = require "resty.rl.commands"
 local limiters = require "resty.rl.limiters"
+local hotpath = require "resty.rl.hotpath"
 
 local _M = {}
 
@@ -138,9 +139,10 @@ end
 --- answers for all of them, so that a cached box never hides a stricter
 --- one.
 function _M.strictest_entry(conf, entries, state)
-    if #entries == 1 then
+    local one = hotpath.single(entries)
+    if one then
         -- one entry, without a loop (resty.rl.hotpath)
-        return cached_box(conf, entries[1], state)
+        return cached_box(conf, one, state)
     end
     local best
     for _, e in ipairs(entries) do

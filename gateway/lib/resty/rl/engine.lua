@@ -217,7 +217,8 @@ local function add_entry(rule, _, conf, req, state)
             return
         end
         local list = state.entries
-        list[#list + 1] = e
+        -- (the first one without `#list`: resty.rl.hotpath.single)
+        list[list[1] == nil and 1 or #list + 1] = e
         -- the steps only some rules need, for this request
         if e.probe or rule.one_in_flight or rule.works_after then
             local steps = state.steps or {}
@@ -257,11 +258,11 @@ local function add_sent(state, e, i, cmd)
     end
 end
 
--- The entries sent (after every plan): state.entries itself only when
--- all of them were sent.
+-- The entries sent (after every plan, at least one): state.entries
+-- itself only when all of them were sent (one entry sent is all of them).
 local function sent_entries(state)
     local cmds, sent = state.cmds, state.sent
-    if sent == state.entries and #cmds < #sent then
+    if sent == state.entries and sent[2] ~= nil and #cmds < #sent then
         sent = { unpack(sent, 1, #cmds) }
         state.sent = sent
     end
@@ -401,11 +402,12 @@ function Engine:access(req)
     end
     hotpath.split_trace()
     hotpath.each(entries, plan, conf, state)
-    local cmds = state.cmds or NONE
-    local sent = cmds ~= NONE and sent_entries(state) or NONE
-    if #cmds == 0 then
-        return self:decided(req, state, sent)
+    local cmds = state.cmds
+    if not cmds then
+        -- every entry decided here
+        return self:decided(req, state, NONE)
     end
+    local sent = sent_entries(state)
     -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
     local res
     res, err = commands.pipeline(route.store_conf or conf, cmds)

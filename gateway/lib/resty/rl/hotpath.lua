@@ -24,16 +24,32 @@ do
     end
 end
 
+--- The item of a list of one item, else nil (none, or more): read
+--- without `#list`, which a compiled trace computes by a call into
+--- LuaJIT's runtime (lj_tab_len), where two reads of the list compile to
+--- a few instructions.
+local function single(list)
+    local item = list[1]
+    if item ~= nil and list[2] == nil then
+        return item
+    end
+    return nil
+end
+_M.single = single
+
 -- Calls `f(list[i], i, a, b, c, d, x)` for the items in order; returns
 -- the first result that is not nil (with its second value), at once
 -- when `stop`, else after every item.
 local function walk(list, stop, f, a, b, c, d, x)
-    local n = #list
-    if n == 1 then
-        return f(list[1], 1, a, b, c, d, x)
+    local item = list[1]
+    if item == nil then
+        return nil
+    end
+    if list[2] == nil then
+        return f(item, 1, a, b, c, d, x)
     end
     local first, second
-    for i = 1, n do
+    for i = 1, #list do
         local r, r2 = f(list[i], i, a, b, c, d, x)
         if r ~= nil and first == nil then
             if stop then

@@ -262,9 +262,11 @@ function _M.capacity(e)
     local cap, also = p.burst or p.limit, p.also
     if not also then
         return cap
-    elseif #also == 1 then
+    end
+    local one = hotpath.single(also)
+    if one then
         -- one ALSO bucket (a tenant's): without a loop (resty.rl.hotpath)
-        return math.min(cap, also[1].burst or also[1].limit)
+        return math.min(cap, one.burst or one.limit)
     end
     for _, a in ipairs(also) do
         cap = math.min(cap, a.burst or a.limit)

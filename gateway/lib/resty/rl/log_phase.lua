@@ -169,7 +169,7 @@ function _M.log(conf, req)
     if not state then
         return nil
     end
-    if not (state.steps and state.steps.log) and #state.leases == 0 and not state.boxed then
+    if not (state.steps and state.steps.log) and state.leases[1] == nil and not state.boxed then
         return state
     end
     local cmds, egress = {}, {}

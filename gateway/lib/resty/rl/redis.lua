@@ -88,7 +88,7 @@ end
 --- node that cannot be reached answers such an error for its commands),
 --- or nil and an error when no reply came at all.
 function _M.run(rconf, cmds)
-    if #cmds == 0 then
+    if cmds[1] == nil then
         return {}
     end
     local deadline = connection.deadline(rconf)

@@ -99,18 +99,32 @@ local adapter = {
     end,
 }
 
---- The phase handlers, `RlHandler:<phase>(conf)`: the gateway's phase of
---- the same name. access: the decision (may end the request);
---- header_filter: the RateLimit fields decided in the access phase;
+-- The phase handlers, `RlHandler:<phase>(conf)`: the gateway's phase of
+-- the same name. One function each, not closures of one function over
+-- the phase's name: LuaJIT starts a trace at a hot function, and one
+-- function for every phase would have one root trace, which the other
+-- phases leave at once, through its exits, for traces of their own.
+
+--- access: the decision (may end the request).
+function RlHandler:access(conf)
+    return get(conf):access(adapter)
+end
+
+--- header_filter: the RateLimit fields decided in the access phase.
+function RlHandler:header_filter(conf)
+    return get(conf):header_filter(adapter)
+end
+
 --- body_filter: post-paid rules (`settle.from = "usage"`) read the
---- response's usage (nothing for the others); log: counters, the
---- structured log line, lease release and failed-login records (in a
---- timer). Made once at load, each a closure over its phase's name.
-for _, phase in ipairs({ "access", "header_filter", "body_filter", "log" }) do
-    RlHandler[phase] = function(_, conf)
-        local gw = get(conf)
-        return gw[phase](gw, adapter)
-    end
+--- response's usage (nothing for the others).
+function RlHandler:body_filter(conf)
+    return get(conf):body_filter(adapter)
+end
+
+--- log: counters, the structured log line, lease release and
+--- failed-login records (in a timer).
+function RlHandler:log(conf)
+    return get(conf):log(adapter)
 end
 
 return RlHandler
