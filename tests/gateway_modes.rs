@@ -8,6 +8,7 @@ mod gateway;
 #[path = "common/gateway_tier.rs"]
 mod gateway_tier;
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use common::ints;
@@ -252,6 +253,9 @@ fn start_sample(policy: Option<&str>, redis_port: u16) -> Result<(Nginx, u16), S
     if let Some(p) = policy {
         std::fs::write(dir.join("nginx/policy.lua"), p).expect("write policy");
     }
+    // A prefix only its owner can read, as a checkout in root's home is:
+    // what the workers (another user under root) need must live elsewhere.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
     let ports = gateway::Ports {
         main: port,
         legacy: port,
@@ -300,6 +304,17 @@ fn the_sample_nginx_conf_runs_its_policy_and_a_bad_policy_stops_nginx() {
             ratelimit(&r),
             ("enterprise-key".to_string(), 11950, Some(1))
         );
+        // a body above client_body_buffer_size goes through the sample's
+        // temp path (outside the prefix): forwarded (502, the upstream is
+        // down), not 500
+        let big = "x".repeat(40_000);
+        let r = post_form(
+            &a,
+            &format!("{base}/v1/ledgers/l-1/entries"),
+            &[("X-Api-Key", "demo-growth-key")],
+            &[("memo", &big)],
+        );
+        assert_eq!(r.status, 502, "{r:#?}");
         assert_eq!(counter(&a, &base, "allowed", "GET /v1/ledgers"), 1);
         assert!(nginx.lua_errors().is_empty(), "{:?}", nginx.lua_errors());
     }
