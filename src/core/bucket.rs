@@ -144,6 +144,31 @@ pub fn needs_rewrite(bucket: &Bucket, rate: &Rate) -> bool {
     bucket.tokens.get() != rate.tokens || bucket.period_ms != rate.period_ms
 }
 
+/// Milliseconds until `cost` points fit at `rate` in bucket `b` stored at
+/// other parameters, if it keeps refilling at its stored speed (no call
+/// rewrites it): until its debt, converted as [`debt`] does, leaves room
+/// for `cost` (0 when it does now, or when `cost` is above the capacity).
+pub fn stored_wait_ms(b: &Bucket, cost: u64, rate: &Rate, now: i64) -> i64 {
+    let stored = (i128::from(b.tat_ms) - i128::from(now))
+        .saturating_mul(i128::from(b.tokens.get()))
+        .saturating_add(i128::from(b.tat_frac));
+    let room = rate.tolerance().saturating_sub(rate.cost_ticks(cost));
+    if room < 0 {
+        return 0;
+    }
+    // The most stored ticks that convert to at most `room`: `ceil(x * m /
+    // d) <= room` exactly when `x * m <= room * d`.
+    let most = div_floor(
+        room.saturating_mul(i128::from(b.period_ms.max(1))),
+        i128::from(rate.period_ms.max(1)),
+    );
+    if stored <= most {
+        0
+    } else {
+        clamp_i64(ceil_div(stored - most, i128::from(b.tokens.get())))
+    }
+}
+
 /// `ceil(a * m / d)` for `a >= 0`, `m >= 0`, `d >= 1`, saturating.
 fn mul_div_ceil(a: i128, m: i128, d: i128) -> i128 {
     let whole = div_floor(a, d).saturating_mul(m);
@@ -232,8 +257,16 @@ impl Limiter for Rate {
         fits(*debt, cost, self)
     }
 
-    fn wait_ms(&self, _state: Option<&Bucket>, debt: &i128, cost: u64, _now: Millis) -> i64 {
-        wait_ms(*debt, cost, self)
+    /// A bucket stored at other parameters is left so only by a probe (a
+    /// charging call rewrites it first): it refills at its stored speed
+    /// until a call rewrites it, and at this rate after. The wait is the
+    /// later of the two, so it is never early either way.
+    fn wait_ms(&self, state: Option<&Bucket>, debt: &i128, cost: u64, now: Millis) -> i64 {
+        let wait = wait_ms(*debt, cost, self);
+        match state {
+            Some(b) if needs_rewrite(b, self) => wait.max(stored_wait_ms(b, cost, self, now)),
+            _ => wait,
+        }
     }
 
     fn balance(&self, debt: &i128) -> i64 {
@@ -247,11 +280,17 @@ impl Limiter for Rate {
         left
     }
 
-    /// Read from the stored state rather than from the debt at this call's
-    /// rate: a probe writes nothing, so a bucket last written at other
-    /// parameters refills at those until a call rewrites it.
-    fn reset_ms(&self, state: Option<&Bucket>, _seen: &i128, now: Millis) -> i64 {
-        state.map_or(0, |b| b.full_at_ms().saturating_sub(now).max(0))
+    /// Read from the stored state. One stored at other parameters (left
+    /// so by a probe) refills at its stored speed until a call rewrites it,
+    /// and at this rate after: the later of the two, as for the wait.
+    fn reset_ms(&self, state: Option<&Bucket>, debt: &i128, now: Millis) -> i64 {
+        let Some(b) = state else { return 0 };
+        let stored = b.full_at_ms().saturating_sub(now).max(0);
+        if needs_rewrite(b, self) {
+            stored.max(reset_ms(*debt, self))
+        } else {
+            stored
+        }
     }
 
     /// A charge beyond empty (`DELAY`, `DEBT`) is capped at [`max_debt`].

@@ -6,7 +6,7 @@
 
 use proptest::prelude::*;
 
-use super::bucket::Rate;
+use super::bucket::{self, Rate};
 use super::decision::Status;
 use super::testkit::*;
 use super::time::{ceil_div, Millis};
@@ -123,7 +123,8 @@ proptest! {
     /// fraction); B keeps them, rounded up so no fraction is granted: B's
     /// debt is `d = ceil(s * period_B)` ticks (which may exceed an empty
     /// bucket after a downgrade), so `remaining_B == capacity_B - ceil(s)`
-    /// (negative after such a downgrade), `reset_ms_B` of a probe is when A's stored state is full,
+    /// (negative after such a downgrade), `reset_ms_B` of a probe is the
+    /// later of A's stored state full and B's debt refilled at B's speed,
     /// and a cost `c` under B is admitted at `t` exactly when
     /// `d + c * period_B <= capacity_B * period_B`. Under A itself,
     /// `remaining_A == capacity_A - ceil(s)`. A throttled call under B
@@ -160,8 +161,13 @@ proptest! {
         let expected = i(b.capacity) - spent;
         prop_assert_eq!(i128::from(under_b.remaining), expected, "spent {} of {:?}, then {:?}", spent, a, b);
         let raw_debt_b = ceil_div(stored * i(b.period_ms), i(a.period_ms));
-        // A probe writes nothing: the bucket is full when A's state says so.
-        prop_assert_eq!(i128::from(under_b.reset_ms), ceil_div(stored, i(a.tokens)));
+        // A probe writes nothing: the bucket refills at A's speed until a
+        // call rewrites it, at B's after; its reset is the later of the two.
+        let foreign = (a.tokens, a.period_ms) != (b.tokens, b.period_ms);
+        let at_a = ceil_div(stored, i(a.tokens));
+        let at_b = ceil_div(raw_debt_b.min(bucket::max_debt(&b)), i(b.tokens));
+        let reset = if foreign { at_a.max(at_b) } else { at_a };
+        prop_assert_eq!(i128::from(under_b.reset_ms), reset);
 
         let before = state.clone();
         let (reply, fx) = state.call(&req(&[b], cost_b), t);
@@ -172,7 +178,6 @@ proptest! {
             Status::Throttled => {
                 // A throttled probe (cost 0: B's capacity is below what was
                 // spent) writes nothing, even at another scale.
-                let foreign = (a.tokens, a.period_ms) != (b.tokens, b.period_ms);
                 let rescaled = foreign && cost_b > 0;
                 prop_assert_eq!(fx.states.contains(0), rescaled);
                 if rescaled {
@@ -183,13 +188,25 @@ proptest! {
                 }
                 // The same points spent...
                 prop_assert_eq!(state.probe_one(0, b, t).remaining, under_b.remaining);
-                // ...and B's wait is exact from now on (a probe of a foreign
-                // state converts it at every read without storing it: its
-                // wait is B's reading of A's state, not checked here).
+                let r = reply.retry_after_ms;
                 if foreign && !rescaled {
+                    // A probe leaves A's state: its wait holds whether the
+                    // bucket keeps refilling at A's speed or a charging
+                    // call rewrites it at B's now, and is exact for one.
+                    let mut rewritten = state.clone();
+                    let (_, fx) = rewritten.call(&req(&[b], b.capacity), t);
+                    prop_assert!(fx.states.contains(0));
+                    let probe = |s: &State, at| s.peek(&req(&[b], 0), at).status;
+                    prop_assert_eq!(probe(&state, t + r), Status::Allowed);
+                    prop_assert_eq!(probe(&rewritten, t + r), Status::Allowed);
+                    prop_assert!(
+                        probe(&state, t + r - 1) == Status::Throttled
+                            || probe(&rewritten, t + r - 1) == Status::Throttled,
+                        "a probe's retry {} is late under both {:?} and {:?}", r, a, b
+                    );
                     return Ok(());
                 }
-                let r = reply.retry_after_ms;
+                // ...and B's wait is exact from now on.
                 prop_assert_eq!(state.peek(&req(&[b], cost_b), t + r).status, Status::Allowed);
                 prop_assert_eq!(state.peek(&req(&[b], cost_b), t + r - 1).status, Status::Throttled);
             }

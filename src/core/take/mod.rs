@@ -242,15 +242,58 @@ pub fn decide<L: Limiter>(
         }
     };
 
-    // Throttled: the key that needs the longest wait binds. A key with a
-    // reserve must keep it: the call needs `cost + reserve` there.
-    let mut binding = None;
+    // Refused when a key does not admit what the call needs there: a key
+    // with a reserve must keep it (`cost + reserve`).
+    let mut short = KeySet::default();
+    for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
+        if !limit.fits(seen, cost.saturating_add(req.reserve[i])) {
+            short.insert(i);
+        }
+    }
+    if short.is_empty() {
+        // Allowed: charge every key; the one with the fewest points left binds.
+        let mut effects = Effects::default();
+        if cost > 0 {
+            charge_all(states, &mut seen, limits, cost, now);
+            effects.states = KeySet::first(n);
+            effects.penalty = penalty.admit(now);
+        }
+        let mut binding = 0;
+        let mut fewest = i64::MAX;
+        for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
+            let left = limit.balance(seen);
+            if left < fewest {
+                fewest = left;
+                binding = i;
+            }
+        }
+        let decision = Decision {
+            status: Status::Allowed,
+            granted: req.partial_min.map(|_| cost),
+            ..about(binding, states, &seen, limits, now, strikes_left(penalty))
+        };
+        return (decision, effects);
+    }
+
+    // A refused call that charges (throttled or delayed) leaves every key
+    // at this call's parameters, so its waits are read from the keys
+    // rewritten; a probe writes nothing, and its waits are read from the
+    // keys as they stay.
+    let rewritten = if cost > 0 {
+        rewrite(states, &seen, limits, now)
+    } else {
+        KeySet::default()
+    };
+
+    // Throttled: the key that needs the longest wait binds.
+    let mut binding = 0;
     let mut longest = 0;
     for (i, ((seen, state), limit)) in seen.iter().zip(states.iter()).zip(limits).enumerate() {
+        if !short.contains(i) {
+            continue;
+        }
         let need = cost.saturating_add(req.reserve[i]);
-        let wait = if limit.fits(seen, need) {
-            0
-        } else if need > limit.limit() {
+        let wait = if need > limit.limit() {
             // Never above the reserve: until nothing limits.
             limit.reset_ms(state.borrow().as_ref(), seen, now).max(1)
         } else {
@@ -260,70 +303,43 @@ pub fn decide<L: Limiter>(
         };
         if wait > longest {
             longest = wait;
-            binding = Some(i);
-        }
-    }
-    let longest = u64::try_from(longest).unwrap_or(0);
-    if let Some(i) = binding {
-        if cost > 0 && req.delay_ms.is_some_and(|max| longest <= max) {
-            charge_all(states, &mut seen, limits, cost, now);
-            let admitted = penalty.admit(now);
-            let decision = Decision {
-                status: Status::Delayed,
-                retry_after: Span::Ms(longest),
-                ..about(i, states, &seen, limits, now, strikes_left(penalty))
-            };
-            let effects = Effects {
-                states: KeySet::first(n),
-                penalty: admitted,
-                ..Effects::default()
-            };
-            return (decision, effects);
-        }
-        let mut effects = Effects {
-            reserve_refused: req.reserve[i] > 0 && limits[i].fits(&seen[i], cost),
-            ..Effects::default()
-        };
-        if cost > 0 {
-            effects.states = rewrite(states, &seen, limits, now);
-        }
-        let retry_after = jittered(longest, req.jitter_percent, random);
-        if let (Some(policy), true) = (req.penalty.as_ref(), cost > 0) {
-            // The refusal records the retry it announces; only an early
-            // retry (before the previous refusal's) is a strike.
-            effects.penalty = true;
-            if let Some(Strike::Tripped(active)) = penalty.refuse(policy, retry_after, now) {
-                effects.tripped = Some(active);
-                return (boxed(first_limit, &active, now), effects);
-            }
-        }
-        let decision = Decision {
-            status: Status::Throttled,
-            retry_after: Span::Ms(retry_after),
-            ..about(i, states, &seen, limits, now, strikes_left(penalty))
-        };
-        return (decision, effects);
-    }
-
-    // Allowed: charge every key; the one with the fewest points left binds.
-    let mut effects = Effects::default();
-    if cost > 0 {
-        charge_all(states, &mut seen, limits, cost, now);
-        effects.states = KeySet::first(n);
-        effects.penalty = penalty.admit(now);
-    }
-    let mut binding = 0;
-    let mut fewest = i64::MAX;
-    for (i, (seen, limit)) in seen.iter().zip(limits).enumerate() {
-        let left = limit.balance(seen);
-        if left < fewest {
-            fewest = left;
             binding = i;
         }
     }
+    let longest = u64::try_from(longest).unwrap_or(0);
+    if cost > 0 && req.delay_ms.is_some_and(|max| longest <= max) {
+        charge_all(states, &mut seen, limits, cost, now);
+        let admitted = penalty.admit(now);
+        let decision = Decision {
+            status: Status::Delayed,
+            retry_after: Span::Ms(longest),
+            ..about(binding, states, &seen, limits, now, strikes_left(penalty))
+        };
+        let effects = Effects {
+            states: KeySet::first(n),
+            penalty: admitted,
+            ..Effects::default()
+        };
+        return (decision, effects);
+    }
+    let mut effects = Effects {
+        states: rewritten,
+        reserve_refused: req.reserve[binding] > 0 && limits[binding].fits(&seen[binding], cost),
+        ..Effects::default()
+    };
+    let retry_after = jittered(longest, req.jitter_percent, random);
+    if let (Some(policy), true) = (req.penalty.as_ref(), cost > 0) {
+        // The refusal records the retry it announces; only an early
+        // retry (before the previous refusal's) is a strike.
+        effects.penalty = true;
+        if let Some(Strike::Tripped(active)) = penalty.refuse(policy, retry_after, now) {
+            effects.tripped = Some(active);
+            return (boxed(first_limit, &active, now), effects);
+        }
+    }
     let decision = Decision {
-        status: Status::Allowed,
-        granted: req.partial_min.map(|_| cost),
+        status: Status::Throttled,
+        retry_after: Span::Ms(retry_after),
         ..about(binding, states, &seen, limits, now, strikes_left(penalty))
     };
     (decision, effects)
