@@ -201,12 +201,18 @@ export class Engine<Req> {
     if (config.onRedisFailure !== undefined && !["closed", "local", "open"].includes(config.onRedisFailure)) {
       optionError(where, "onRedisFailure must be closed, local or open");
     }
-    const plans = rules.map((r) => {
+    const plans = rules.map((r, i) => {
       const l = r.limiter;
       if (l.kind === "lease") return undefined;
       const cap = Math.min(l.kind === "bucket" ? l.burst : l.limit,
         ...(l.also ?? []).map((a) => (l.kind === "bucket" ? a.burst : a.limit)!));
-      return { command: prepareRate(this.prefix, r), cap };
+      try {
+        return { command: prepareRate(this.prefix, r), cap };
+      } catch (e) {
+        // the command's own checks (also periods and windows, box, offensesTtl, jitter): name the route and the rule
+        if (e instanceof RlConfigError) optionError(`${where}.rules[${i}] (${r.name})`, `limiter.${e.message}`);
+        throw e;
+      }
     });
     return { rules, views: rules.map((r) => ruleView(r)), plans, config,
       budget: budget(config.timeoutMs ?? this.timeoutMs) };

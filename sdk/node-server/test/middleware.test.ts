@@ -251,6 +251,7 @@ describe("bad configuration is refused at start, naming the option", () => {
     ["unknown kind", { rules: [{ name: "x", limiter: { kind: "leaky" } as never }] }, /limiter\.kind must be/],
     ["window decimals", { rules: [{ name: "x", limiter: { kind: "window", limit: 1, window: 0.0001 } }] }, /limiter\.window must be seconds/],
     ["box without strikes", { rules: [{ name: "x", limiter: { kind: "bucket", rate: 1, burst: 1, box: [1, 2, 3] } }] }, /limiter\.box needs limiter\.strikes/],
+    ["also period", { rules: [{ name: "x", limiter: { kind: "bucket", rate: 1, burst: 1, also: [{ name: "t", rate: 1, burst: 1, period: 0 }] } }] }, /rules\[0\] \(x\): limiter\.also\[0\]\.period must be/],
     ["lock without key", { locks: [{ name: "l" } as never] }, /locks\[0\]: key must be a function/],
     ["failure mode", { onRedisFailure: "maybe" as never, rules: [] }, /onRedisFailure must be/],
     ["status", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { status: 200 } }] }, /onRefusal\.status must be/],
