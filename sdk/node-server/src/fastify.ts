@@ -1,7 +1,10 @@
 /**
  * The Fastify plugin: register it once, then give each route its limits
  * in `config.rl`; every route's limits are checked when the route is
- * added (a bad option fails `ready()`, naming the route and the option).
+ * added (a bad option throws from `app.get(...)` / `app.route(...)`, or
+ * fails `ready()` for a route added in a plugin, naming the route and the
+ * option). Await the registration before adding routes: a route added
+ * before the plugin has loaded is not limited.
  *
  * ```ts
  * await app.register(rlFastify, { rl: forIoredis(redis) });
