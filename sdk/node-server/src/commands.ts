@@ -39,8 +39,11 @@ export interface Decision {
 
 /** Penalty box options (RL.TAKE, RL.WINDOW, RL.QUOTA). */
 export interface PenaltyOptions {
-  /** `threshold` early retries within `window` seconds trip the box. */
-  strikes?: { threshold: number; window: number };
+  /**
+   * `threshold` early retries within `window` seconds trip the box; with
+   * `every`, every refusal is a strike, early or not (a lockout).
+   */
+  strikes?: { threshold: number; window: number; every?: boolean };
   /** Box lengths in seconds for levels 1, 2, 3 (0: manual box). */
   box?: [number, number, number];
   /** Seconds offenses are remembered after the latest trip. */
@@ -171,6 +174,10 @@ function penalty(args: string[], o: PenaltyOptions): void {
   if (o.strikes) {
     args.push("STRIKES", int("strikes.threshold", o.strikes.threshold, 1, 1e9),
       seconds("strikes.window", o.strikes.window));
+    if (o.strikes.every !== undefined && typeof o.strikes.every !== "boolean") {
+      throw new RlConfigError("strikes.every must be a boolean");
+    }
+    if (o.strikes.every) args.push("EVERY");
   } else if (o.box || o.offenses !== undefined) {
     throw new RlConfigError("box and offenses need strikes");
   }

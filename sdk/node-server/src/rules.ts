@@ -12,7 +12,8 @@ import type { RuleView } from "./responses.js";
 
 /** Penalty box options of a bucket, window or quota limiter. */
 export interface PenaltyConfig {
-  strikes?: { threshold: number; window: number };
+  /** With `every`, every refusal is a strike, early or not (a lockout). */
+  strikes?: { threshold: number; window: number; every?: boolean };
   box?: [number, number, number];
   offensesTtl?: number;
   jitter?: number;
@@ -120,8 +121,9 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
       "limiter.expected must be seconds > 0");
   }
   if (l.kind !== "lease") {
-    check(l.strikes === undefined || (posInt(l.strikes.threshold) && secs(l.strikes.window)), where,
-      "limiter.strikes must be {threshold: integer >= 1, window: seconds}");
+    check(l.strikes === undefined || (posInt(l.strikes.threshold) && secs(l.strikes.window) &&
+      (l.strikes.every === undefined || typeof l.strikes.every === "boolean")), where,
+      "limiter.strikes must be {threshold: integer >= 1, window: seconds, every?: boolean}");
     check(l.box === undefined || (Array.isArray(l.box) && l.box.length === 3), where,
       "limiter.box must be three durations in seconds");
     check(l.box === undefined || l.strikes !== undefined, where, "limiter.box needs limiter.strikes");

@@ -39,6 +39,10 @@ async function exercise(rl: RlCommands, tag: string): Promise<void> {
   assert.equal(st.level, 1);
   assert.equal(st.offenses, 1);
   assert.equal(await rl.box.release(k("b"), true), true);
+  // with every, the first refusal is a strike too (a lockout)
+  const lockout = { strikes: { threshold: 1, window: 60, every: true }, box: [5, 10, 20] as [number, number, number] };
+  assert.equal((await rl.window(k("lock"), { limit: 1, window: 60, ...lockout })).status, "allowed");
+  assert.equal((await rl.window(k("lock"), { limit: 1, window: 60, ...lockout })).status, "boxed");
   const manual = await rl.box.trip(k("m"), 2, 0);
   assert.deepEqual(manual, { level: 2, ttlMs: null, offenses: 1, strikes: 0 });
   const mb = await rl.take(k("m"), { capacity: 1, tokens: 1, period: 1 });
@@ -93,6 +97,8 @@ test("bad options are refused before any round trip, naming the option", async (
   await assert.rejects(rl.take("k", { capacity: 0, tokens: 1, period: 1 }), /capacity must be/);
   await assert.rejects(rl.take("k", { capacity: 1, tokens: 1, period: 0.0001 }), /period must be seconds/);
   await assert.rejects(rl.take("k", { capacity: 1, tokens: 1, period: 1, box: [1, 2, 3] }), /box and offenses need strikes/);
+  await assert.rejects(rl.take("k", { capacity: 1, tokens: 1, period: 1,
+    strikes: { threshold: 1, window: 1, every: "yes" as unknown as boolean } }), /strikes.every must be a boolean/);
   await assert.rejects(rl.window("k", { limit: 1, window: 1, mode: "bogus" as "fixed" }), RlConfigError);
   await assert.rejects(rl.quota("k", { limit: 1, period: "year" as "day" }), /period must be "day"/);
   await assert.rejects(rl.take("k", { capacity: 1, tokens: 1, period: 1, also: [{ key: "", capacity: 1, tokens: 1, period: 1 }] }),

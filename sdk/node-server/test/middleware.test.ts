@@ -250,6 +250,7 @@ describe("bad configuration is refused at start, naming the option", () => {
     ["rate 0", { rules: [{ name: "x", limiter: { kind: "bucket", rate: 0, burst: 1 } }] }, /rules\[0\] \(x\): limiter\.rate must be/],
     ["unknown kind", { rules: [{ name: "x", limiter: { kind: "leaky" } as never }] }, /limiter\.kind must be/],
     ["window decimals", { rules: [{ name: "x", limiter: { kind: "window", limit: 1, window: 0.0001 } }] }, /limiter\.window must be seconds/],
+    ["strikes.every", { rules: [{ name: "x", limiter: { kind: "bucket", rate: 1, burst: 1, strikes: { threshold: 1, window: 1, every: 1 as never } } }] }, /limiter\.strikes must be \{threshold: integer >= 1, window: seconds, every\?: boolean\}/],
     ["box without strikes", { rules: [{ name: "x", limiter: { kind: "bucket", rate: 1, burst: 1, box: [1, 2, 3] } }] }, /limiter\.box needs limiter\.strikes/],
     ["also period", { rules: [{ name: "x", limiter: { kind: "bucket", rate: 1, burst: 1, also: [{ name: "t", rate: 1, burst: 1, period: 0 }] } }] }, /rules\[0\] \(x\): limiter\.also\[0\]\.period must be/],
     ["lock without key", { locks: [{ name: "l" } as never] }, /locks\[0\]: key must be a function/],

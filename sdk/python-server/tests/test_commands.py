@@ -43,6 +43,14 @@ def test_take_penalty_box_partial_and_refund(client: redis.Redis) -> None:
     assert boxed.retry_after_ms == boxed.reset_ms and 0 < boxed.retry_after_ms <= 5000
     assert rl.box_status("login").active and rl.box_release("login", forget=True)
     assert not rl.box_status("login").active
+    # EVERY: the first refusal is a strike too (a lockout)
+    lockout = Penalty(1, 60, box=(5, 10, 0), every=True)
+    assert rl.take(Bucket("lock", 1, 1, 60), penalty=lockout).status is Status.ALLOWED
+    assert rl.take(Bucket("lock", 1, 1, 60), penalty=lockout).status is Status.BOXED
+    assert rl.window(Window("lockw", 1, 60), penalty=lockout).status is Status.ALLOWED
+    assert rl.window(Window("lockw", 1, 60), penalty=lockout).status is Status.BOXED
+    with pytest.raises(ValueError, match="EVERY"):
+        Penalty(1, 60, every="yes").args()  # type: ignore[arg-type]
     p = rl.take(Bucket("p", 10, 1, 60), cost=25, partial=3)
     assert p.status is Status.ALLOWED and p.granted == 10
     r = rl.take(Bucket("p", 10, 1, 60), refund=4)

@@ -102,7 +102,9 @@ Limiter = Union[Bucket, Window, Quota]
 
 @dataclass(frozen=True)
 class Penalty:
-    """The penalty box: ``threshold`` early retries within ``window`` seconds trip it."""
+    """The penalty box: ``threshold`` early retries within ``window`` seconds
+    trip it; with ``every``, every refusal is a strike, early or not (a
+    lockout)."""
 
     threshold: int
     window: Seconds
@@ -110,11 +112,17 @@ class Penalty:
     box: Optional[Tuple[Seconds, Seconds, Seconds]] = None
     #: how long offenses are remembered; None: the server's 86400
     offenses: Optional[Seconds] = None
+    #: every refusal is a strike (EVERY), not only an early retry
+    every: bool = False
 
     def args(self) -> List[Arg]:
-        """STRIKES [BOX] [OFFENSES], checked."""
+        """STRIKES [EVERY] [BOX] [OFFENSES], checked."""
         out: List[Arg] = ["STRIKES", points(self.threshold, "STRIKES threshold", 1, 10**9),
                           seconds(self.window, "STRIKES window")]
+        if not isinstance(self.every, bool):
+            raise ValueError(f"EVERY must be a bool, got {self.every!r}")
+        if self.every:
+            out.append("EVERY")
         if self.box is not None:
             if len(self.box) != 3:
                 raise ValueError(f"BOX must be 3 durations, got {self.box!r}")
