@@ -257,10 +257,10 @@ impl Limiter for Rate {
         fits(*debt, cost, self)
     }
 
-    /// A bucket stored at other parameters is left so only by a probe (a
-    /// charging call rewrites it first): it refills at its stored speed
-    /// until a call rewrites it, and at this rate after. The wait is the
-    /// later of the two, so it is never early either way.
+    /// A bucket stored at another rate is left so only by a probe (a call
+    /// with a cost above 0 rewrites it first): it refills at its stored
+    /// speed until a call rewrites it, and at this rate after. The wait is
+    /// the later of the two, so it is never early either way.
     fn wait_ms(&self, state: Option<&Bucket>, debt: &i128, cost: u64, now: Millis) -> i64 {
         let wait = wait_ms(*debt, cost, self);
         match state {

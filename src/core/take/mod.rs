@@ -275,10 +275,10 @@ pub fn decide<L: Limiter>(
         return (decision, effects);
     }
 
-    // A refused call that charges (throttled or delayed) leaves every key
-    // at this call's parameters, so its waits are read from the keys
-    // rewritten; a probe writes nothing, and its waits are read from the
-    // keys as they stay.
+    // A refused call with a cost above 0 (throttled or delayed) leaves
+    // every key at this call's parameters, so its waits are read from the
+    // keys rewritten; a probe writes nothing, and its waits are read from
+    // the keys as they stay.
     let rewritten = if cost > 0 {
         rewrite(states, &seen, limits, now)
     } else {
