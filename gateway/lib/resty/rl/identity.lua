@@ -147,6 +147,19 @@ local function same(a, b)
     return diff == 0
 end
 
+-- An HS256 secret_env that the worker does not have (not exported before
+-- nginx started, or no `env` line: nginx clears the environment) refuses
+-- every token with 401; say why in the error log, once per worker and name.
+local warned_env = {}
+local function missing_secret(name)
+    if not warned_env[name] then
+        warned_env[name] = true
+        ngx.log(ngx.ERR, "rl: identity.jwt: the environment variable ", name,
+            " is not set in this worker, every token is refused (401): export it",
+            " before nginx starts and declare it with `env ", name, ";`")
+    end
+end
+
 --- The claims of the request's JWT (Authorization: Bearer, or the
 --- configured header), verified: the signature of the configured `alg`
 --- (HS256 with the secret; RS256 or ES256 with the public key that
@@ -173,6 +186,9 @@ function _M.jwt_claims(jconf, req)
     end
     if alg == "HS256" then
         local secret = jconf.secret or os.getenv(jconf.secret_env)
+        if not secret then
+            missing_secret(jconf.secret_env)
+        end
         local want = secret and hmac_sha256(secret, h64 .. "." .. p64)
         if not want or not same(sig, want) then
             return nil
