@@ -111,13 +111,22 @@ impl Target {
                 .set_response_timeout(self.timeout)
                 .set_number_of_retries(3)
                 .set_max_delay(1000);
-            let con = tokio::time::timeout(
+            let con = match tokio::time::timeout(
                 self.timeout * 2,
                 ConnectionManager::new_with_config(client, config),
             )
             .await
-            .map_err(|_| format!("{seeds}: connection timed out"))?
-            .map_err(|e| format!("{seeds}: {e}"))?;
+            {
+                Ok(con) => con.map_err(|e| format!("{seeds}: {e}"))?,
+                // The manager retries a refused connection until the
+                // timeout: one direct attempt says why it failed.
+                Err(_) => {
+                    return Err(match self.node(&self.urls[0]).await {
+                        Err(e) => e,
+                        Ok(_) => format!("{seeds}: connection timed out"),
+                    })
+                }
+            };
             Ok(Store::Single(Box::new(con)))
         }
     }
