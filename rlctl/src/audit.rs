@@ -97,6 +97,9 @@ pub async fn read(
     const PAGE: usize = 500;
     let mut start = since_ms.map_or("-".to_string(), |ms| format!("{ms}-0"));
     let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
     // Each page advances past its last id, so this ends with the stream.
     loop {
         let page: Vec<(String, Vec<(String, String)>)> = store

@@ -379,12 +379,16 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
                 return Ok(());
             }
             let text = resp.text().await.unwrap_or_default();
-            let text: String = text.chars().take(200).collect();
+            let text: String = text.trim().chars().take(200).collect();
             // 4xx other than 408 and 429 will not change by retrying.
             let permanent =
                 status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429;
             Err(Failure {
-                reason: format!("POST {url}: HTTP {status}: {text}"),
+                reason: if text.is_empty() {
+                    format!("POST {url}: HTTP {status}")
+                } else {
+                    format!("POST {url}: HTTP {status}: {text}")
+                },
                 permanent,
             })
         }

@@ -111,13 +111,22 @@ impl Target {
                 .set_response_timeout(self.timeout)
                 .set_number_of_retries(3)
                 .set_max_delay(1000);
-            let con = tokio::time::timeout(
+            let con = match tokio::time::timeout(
                 self.timeout * 2,
                 ConnectionManager::new_with_config(client, config),
             )
             .await
-            .map_err(|_| format!("{seeds}: connection timed out"))?
-            .map_err(|e| format!("{seeds}: {e}"))?;
+            {
+                Ok(con) => con.map_err(|e| format!("{seeds}: {e}"))?,
+                // The manager retries a refused connection until the
+                // timeout: one direct attempt says why it failed.
+                Err(_) => {
+                    return Err(match self.node(&self.urls[0]).await {
+                        Err(e) => e,
+                        Ok(_) => format!("{seeds}: connection timed out"),
+                    })
+                }
+            };
             Ok(Store::Single(Box::new(con)))
         }
     }
@@ -374,6 +383,27 @@ pub async fn enable_notifications(con: &mut MultiplexedConnection) -> redis::Red
     Ok(())
 }
 
+/// With `redis.set_notify_config = false`: warns when the node's
+/// `notify-keyspace-events` (if `CONFIG GET` is allowed) lacks `E` or `d`,
+/// as no event would arrive (only the scans would find the boxes).
+async fn warn_without_notifications(con: &mut MultiplexedConnection, url: &str) {
+    let reply: redis::RedisResult<(String, String)> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(con)
+        .await;
+    if let Ok((_, flags)) = reply {
+        if !flags.contains('E') || !(flags.contains('d') || flags.contains('A')) {
+            tracing::warn!(
+                node = %url,
+                notify_keyspace_events = %flags,
+                "notify-keyspace-events lacks E or d: no rl event will arrive \
+                 (set it to include Ed, or set redis.set_notify_config = true)"
+            );
+        }
+    }
+}
+
 /// Subscribes to `channels` on one node, after adding `E` and `d` to its
 /// `notify-keyspace-events` when `set_notify`: a connection to the node
 /// (for its reconciliation) and the subscription.
@@ -388,6 +418,8 @@ pub async fn subscribe_node(
         enable_notifications(&mut con)
             .await
             .map_err(|e| format!("notify-keyspace-events: {e}"))?;
+    } else {
+        warn_without_notifications(&mut con, url).await;
     }
     let mut pubsub = target.pubsub(url).await?;
     for channel in channels {

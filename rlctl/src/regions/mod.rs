@@ -168,7 +168,7 @@ pub async fn status(conf: &Config, json: bool) -> Result<(), String> {
         println!("{} published {}", regions.local, out["published"]);
         for r in &rows {
             println!(
-                "from {}: applied {} (grew {}), malformed {}, refused {}, trimmed {}, gaps {} (resynced {}); group {}",
+                "from {}: applied {} (grew {}), malformed {}, refused {}, trimmed {}, gaps {} (resynced {}); {}",
                 r["region"].as_str().unwrap_or(""),
                 r["applied"],
                 r["grew"],
@@ -177,21 +177,42 @@ pub async fn status(conf: &Config, json: bool) -> Result<(), String> {
                 r["trimmed"],
                 r["gaps"],
                 r["resynced"],
-                r["group"]
+                group_text(&regions.local, &r["group"])
             );
         }
     }
     Ok(())
 }
 
+/// The `group` of a `regions status` row, in words.
+fn group_text(local: &str, group: &serde_json::Value) -> String {
+    let num = |v: &serde_json::Value| v.as_i64().map_or("unknown".into(), |n| n.to_string());
+    if let Some(e) = group.get("error") {
+        format!("group {local}: not read ({})", e.as_str().unwrap_or(""))
+    } else if group.is_null() {
+        format!("group {local}: not created yet (`rlctl regions sync` of {local} creates it)")
+    } else {
+        format!(
+            "group {local}: pending {}, lag {}",
+            num(&group["pending"]),
+            num(&group["lag"])
+        )
+    }
+}
+
 /// The local region's consumer group on a remote stream: `pending` (read,
 /// not acknowledged) and `lag` (not yet read; null when Redis cannot tell).
 async fn group_lag(regions: &RegionsConf, remote: &Target) -> Result<serde_json::Value, String> {
     let store = remote.store().await?;
-    let groups: Vec<std::collections::HashMap<String, Value>> = store
+    let groups: Vec<std::collections::HashMap<String, Value>> = match store
         .query(redis::cmd("XINFO").arg("GROUPS").arg(&regions.stream))
         .await
-        .map_err(|e| format!("XINFO GROUPS {}: {e}", regions.stream))?;
+    {
+        Ok(g) => g,
+        // No stream yet: no group either.
+        Err(e) if e.to_string().contains("no such key") => Vec::new(),
+        Err(e) => return Err(format!("XINFO GROUPS {}: {e}", regions.stream)),
+    };
     let int = |v: Option<&Value>| match v {
         Some(Value::Int(i)) => serde_json::Value::from(*i),
         _ => serde_json::Value::Null,
