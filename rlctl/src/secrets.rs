@@ -40,36 +40,76 @@ impl Secrets {
         })
     }
 
-    /// Reads every secret the file names; a missing variable is an error
-    /// naming its field.
+    /// Reads every secret the file names; the missing variables are one
+    /// error naming each one's field.
     pub fn from_env(conf: &Config) -> Result<Secrets, String> {
-        let mut s = Secrets::redis_only(conf)?;
+        let mut missing = Vec::new();
+        let mut read = |field: &str, name: &str| match env_var(field, name) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                missing.push(e);
+                None
+            }
+        };
+        let mut s = Secrets {
+            redis_password: conf
+                .redis
+                .password_env
+                .as_ref()
+                .and_then(|n| read("redis.password_env", n)),
+            ..Secrets::default()
+        };
         for (id, t) in &conf.tenants {
             if let Some(name) = &t.webhook_secret_env {
-                s.tenant_webhook.insert(
-                    id.clone(),
-                    env_var(&format!("tenants.{id}.webhook_secret_env"), name)?,
-                );
+                if let Some(v) = read(&format!("tenants.{id}.webhook_secret_env"), name) {
+                    s.tenant_webhook.insert(id.clone(), v);
+                }
             }
         }
         if let Some(w) = &conf.internal {
-            s.internal = Some(env_var("internal.secret_env", &w.secret_env)?);
+            s.internal = read("internal.secret_env", &w.secret_env);
         }
         if let Some(p) = &conf.pager {
-            s.pager_routing_key = Some(env_var("pager.routing_key_env", &p.routing_key_env)?);
+            s.pager_routing_key = read("pager.routing_key_env", &p.routing_key_env);
             if let Some(n) = &p.account_owner_routing_key_env {
-                s.pager_account_owner_routing_key =
-                    Some(env_var("pager.account_owner_routing_key_env", n)?);
+                s.pager_account_owner_routing_key = read("pager.account_owner_routing_key_env", n);
             }
         }
         if let Some(e) = &conf.email {
             if let (Some(u), Some(p)) = (&e.username_env, &e.password_env) {
-                s.smtp_credentials = Some((
-                    env_var("email.username_env", u)?,
-                    env_var("email.password_env", p)?,
-                ));
+                let user = read("email.username_env", u);
+                let password = read("email.password_env", p);
+                s.smtp_credentials = user.zip(password);
             }
         }
-        Ok(s)
+        if missing.is_empty() {
+            Ok(s)
+        } else {
+            Err(missing.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Secrets;
+    use crate::config::Config;
+
+    #[test]
+    fn every_missing_variable_is_named_at_once() {
+        let conf = Config::parse(
+            "[redis]\nurls = [\"redis://127.0.0.1:6379\"]\n\
+             [internal]\nwebhook_url = \"https://hooks.example/rl\"\n\
+             secret_env = \"RLCTL_TEST_UNSET_INTERNAL\"\n\
+             [pager]\nurl = \"https://events.example/v2/enqueue\"\n\
+             routing_key_env = \"RLCTL_TEST_UNSET_PAGER\"\n",
+        )
+        .expect("the configuration loads");
+        let err = Secrets::from_env(&conf).expect_err("two variables are unset");
+        assert_eq!(
+            err,
+            "internal.secret_env: environment variable RLCTL_TEST_UNSET_INTERNAL is not set; \
+             pager.routing_key_env: environment variable RLCTL_TEST_UNSET_PAGER is not set"
+        );
     }
 }
