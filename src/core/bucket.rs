@@ -116,9 +116,7 @@ impl Part for Bucket {
 /// again the time it had reached: a step back never grants points).
 pub fn debt(bucket: Option<&Bucket>, rate: &Rate, now: i64) -> i128 {
     let Some(b) = bucket else { return 0 };
-    let stored = (i128::from(b.tat_ms) - i128::from(now))
-        .saturating_mul(i128::from(b.tokens.get()))
-        .saturating_add(i128::from(b.tat_frac));
+    let stored = stored_ticks(b, now);
     if stored <= 0 {
         return 0;
     }
@@ -144,14 +142,19 @@ pub fn needs_rewrite(bucket: &Bucket, rate: &Rate) -> bool {
     bucket.tokens.get() != rate.tokens || bucket.period_ms != rate.period_ms
 }
 
+/// `TAT - now` of `b` in its own ticks (negative once it is full).
+fn stored_ticks(b: &Bucket, now: i64) -> i128 {
+    (i128::from(b.tat_ms) - i128::from(now))
+        .saturating_mul(i128::from(b.tokens.get()))
+        .saturating_add(i128::from(b.tat_frac))
+}
+
 /// Milliseconds until `cost` points fit at `rate` in bucket `b` stored at
 /// other parameters, if it keeps refilling at its stored speed (no call
 /// rewrites it): until its debt, converted as [`debt`] does, leaves room
 /// for `cost` (0 when it does now, or when `cost` is above the capacity).
-pub fn stored_wait_ms(b: &Bucket, cost: u64, rate: &Rate, now: i64) -> i64 {
-    let stored = (i128::from(b.tat_ms) - i128::from(now))
-        .saturating_mul(i128::from(b.tokens.get()))
-        .saturating_add(i128::from(b.tat_frac));
+fn stored_wait_ms(b: &Bucket, cost: u64, rate: &Rate, now: i64) -> i64 {
+    let stored = stored_ticks(b, now);
     let room = rate.tolerance().saturating_sub(rate.cost_ticks(cost));
     if room < 0 {
         return 0;

@@ -191,8 +191,8 @@ proptest! {
                 let r = reply.retry_after_ms;
                 if foreign && !rescaled {
                     // A probe leaves A's state: its wait holds whether the
-                    // bucket keeps refilling at A's speed or a charging
-                    // call rewrites it at B's now, and is exact for one.
+                    // bucket keeps refilling at A's speed or a call with a
+                    // cost rewrites it at B's now, and is exact for one.
                     let mut rewritten = state.clone();
                     let (_, fx) = rewritten.call(&req(&[b], b.capacity), t);
                     prop_assert!(fx.states.contains(0));
