@@ -33,3 +33,32 @@ export async function untilStatus(url: string, want = 200): Promise<number> {
   }
   return status;
 }
+
+/** rl's boundary offset of a window key (FNV-1a 64, then fmix64, scaled to the window). */
+export function keyOffsetMs(key: string, windowMs: number): number {
+  const mask = (1n << 64n) - 1n;
+  let h = 0xcbf29ce484222325n;
+  for (const b of Buffer.from(key)) h = ((h ^ BigInt(b)) * 0x100000001b3n) & mask;
+  h ^= h >> 33n;
+  h = (h * 0xff51afd7ed558ccdn) & mask;
+  h ^= h >> 33n;
+  h = (h * 0xc4ceb9fe1a85ec53n) & mask;
+  h ^= h >> 33n;
+  return Number((h * BigInt(windowMs)) >> 64n);
+}
+
+/**
+ * Waits past the next window boundary of any of `keys` when one is less than
+ * `marginMs` away, so that a burst of calls falls in one window; true when it waited.
+ */
+export async function avoidBoundary(keys: string[], windowMs: number, marginMs = 10_000): Promise<boolean> {
+  let waited = false;
+  for (let i = 0; i < 4; i++) {
+    const now = Date.now();
+    const left = Math.min(...keys.map((k) => windowMs - ((now - keyOffsetMs(k, windowMs)) % windowMs)));
+    if (left >= marginMs) return waited;
+    await new Promise((r) => setTimeout(r, left + 300));
+    waited = true;
+  }
+  return waited;
+}

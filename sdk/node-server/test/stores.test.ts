@@ -18,7 +18,7 @@ import { Redis } from "ioredis";
 import { createClient } from "redis";
 
 import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
-import { count, hammer, listening, untilStatus } from "./http.js";
+import { avoidBoundary, count, hammer, keyOffsetMs, listening, untilStatus } from "./http.js";
 import { Server, SERVERS } from "./servers.js";
 
 const CLIENTS = 50;
@@ -57,7 +57,8 @@ for (const { name, bin } of SERVERS) {
     test("express-rate-limit: contract and 50 concurrent clients", async () => {
       for (const [client, rl] of clients()) {
         for (const mode of ["fixed", "sliding"] as const) {
-          const store = new RlExpressStore({ rl, mode, prefix: `erl:${client}:${mode}:` });
+          const prefix = `erl:${client}:${mode}:`;
+          const store = new RlExpressStore({ rl, mode, prefix });
           const app = express();
           app.use("/limited", rateLimit({ windowMs: 60_000, limit: 40, store, standardHeaders: "draft-7", legacyHeaders: false }));
           app.get("/limited", (_req, res) => { res.send("ok"); });
@@ -67,6 +68,9 @@ for (const { name, bin } of SERVERS) {
           const http = app.listen(0, "127.0.0.1");
           try {
             const url = await listening(http);
+            // a fixed window's count restarts at the key's boundary: the burst must fall in one window
+            const ips = ["::ffff:127.0.0.1", "127.0.0.1"];
+            if (mode === "fixed") await avoidBoundary(ips.map((ip) => prefix + ip), 60_000);
             const statuses = await hammer(`${url}/limited`, CLIENTS, 3);
             assert.equal(count(statuses, 200), 40, `${client} ${mode}: admitted`);
             assert.equal(count(statuses, 429), 110, `${client} ${mode}: refused`);
@@ -75,9 +79,16 @@ for (const { name, bin } of SERVERS) {
             const wait = Number(refused.headers.get("retry-after"));
             assert.ok(wait >= 1 && wait <= 120, `Retry-After ${wait}`);
             // the store's own view: 40 hits; a refused hit reads as one above the limit
-            const info = await store.get("::ffff:127.0.0.1") ?? await store.get("127.0.0.1");
+            const ip = (await store.get(ips[0]!)) ? ips[0]! : ips[1]!;
+            const info = await store.get(ip);
             assert.equal(info?.totalHits, 40);
             assert.ok(info!.resetTime!.getTime() > Date.now());
+            if (mode === "fixed") {
+              // the window ends at the key's boundary, as avoidBoundary computed it
+              const now = Date.now();
+              const end = now + 60_000 - ((now - keyOffsetMs(prefix + ip, 60_000)) % 60_000);
+              assert.ok(Math.abs(info!.resetTime!.getTime() - end) < 1_000, `${client}: ends ${info!.resetTime!.toISOString()}, boundary ${new Date(end).toISOString()}`);
+            }
             const over = await store.increment("127.0.0.1-probe");
             assert.equal(over.totalHits, 1);
             await store.decrement("127.0.0.1-probe");
@@ -116,6 +127,7 @@ for (const { name, bin } of SERVERS) {
           assert.ok(wait >= 1 && wait <= 120, `Retry-After ${wait}`);
           // the store itself: incr counts, read does not, a refusal reads as one above max
           const store = new (rlFastifyStore({ rl, prefix: `frl-direct:${client}:` }))({});
+          await avoidBoundary([`frl-direct:${client}:k`], 10_000, 2_000);
           const call = (m: "incr" | "read", max: number) => new Promise<{ current: number; ttl: number }>((res, rej) =>
             store[m]("k", (e, r) => (e ? rej(e) : res(r!)), 10_000, max));
           assert.equal((await call("incr", 2)).current, 1);
