@@ -134,3 +134,63 @@ fn calls_inside_multi_and_eval_replicate_their_effects() {
     assert_eq!(on_master.len(), 3);
     assert_eq!(on_master, snapshot(&mut replica.client()));
 }
+
+/// The arguments after the key of each `RL.APPLY` on `tap` up to the
+/// marker `SET <marker>`: the payload, then the expiry when one was sent.
+fn applied_expiries(
+    tap: &mut ReplicationTap,
+    con: &mut redis::Connection,
+    marker: &str,
+) -> Vec<usize> {
+    call_ok(con, &format!("SET {marker} 1"));
+    tap.until_marker(marker)
+        .into_iter()
+        .filter(|c| c[0].eq_ignore_ascii_case(b"RL.APPLY"))
+        .map(|c| c.len())
+        .collect()
+}
+
+#[test]
+fn a_window_replicates_its_expiry_only_when_its_end_moves() {
+    let clock = TimeShift::new();
+    let master = Server::start_with(&clock.prefix(), &[]);
+    let replica = start_replica(&master);
+    let mut con = master.client();
+    let mut tap = ReplicationTap::sync(&master);
+    let end = |con: &mut redis::Connection, key: &str| int(con, &format!("PEXPIRETIME {key}"));
+    for (key, mode) in [("fixed", "FIXED"), ("sliding", "")] {
+        let line = format!("RL.WINDOW {key} 100 60 {mode}");
+        assert!(decide(&mut con, &line).allowed());
+        let first = end(&mut con, key);
+        for _ in 0..3 {
+            clock.advance_ms(1_000);
+            assert!(decide(&mut con, &line).allowed());
+            assert_eq!(end(&mut con, key), first, "{key}: the end stays");
+        }
+        // Created: with its expiry; then the same end: without one.
+        let sent = applied_expiries(&mut tap, &mut con, &format!("{key}:calls"));
+        assert_eq!(sent, [4, 3, 3, 3], "{key}: RL.APPLY's argument counts");
+        wait_replica(&mut con, 1, 5000);
+        assert_eq!(
+            end(&mut replica.client(), key),
+            first,
+            "{key}: the replica's end"
+        );
+    }
+
+    // An expiry removed by hand is put back, and sent; so is the next
+    // window's end.
+    call_ok(&mut con, "PERSIST fixed");
+    clock.advance_ms(1_000);
+    assert!(decide(&mut con, "RL.WINDOW fixed 100 60 FIXED").allowed());
+    let first = end(&mut con, "fixed");
+    assert!(first > 0, "put back: {first}");
+    clock.advance_ms(60_000);
+    let d = decide(&mut con, "RL.WINDOW fixed 100 60 FIXED");
+    assert_eq!(d.remaining, 99, "a new window");
+    assert!(end(&mut con, "fixed") > first, "the next window's end");
+    let sent = applied_expiries(&mut tap, &mut con, "fixed:next");
+    assert_eq!(sent, [4, 4], "RL.APPLY's argument counts");
+    wait_replica(&mut con, 1, 5000);
+    assert_eq!(snapshot(&mut con), snapshot(&mut replica.client()));
+}

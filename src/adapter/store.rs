@@ -5,9 +5,10 @@
 //! it lives, puts it in Redis, sets the key's absolute expiry, signals the
 //! modification, replicates the *effect* as one command for all the keys
 //! of the call (`RL.APPLY key payload <at-ms | PERSIST> [key payload
-//! <at-ms | PERSIST>]...`, each payload a whole record or a patch of the
-//! parts the call reached, see [`crate::core::patch`]; `DEL key` for a
-//! key deleted), never the time-dependent command, so replicas and AOF
+//! <at-ms | PERSIST>]...`, or `RL.APPLY key payload` for one key whose
+//! expiry stayed, each payload a whole record or a patch of the parts the
+//! call reached, see [`crate::core::patch`]; `DEL key` for a key
+//! deleted), never the time-dependent command, so replicas and AOF
 //! replays reach the same bytes, and announces a trip or a release.
 
 use std::cell::RefCell;
@@ -18,7 +19,7 @@ use std::os::raw::c_int;
 use arrayvec::ArrayVec;
 
 use super::errors;
-use super::ffi::replicate::{replicate_applied, replicate_del};
+use super::ffi::replicate::{replicate_applied, replicate_del, Expiry};
 use super::ffi::{notify, now_ms, reply_error, Arg, Ctx};
 use super::stats;
 use crate::core::codec;
@@ -75,7 +76,8 @@ impl Call {
     /// Say that the keys' expiries usually stay where the previous call
     /// set them (`Limiter::steady_expiry`): [`Call::commit`] then reads
     /// each stored key's expiry and sets it only when it moved (a read
-    /// costs Redis 7.4 about 60% of a write, 7.0 about the same).
+    /// costs Redis 7.4 about 60% of a write, 7.0 about the same), and
+    /// does not replicate it when it did not.
     pub fn expect_steady_expiry(&mut self) {
         self.steady_expiry = true;
     }
@@ -200,17 +202,23 @@ impl Call {
                 record.clear_touched();
                 // In Redis before its expiry is set.
                 key.write_back();
-                // A call has at most MAX_BUCKETS keys, so this always fits.
-                let _ = applied.try_push((key.name, start..payloads.len(), at));
-                match at {
-                    // Read after the write back, which may have replaced
-                    // the value (and dropped its expiry).
-                    Some(at) if steady && !created && key.expires_at() == Some(at) => {}
+                // Read after the write back, which may have replaced the
+                // value (and dropped its expiry).
+                let expiry = match at {
+                    Some(at) if steady && !created && key.expires_at() == Some(at) => {
+                        Expiry::Kept(at)
+                    }
                     Some(at) => {
                         key.expire_at(at);
+                        Expiry::At(at)
                     }
-                    None => key.persist(),
-                }
+                    None => {
+                        key.persist();
+                        Expiry::Persist
+                    }
+                };
+                // A call has at most MAX_BUCKETS keys, so this always fits.
+                let _ = applied.try_push((key.name, start..payloads.len(), expiry));
                 key.signal_modified(ctx);
             }
             replicate_applied(ctx, &applied, payloads);
@@ -244,8 +252,8 @@ impl Call {
 }
 
 /// The keys of one `RL.APPLY`: name, payload (a range of the shared
-/// buffer) and absolute expiry (`None`: no expiry).
-type AppliedKeys = ArrayVec<(Arg, Range<usize>, Option<Millis>), MAX_BUCKETS>;
+/// buffer) and expiry.
+type AppliedKeys = ArrayVec<(Arg, Range<usize>, Expiry), MAX_BUCKETS>;
 
 /// What a replicated `RL.APPLY` says about the key's expiry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

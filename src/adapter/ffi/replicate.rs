@@ -9,29 +9,59 @@ use arrayvec::ArrayVec;
 
 use super::{api, Arg, Ctx, RStr};
 use crate::core::limits::MAX_BUCKETS;
+use crate::core::time::Millis;
+
+/// A written key's expiry, as its `RL.APPLY` says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// Set to this absolute time (ms).
+    At(Millis),
+    /// Already this absolute time before the call, left as it was.
+    Kept(Millis),
+    /// No expiry (a manual box).
+    Persist,
+}
 
 /// Replicate `RL.APPLY key payload expiry [key payload expiry]...` for the
 /// `applied` keys (nothing when there are none); `expiry` is the absolute
-/// ms time or `PERSIST`.
-pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Option<i64>)], payloads: &[u8]) {
-    if let [(name, range, at)] = applied {
+/// ms time or `PERSIST`. One key whose expiry was kept goes as
+/// `RL.APPLY key payload`, which leaves the replica's expiry (the same)
+/// alone.
+pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Expiry)], payloads: &[u8]) {
+    if let [(name, range, expiry)] = applied {
         // One key (the common call): the server builds the arguments from a
         // format, with no string of ours to create and free. The expiry
         // goes as the digits written here (`b`): the same argument as a
         // long long (`l`), which Redis would make in two allocations.
         let payload = payloads.get(range.clone()).unwrap_or_default();
         let mut digits = Decimal::default();
-        let expiry = match at {
-            Some(at) => digits.of(*at),
-            None => &b"PERSIST"[..],
+        let expiry = match expiry {
+            Expiry::At(at) => digits.of(*at),
+            Expiry::Persist => &b"PERSIST"[..],
+            Expiry::Kept(_) => {
+                // SAFETY: `ctx` is the context of the running command; each
+                // format letter matches its argument: `s` the key name
+                // Redis passed to the command, `b` a pointer and length of
+                // a live slice; Redis copies them.
+                unsafe {
+                    api!(RedisModule_Replicate)(
+                        ctx.ptr(),
+                        c"RL.APPLY".as_ptr(),
+                        c"sb".as_ptr(),
+                        name.0,
+                        payload.as_ptr().cast::<c_char>(),
+                        payload.len(),
+                    );
+                }
+                return;
+            }
         };
-        let replicate = api!(RedisModule_Replicate);
         // SAFETY: `ctx` is the context of the running command; each format
         // letter matches its argument: `s` the key name Redis passed to the
         // command, `b` a pointer and length of a live slice (twice); Redis
         // copies them all.
         unsafe {
-            replicate(
+            api!(RedisModule_Replicate)(
                 ctx.ptr(),
                 c"RL.APPLY".as_ptr(),
                 c"sbb".as_ptr(),
@@ -50,12 +80,12 @@ pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Option<i64>)],
     let create = api!(RedisModule_CreateString);
     let mut argv: ArrayVec<RStr, { 3 * MAX_BUCKETS }> = ArrayVec::new();
     let mut created: ArrayVec<RStr, { 2 * MAX_BUCKETS }> = ArrayVec::new();
-    for (name, range, at) in applied {
+    for (name, range, expiry) in applied {
         let payload = payloads.get(range.clone()).unwrap_or_default();
         let mut digits = Decimal::default();
-        let expiry = match at {
-            Some(at) => digits.of(*at),
-            None => &b"PERSIST"[..],
+        let expiry = match expiry {
+            Expiry::At(at) | Expiry::Kept(at) => digits.of(*at),
+            Expiry::Persist => &b"PERSIST"[..],
         };
         // SAFETY: `ctx` is the context of the running command; Redis copies
         // `expiry.len()` bytes of a live slice.

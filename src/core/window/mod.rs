@@ -270,6 +270,10 @@ impl WindowState {
     /// one millisecond later), `None` if nothing counts at `now`. Read under
     /// the parameters it was written with: the state alone says it.
     pub fn counts_until(&self, now: Millis) -> Option<Millis> {
+        if let WindowState::Fixed { end, count } = self {
+            // `now < end`, so `end - 1` does not overflow.
+            return (*count > 0 && now < *end).then(|| end - 1);
+        }
         if let WindowState::Sliding {
             start,
             prev,
