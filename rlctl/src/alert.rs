@@ -201,9 +201,21 @@ pub fn time_left(ttl_ms: i64) -> String {
     humantime::format_duration(std::time::Duration::from_secs(secs)).to_string()
 }
 
+/// What a box alert is about, as the subject of a sentence: "API key k-2
+/// of Acme" for a key of one API key, "Every API key of Acme" for a
+/// tenant's own key, "Key rl:{ip:...}:login" for a key with no owner.
+pub fn box_subject(key: &str, o: &Owner) -> String {
+    match (&o.key_id, &o.tenant_id) {
+        (Some(id), _) => format!("API key {id} of {}", o.tenant_name()),
+        (None, Some(_)) => format!("Every API key of {}", o.tenant_name()),
+        (None, None) => format!("Key {key}"),
+    }
+}
+
 fn box_values(conf: &Config, a: &BoxAlert) -> BTreeMap<&'static str, String> {
     let o = &a.owner;
     BTreeMap::from([
+        ("subject", box_subject(&a.key, o)),
         ("key", a.key.clone()),
         ("key_id", o.key_id.clone().unwrap_or_else(|| "-".into())),
         ("tenant", o.tenant_id.clone().unwrap_or_else(|| "-".into())),
@@ -580,6 +592,28 @@ mod tests {
                 "t=1700000000,v1={}",
                 hex::encode(mac.finalize().into_bytes())
             )
+        );
+    }
+
+    #[test]
+    fn a_box_alert_names_its_key_its_tenant_or_the_key_name() {
+        let owner = |tenant: Option<&str>, key_id: Option<&str>| Owner {
+            tenant_id: tenant.map(String::from),
+            tenant: None,
+            key_id: key_id.map(String::from),
+            tier: "free".into(),
+        };
+        assert_eq!(
+            box_subject("rl:{t:acme}:key:k-2", &owner(Some("acme"), Some("k-2"))),
+            "API key k-2 of acme"
+        );
+        assert_eq!(
+            box_subject("rl:{t:acme}:tenant", &owner(Some("acme"), None)),
+            "Every API key of acme"
+        );
+        assert_eq!(
+            box_subject("rl:{ip:192.0.2.1}:login", &owner(None, None)),
+            "Key rl:{ip:192.0.2.1}:login"
         );
     }
 

@@ -313,13 +313,12 @@ pub struct Templates {
 impl Default for Templates {
     fn default() -> Self {
         Templates {
-            box_subject: "[rl] API key {key_id} of {tenant_name} is blocked (level {level})".into(),
-            box_body:
-                "API key {key_id} of {tenant_name} was put in the penalty box at level {level} \
+            box_subject: "[rl] {subject} is blocked (level {level})".into(),
+            box_body: "{subject} was put in the penalty box at level {level} \
                        after repeated requests before their Retry-After.\n\
                        Time left: {time_left}. Offenses in the last 24 h: {offenses}.\n\
                        Please make your client wait for Retry-After: {guidelines_url}\n"
-                    .into(),
+                .into(),
             page_summary: "rl level-{level} box on {key} (tenant {tenant}, tier {tier})".into(),
             quota_subject: "[rl] {tenant_name} has used {threshold}% of its {quota} quota".into(),
             quota_body:
@@ -383,6 +382,7 @@ pub const UNOWNED_TIER: &str = "unowned";
 
 /// Placeholders a box template may use.
 pub const BOX_PLACEHOLDERS: &[&str] = &[
+    "subject",
     "key",
     "key_id",
     "tenant",

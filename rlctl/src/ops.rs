@@ -320,14 +320,16 @@ pub async fn trip(
     Ok(())
 }
 
-/// How long a box lasts, after "boxed at level N": "for 15m", or "until
-/// released by hand" for a manual box (`ttl_ms` -1).
+/// How long a box just tripped lasts, after "boxed at level N": "for
+/// 15m", "for 1s 500ms" (to the millisecond: the trip's own reply), or
+/// "until released by hand" for a manual box (`ttl_ms` -1).
 fn box_length(ttl_ms: i64) -> String {
-    let left = crate::alert::time_left(ttl_ms);
-    if ttl_ms < 0 {
-        left
-    } else {
-        format!("for {left}")
+    match u64::try_from(ttl_ms) {
+        Ok(ms) => format!(
+            "for {}",
+            humantime::format_duration(Duration::from_millis(ms))
+        ),
+        Err(_) => crate::alert::time_left(ttl_ms),
     }
 }
 
@@ -454,6 +456,7 @@ mod tests {
     #[test]
     fn a_manual_box_reads_until_released_by_hand() {
         assert_eq!(box_length(900_000), "for 15m");
+        assert_eq!(box_length(1_500), "for 1s 500ms");
         assert_eq!(box_length(-1), "until released by hand");
     }
 
