@@ -47,7 +47,9 @@ fn ledger_example_runs_every_rule_of_its_design() {
     let growth = ("X-Api-Key", "demo-growth-key");
     let sandbox = ("X-Api-Key", "demo-sandbox-key");
 
-    // tiers as data, both buckets named, points as the unit
+    // tiers as data, both buckets named, points as the unit (the refill
+    // counted from before the first request is charged)
+    let first = std::time::Instant::now();
     let r = get(&a, &format!("{base}/v1/ledgers"), &[growth]);
     assert_eq!(r.status, 200, "{r:#?}");
     assert_eq!(
@@ -55,7 +57,6 @@ fn ledger_example_runs_every_rule_of_its_design() {
         r#""growth-key";q=3000;qu="points";w=60, "growth-tenant";q=6000;qu="points";w=60"#
     );
     assert_eq!(ratelimit(&r), ("growth-key".into(), 2999, Some(1)));
-    let first = std::time::Instant::now();
     let r = post(
         &a,
         &format!("{base}/v1/ledgers/reconcile?ledger_id=L1"),

@@ -158,9 +158,15 @@ fn a_window_replicates_its_expiry_only_when_its_end_moves() {
     let mut con = master.client();
     let mut tap = ReplicationTap::sync(&master);
     let end = |con: &mut redis::Connection, key: &str| int(con, &format!("PEXPIRETIME {key}"));
-    for (key, mode) in [("fixed", "FIXED"), ("sliding", "")] {
+    for (key, mode) in [("sliding", ""), ("fixed", "FIXED")] {
+        // 1 s into a window of the key: the next 59 s fall in it.
+        clock.start_window(key, 60_000, 1_000);
         let line = format!("RL.WINDOW {key} 100 60 {mode}");
-        assert!(decide(&mut con, &line).allowed());
+        let d = decide(&mut con, &line);
+        assert!(d.allowed());
+        if mode == "FIXED" {
+            assert!((58_000..=59_000).contains(&d.reset_ms), "{}", d.reset_ms);
+        }
         let first = end(&mut con, key);
         for _ in 0..3 {
             clock.advance_ms(1_000);
@@ -178,8 +184,8 @@ fn a_window_replicates_its_expiry_only_when_its_end_moves() {
         );
     }
 
-    // An expiry removed by hand is put back, and sent; so is the next
-    // window's end.
+    // (Still within `fixed`'s window.) An expiry removed by hand is put
+    // back, and sent; so is the next window's end.
     call_ok(&mut con, "PERSIST fixed");
     clock.advance_ms(1_000);
     assert!(decide(&mut con, "RL.WINDOW fixed 100 60 FIXED").allowed());

@@ -143,6 +143,33 @@ impl TimeShift {
     pub fn offset_ms(&self) -> i64 {
         *self.offset_ns.lock().unwrap_or_else(|e| e.into_inner()) / 1_000_000
     }
+
+    /// Moves the clock to `past_ms` after the next boundary of `key`'s
+    /// windows of `window_ms` (see [`key_offset_ms`]), so that calls in the
+    /// following `window_ms - past_ms` fall in one window.
+    pub fn start_window(&self, key: &str, window_ms: i64, past_ms: i64) {
+        let now = now_ms() + self.offset_ms();
+        let offset = key_offset_ms(key.as_bytes(), window_ms);
+        let boundary = now + (offset - now).rem_euclid(window_ms);
+        self.set_now_ms(boundary + past_ms);
+    }
+}
+
+/// rl's boundary offset of a window key, in `0..window_ms`: the 64-bit
+/// FNV-1a hash of the key, MurmurHash3's `fmix64`, scaled to the window
+/// (as `commands.md` defines it).
+pub fn key_offset_ms(key: &[u8], window_ms: i64) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    let window = u128::try_from(window_ms).expect("a positive window");
+    i64::try_from((u128::from(h) * window) >> 64).expect("below the window")
 }
 
 impl Default for TimeShift {

@@ -70,7 +70,8 @@ for (const { name, bin } of SERVERS) {
             const url = await listening(http);
             // a fixed window's count restarts at the key's boundary: the burst must fall in one window
             const ips = ["::ffff:127.0.0.1", "127.0.0.1"];
-            if (mode === "fixed") await avoidBoundary(ips.map((ip) => prefix + ip), 60_000);
+            const skipKeys = ips.map((ip) => `erl-skip:${client}:${mode}:${ip}`);
+            if (mode === "fixed") await avoidBoundary([...ips.map((ip) => prefix + ip), ...skipKeys], 60_000);
             const statuses = await hammer(`${url}/limited`, CLIENTS, 3);
             assert.equal(count(statuses, 200), 40, `${client} ${mode}: admitted`);
             assert.equal(count(statuses, 429), 110, `${client} ${mode}: refused`);

@@ -159,3 +159,11 @@ def avoid_boundary(key: str, window_s: int, margin_s: float = 10.0) -> bool:
         return False
     time.sleep(left / 1000 + 0.3)
     return True
+
+
+def boundary_between(key: str, window_s: int, t0: float, t1: float) -> bool:
+    """Whether a boundary of ``key``'s windows falls between the times
+    ``t0`` and ``t1`` (seconds since the epoch)."""
+    window_ms = window_s * 1000
+    off = key_offset_ms(key.encode(), window_ms)
+    return (int(t0 * 1000) - off) // window_ms != (int(t1 * 1000) - off) // window_ms

@@ -40,7 +40,7 @@ class Sleeper:
 
     def __enter__(self) -> None:
         self.thread.start()
-        time.sleep(0.05)  # the server is asleep before the call under test
+        time.sleep(0.2)  # the server is asleep before the call under test
 
     def __exit__(self, *exc: object) -> None:
         self.thread.join(10)
@@ -78,7 +78,7 @@ def test_late_reply_charges_once_asyncio(server: RedisServer, fresh: redis.Redis
         await c.ping()
         await sleeper.ping()
         sleep = asyncio.ensure_future(sleeper.execute_command("DEBUG", "SLEEP", SLEEP))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the server is asleep before the call under test
         with pytest.raises(redis.TimeoutError):
             await AsyncRL(c).lease_acquire("once:lease", 10, 60)
         await sleep
@@ -129,7 +129,7 @@ def test_late_reply_charges_once_cluster(cluster: List[RedisServer], cluster_cli
         sleeper = aioredis.Redis(port=port)
         await sleeper.ping()
         sleep = asyncio.ensure_future(sleeper.execute_command("DEBUG", "SLEEP", SLEEP))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # the server is asleep before the call under test
         with pytest.raises((redis.TimeoutError, redis.ConnectionError)):
             await arl.take(Bucket(key, 100, 100, 1000))
         await sleep
