@@ -368,8 +368,9 @@ fn leases_give_409_per_ledger_and_429_per_tenant() {
     let ledger_key = |l: &str| format!("rl:{{t:acme}}:lease:reconcile-ledger:{l}");
     let tenant_key = "rl:{t:acme}:lease:reconcile";
     std::thread::scope(|s| {
-        // A holds ledger L1 for 2.5 s
-        let a1 = s.spawn(|| post(&agent(), &reconcile("L1", "2.5"), &[GROWTH]));
+        // A holds ledger L1 for 8 s: B, C and D come while it runs, even on
+        // a loaded machine (each step waits for the lease it needs, not a time)
+        let a1 = s.spawn(|| post(&agent(), &reconcile("L1", "8"), &[GROWTH]));
         poll(ASYNC, "A's lease", || {
             leases(&mut redis.client(), &ledger_key("L1")) == 1
         });
@@ -388,7 +389,7 @@ fn leases_give_409_per_ledger_and_429_per_tenant() {
         // the points were spent (a conflict is work done), and the rate fields say so
         assert_eq!(ratelimit(&r).1, 80);
         // C on another ledger: growth allows 2 reconciles per tenant
-        let c1 = s.spawn(|| post(&agent(), &reconcile("L2", "2.5"), &[GROWTH_2]));
+        let c1 = s.spawn(|| post(&agent(), &reconcile("L2", "8"), &[GROWTH_2]));
         poll(ASYNC, "C's lease", || {
             leases(&mut redis.client(), tenant_key) == 2
         });
