@@ -51,8 +51,16 @@ for (const v of VECTORS.cases.filter((c) => c.gateway !== null)) {
     for (let i = 0; i < (g.before ?? 0); i++) await (await fetch(url)).arrayBuffer();
     let holder: Promise<Response> | undefined;
     if (g.hold) {
+      // the holder runs `hold` s (8): long enough for the request below on a
+      // loaded machine; its lease is polled for, not assumed after a sleep
       holder = fetch(`${url}?hold=${g.hold}`);
-      await sleep(500);
+      const key = `rl:{ip:127.0.0.1}:${v.rules[0]!.name}`;
+      let held = false;
+      for (let i = 0; i < 100 && !held; i++) {
+        held = /^\*[1-9]/.test(await raw(gw.redis_port, "RL.LEASE", "LIST", key));
+        if (!held) await sleep(50);
+      }
+      assert.ok(held, `${v.name}: the holder never got its lease`);
     }
     const sent = Date.now();
     const resp = await fetch(url);

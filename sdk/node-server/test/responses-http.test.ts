@@ -60,10 +60,21 @@ for (const framework of FRAMEWORKS) {
         const url = app.url + v.request.path;
         if (g.trip) await raw(server.port, "RL.BOX", "TRIP", ruleKey("rl", "127.0.0.1", v.rules[0]!.name), g.trip.level, g.trip.duration);
         for (let i = 0; i < (g.before ?? 0); i++) await (await fetch(url)).arrayBuffer();
-        const holder = g.hold ? fetch(`${url}?hold=${g.hold * 1000}`) : undefined;
-        if (holder) await sleep(500);
-        await check(app, v, startMs);
-        await (await holder)?.arrayBuffer();
+        // the holder's handler waits on a gate (at most 10 s) until the case is checked
+        const holder = g.hold ? fetch(`${url}?gate=${v.name}`) : undefined;
+        try {
+          if (holder) {
+            // entered: its lease taken (polled, not a fixed sleep)
+            for (let i = 0; i < 100 && !app.gates.entered.get(v.name); i++) await sleep(50);
+            assert.ok(app.gates.entered.get(v.name), `${v.name}: the holder never got its lease`);
+          }
+          await check(app, v, startMs);
+        } finally {
+          app.gates.open(v.name);
+        }
+        const held = await holder;
+        await held?.arrayBuffer();
+        if (held) assert.equal(held.status, 200, "the holder");
       });
     }
 
