@@ -347,8 +347,10 @@ def test_a_retried_post_with_an_idempotency_key_lands_once(gateway: launcher.Gat
 
 def test_a_409_conflict_polls_the_existing_job(gateway: launcher.Gateway) -> None:
     headers = {"X-Api-Key": "k-conflict"}
+    # the first reconcile holds its lease 8 s: the second comes while it runs even on a
+    # loaded machine (it is sent once the first reached the API, polled for below)
     holder = threading.Thread(target=lambda: httpx.post(
-        f"{gateway.url}/v1/ledgers/reconcile?ledger_id=L9&hold=3",
+        f"{gateway.url}/v1/ledgers/reconcile?ledger_id=L9&hold=8",
         headers={**headers, "Idempotency-Key": "first-run"}, timeout=20))
     holder.start()
     try:
