@@ -36,42 +36,40 @@ pub fn replicate_applied(ctx: Ctx, applied: &[(Arg, Range<usize>, Expiry)], payl
         let payload = payloads.get(range.clone()).unwrap_or_default();
         let mut digits = Decimal::default();
         let expiry = match expiry {
-            Expiry::At(at) => digits.of(*at),
-            Expiry::Persist => &b"PERSIST"[..],
-            Expiry::Kept(_) => {
-                // SAFETY: `ctx` is the context of the running command; each
-                // format letter matches its argument: `s` the key name
-                // Redis passed to the command, `b` a pointer and length of
-                // a live slice; Redis copies them.
-                unsafe {
-                    api!(RedisModule_Replicate)(
-                        ctx.ptr(),
-                        c"RL.APPLY".as_ptr(),
-                        c"sb".as_ptr(),
-                        name.0,
-                        payload.as_ptr().cast::<c_char>(),
-                        payload.len(),
-                    );
-                }
-                return;
-            }
+            Expiry::At(at) => Some(digits.of(*at)),
+            Expiry::Persist => Some(&b"PERSIST"[..]),
+            Expiry::Kept(_) => None,
         };
-        // SAFETY: `ctx` is the context of the running command; each format
-        // letter matches its argument: `s` the key name Redis passed to the
-        // command, `b` a pointer and length of a live slice (twice); Redis
-        // copies them all.
-        unsafe {
-            api!(RedisModule_Replicate)(
-                ctx.ptr(),
-                c"RL.APPLY".as_ptr(),
-                c"sbb".as_ptr(),
-                name.0,
-                payload.as_ptr().cast::<c_char>(),
-                payload.len(),
-                expiry.as_ptr().cast::<c_char>(),
-                expiry.len(),
-            );
-        }
+        let replicate = api!(RedisModule_Replicate);
+        match expiry {
+            // SAFETY: `ctx` is the context of the running command; each
+            // format letter matches its argument: `s` the key name Redis
+            // passed to the command, `b` a pointer and length of a live
+            // slice (twice); Redis copies them all.
+            Some(expiry) => unsafe {
+                replicate(
+                    ctx.ptr(),
+                    c"RL.APPLY".as_ptr(),
+                    c"sbb".as_ptr(),
+                    name.0,
+                    payload.as_ptr().cast::<c_char>(),
+                    payload.len(),
+                    expiry.as_ptr().cast::<c_char>(),
+                    expiry.len(),
+                )
+            },
+            // SAFETY: as above, without the expiry (`sb`).
+            None => unsafe {
+                replicate(
+                    ctx.ptr(),
+                    c"RL.APPLY".as_ptr(),
+                    c"sb".as_ptr(),
+                    name.0,
+                    payload.as_ptr().cast::<c_char>(),
+                    payload.len(),
+                )
+            },
+        };
         return;
     }
     if applied.is_empty() {
