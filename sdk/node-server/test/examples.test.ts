@@ -12,7 +12,7 @@ import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { raw, Server, SERVERS, sleep } from "./servers.js";
+import { raw, Server, SERVERS, until } from "./servers.js";
 
 const PKG = join(dirname(fileURLToPath(import.meta.url)), "../..");
 let server: Server;
@@ -43,22 +43,13 @@ for (const framework of ["express", "fastify"]) {
       // the reconciliation runs 8 s: the conflict comes while it runs even on a loaded
       // machine, once its lock is seen in Redis (polled, not a fixed sleep)
       const running = post("/v1/ledgers/L1/reconcile?ms=8000", { "Idempotency-Key": "op-2" });
-      let locked = false;
-      for (let i = 0; i < 100 && !locked; i++) {
-        locked = /^\*[1-9]/.test(await raw(server.port, "RL.LEASE", "LIST", "rl:{L1}:reconcile-ledger"));
-        if (!locked) await sleep(50);
-      }
-      assert.ok(locked, "the running reconciliation holds the ledger's lock");
+      const leases = () => raw(server.port, "RL.LEASE", "LIST", "rl:{L1}:reconcile-ledger");
+      assert.ok(await until(async () => /^\*[1-9]/.test(await leases())), "the running reconciliation holds the ledger's lock");
       const conflict = await post("/v1/ledgers/L1/reconcile", { "Idempotency-Key": "op-3" });
       assert.equal(conflict.status, 409);
       assert.match(conflict.headers.get("retry-after")!, /^[1-5]$/, "the holder's expected end (5 s after it began)");
       assert.equal((await running).status, 200);
-      let left = true;
-      for (let i = 0; i < 100 && left; i++) {
-        left = !(await raw(server.port, "RL.LEASE", "LIST", "rl:{L1}:reconcile-ledger")).startsWith("*0");
-        if (left) await sleep(50);
-      }
-      assert.equal(left, false, "the lock is released once the reconciliation ended");
+      assert.ok(await until(async () => (await leases()).startsWith("*0")), "the lock is released once the reconciliation ended");
       assert.equal((await fetch(`${url}/v1/exports`, { headers: who })).status, 200);
     } finally {
       const exited = once(proc, "exit");

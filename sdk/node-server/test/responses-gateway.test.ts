@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
 
-import { raw, REPO, sleep } from "./servers.js";
+import { raw, REPO, until } from "./servers.js";
 import { differences, VECTORS } from "./vectors.js";
 
 let gw: { url: string; redis_port: number };
@@ -55,11 +55,7 @@ for (const v of VECTORS.cases.filter((c) => c.gateway !== null)) {
       // loaded machine; its lease is polled for, not assumed after a sleep
       holder = fetch(`${url}?hold=${g.hold}`);
       const key = `rl:{ip:127.0.0.1}:${v.rules[0]!.name}`;
-      let held = false;
-      for (let i = 0; i < 100 && !held; i++) {
-        held = /^\*[1-9]/.test(await raw(gw.redis_port, "RL.LEASE", "LIST", key));
-        if (!held) await sleep(50);
-      }
+      const held = await until(async () => /^\*[1-9]/.test(await raw(gw.redis_port, "RL.LEASE", "LIST", key)));
       assert.ok(held, `${v.name}: the holder never got its lease`);
     }
     const sent = Date.now();

@@ -14,7 +14,7 @@ import { Redis } from "ioredis";
 
 import { forIoredis, ruleKey } from "../src/index.js";
 import { FRAMEWORKS, serve, type App, type RouteDef } from "./apps.js";
-import { raw, Server, SERVERS, sleep } from "./servers.js";
+import { raw, Server, SERVERS, until } from "./servers.js";
 import { differences, ruleConfig, VECTORS, type Vector } from "./vectors.js";
 
 function routeOf(v: Vector): RouteDef {
@@ -65,8 +65,7 @@ for (const framework of FRAMEWORKS) {
         try {
           if (holder) {
             // entered: its lease taken (polled, not a fixed sleep)
-            for (let i = 0; i < 100 && !app.gates.entered.get(v.name); i++) await sleep(50);
-            assert.ok(app.gates.entered.get(v.name), `${v.name}: the holder never got its lease`);
+            assert.ok(await until(() => Boolean(app.gates.entered.get(v.name))), `${v.name}: the holder never got its lease`);
           }
           await check(app, v, startMs);
         } finally {

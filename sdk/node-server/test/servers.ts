@@ -36,6 +36,15 @@ export async function freePort(): Promise<number> {
 
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
+/** Polls `check` until it holds, at most 100 times 50 ms apart: whether it held. */
+export async function until(check: () => boolean | Promise<boolean>): Promise<boolean> {
+  for (let i = 0; i < 100; i++) {
+    if (await check()) return true;
+    await sleep(50);
+  }
+  return false;
+}
+
 /** One raw command over a fresh connection (admin calls in tests). */
 export async function raw(port: number, ...args: (string | number)[]): Promise<string> {
   const sock = new Socket();
