@@ -260,7 +260,7 @@ start_targets() {
         server {
             listen $HOST:${PORT[rl]};
             location = /metrics {
-                content_by_lua_block { require(\"resty.rl.metrics\").serve(\"rl_metrics\") }
+                content_by_lua_block { require(\"resty.rl.observe.metrics\").serve(\"rl_metrics\") }
             }
             location / {
                 access_by_lua_block { require(\"resty.rl.nginx\").access(\"api\") }

@@ -2,7 +2,7 @@
 -- (gateway/nginx/policy.lua) as shipped, with every tier's budgets raised
 -- so far that a benchmark run never exhausts them: every request takes
 -- the allowed path (RL.TAKE with the tenant bucket, strikes and boxes).
-local tier_form = require "resty.rl.tier_form"
+local tier_form = require "resty.rl.policy.tier_form"
 
 local policy = dofile(os.getenv("RL_BENCH_GATEWAY_DIR") .. "/nginx/policy.lua")
 local BUDGET = 1e9

@@ -1,4 +1,4 @@
-//! End to end: the usage dashboard of a rule policy (`resty.rl.usage`,
+//! End to end: the usage dashboard of a rule policy (`resty.rl.report.usage`,
 //! gateway/README.md "The usage dashboard"): `GET /_rl/usage` after known
 //! traffic (every field and value), only the calling key's usage (401
 //! without a valid key, another key's numbers never shown), no Redis

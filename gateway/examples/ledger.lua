@@ -32,9 +32,9 @@ end
 
 return {
     -- one server, Sentinel or Cluster as RL_REDIS_MODE and its companions
-    -- say (resty.rl.redis_env); the design's 20 ms budget unless
+    -- say (resty.rl.redis.env); the design's 20 ms budget unless
     -- RL_REDIS_TIMEOUT_MS gives another
-    redis = require("resty.rl.redis_env").redis({ timeout_ms = 20 }),
+    redis = require("resty.rl.redis.env").redis({ timeout_ms = 20 }),
     key_prefix = "ledger",
     -- the load balancer in front; X-Forwarded-For is read behind it only
     trusted_proxies = { "127.0.0.1" },

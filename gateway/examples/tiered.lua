@@ -22,9 +22,9 @@ local DASHBOARD = "https://dashboard.example.com/usage"
 
 return {
     -- one server, Sentinel or Cluster as RL_REDIS_MODE and its companions
-    -- say (resty.rl.redis_env); the design's 20 ms budget unless
+    -- say (resty.rl.redis.env); the design's 20 ms budget unless
     -- RL_REDIS_TIMEOUT_MS gives another
-    redis = require("resty.rl.redis_env").redis({ timeout_ms = 20 }),
+    redis = require("resty.rl.redis.env").redis({ timeout_ms = 20 }),
     key_prefix = "tq",
     identity = {
         required = true,

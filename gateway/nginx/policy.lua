@@ -1,12 +1,12 @@
 -- The sample policy of gateway/nginx/nginx.conf: every option not given
--- here takes its default from resty.rl.config, which holds the policy of
+-- here takes its default from resty.rl.policy.config, which holds the policy of
 -- the sample (tiers sandbox / growth / enterprise, the route costs, the
 -- reconcile and export leases, the failed-login windows). See
 -- gateway/REFERENCE.md for every option.
 return {
     -- one server (RL_REDIS_HOST, RL_REDIS_PORT), Sentinel or Cluster as
-    -- RL_REDIS_MODE and its companions say (resty.rl.redis_env)
-    redis = require("resty.rl.redis_env").redis({ timeout_ms = 20 }),
+    -- RL_REDIS_MODE and its companions say (resty.rl.redis.env)
+    redis = require("resty.rl.redis.env").redis({ timeout_ms = 20 }),
     -- Who is calling. Production resolves the caller through its own
     -- authentication (a JWT's claims, an introspection cache); the sample
     -- keeps a static table: API key -> tenant, tier and a key id (the id,

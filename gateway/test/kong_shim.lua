@@ -11,7 +11,7 @@
 --   access_by_lua_block { require("kong_shim").run("access") }
 
 local cjson = require "cjson.safe"
-local mapped = require("resty.rl.tables").mapped
+local mapped = require("resty.rl.base.tables").mapped
 
 local _M = {}
 

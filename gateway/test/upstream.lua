@@ -77,7 +77,7 @@ function _M.serve()
         local keys = cjson.decode(body() or "[]") or {}
         local slots = {}
         for i, k in ipairs(keys) do
-            slots[i] = require("resty.rl.cluster").keyslot(k)
+            slots[i] = require("resty.rl.redis.cluster").keyslot(k)
         end
         ngx.say(cjson.encode(slots))
         return
@@ -88,7 +88,7 @@ function _M.serve()
         local replies = cjson.decode(body() or "[]") or {}
         local out = {}
         for i, r in ipairs(replies) do
-            out[i] = require("resty.rl.connection").int_array(r, tonumber(args.n)) or cjson.null
+            out[i] = require("resty.rl.redis.connection").int_array(r, tonumber(args.n)) or cjson.null
         end
         ngx.say(cjson.encode(out))
         return

@@ -163,7 +163,7 @@ fn nginx_conf(ports: Ports, redis_port: u16) -> String {
     server {{
         listen 127.0.0.1:{port};
         location = /metrics {{
-            content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
+            content_by_lua_block {{ require("resty.rl.observe.metrics").serve("rl_metrics") }}
         }}
         location = /_rl/usage {{ content_by_lua_block {{ require("resty.rl.nginx").usage("{name}") }} }}
         location / {{

@@ -71,7 +71,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
     let mut servers = String::new();
     for (i, f) in fronts.iter().enumerate() {
         let port = ports[i];
-        // the usage dashboard's locations (resty.rl.usage), nginx front ends only
+        // the usage dashboard's locations (resty.rl.report.usage), nginx front ends only
         let mut usage = String::new();
         let handler = match f {
             Front::Nginx(expr) | Front::NginxWithoutBodyFilter(expr) => {
@@ -107,7 +107,7 @@ fn conf_text(fronts: &[Front], ports: &[u16], upstream: u16, dir: &Path) -> Stri
     server {{
         listen 127.0.0.1:{port};
         location = /metrics {{
-            content_by_lua_block {{ require("resty.rl.metrics").serve("rl_metrics") }}
+            content_by_lua_block {{ require("resty.rl.observe.metrics").serve("rl_metrics") }}
         }}
 {usage}        location / {{
             access_by_lua_block {{ {} }}

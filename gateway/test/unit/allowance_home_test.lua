@@ -2,7 +2,7 @@
 -- completed at start (the home's redis table over the policy's, fetched
 -- ahead by default) and each bad one refused with an error naming it.
 local T = require "unit"
-local config = require "resty.rl.config"
+local config = require "resty.rl.policy.config"
 
 -- A policy of one bucket rule "alpha" whose allowance is `a`.
 local function with(a)
@@ -89,7 +89,7 @@ end
 T.test("a region's node borrows only while the home is away, then the charge goes first", function()
     with_timers(function(started)
         local conf = config.build(good())
-        local allowance = require "resty.rl.allowance"
+        local allowance = require "resty.rl.limit.allowance"
         local d = ngx.shared.rl_allowance
         d:flush_all()
         local key = "rl:{key_id:k1}:alpha"

@@ -1,7 +1,7 @@
--- resty.rl.answer: which refusal answers a request that several rules
+-- resty.rl.decide.answer: which refusal answers a request that several rules
 -- refuse.
 local T = require "unit"
-local answer = require "resty.rl.answer"
+local answer = require "resty.rl.decide.answer"
 
 -- An entry of rule `name` refused with a wait of `retry_ms` (nil: no end).
 local function refused(name, retry_ms)

@@ -1,26 +1,26 @@
 -- The module commands the gateway sends, argument by argument: each
--- limiter kind's command for a rule, key and cost (resty.rl.limiters,
--- resty.rl.distinct, resty.rl.allowance, resty.rl.settle), the refunds of
+-- limiter kind's command for a rule, key and cost (resty.rl.limit.limiters,
+-- resty.rl.limit.distinct, resty.rl.limit.allowance, resty.rl.limit.settle), the refunds of
 -- a refused request, and the commands of the tier form's rules
--- (resty.rl.tier_form).
+-- (resty.rl.policy.tier_form).
 --
--- resty.rl.commands sends through resty.rl.redis.run: `recorded` puts a
+-- resty.rl.redis.commands sends through resty.rl.redis.client.run: `recorded` puts a
 -- recorder in its place for the duration of one call, which keeps the
 -- commands and answers each with a fixed reply (no Redis here; the
 -- end-to-end tests send the same commands to the module).
 local T = require "unit"
-local config = require "resty.rl.config"
-local matching = require "resty.rl.matching"
-local limiters = require "resty.rl.limiters"
-local commands = require "resty.rl.commands"
-local redis = require "resty.rl.redis"
-local connection = require "resty.rl.connection"
-local allowance = require "resty.rl.allowance"
-local settle = require "resty.rl.settle"
+local config = require "resty.rl.policy.config"
+local matching = require "resty.rl.decide.matching"
+local limiters = require "resty.rl.limit.limiters"
+local commands = require "resty.rl.redis.commands"
+local redis = require "resty.rl.redis.client"
+local connection = require "resty.rl.redis.connection"
+local allowance = require "resty.rl.limit.allowance"
+local settle = require "resty.rl.limit.settle"
 
 local ALLOWED = { 1, 10, 9, 6000, -1, 0, -1, 0 }
 
--- The commands `fn()` sends through resty.rl.redis.run (each answered
+-- The commands `fn()` sends through resty.rl.redis.client.run (each answered
 -- with `reply`, ALLOWED by default), and what `fn` returned.
 local function recorded(fn, reply)
     local saved, sent = redis.run, {}
@@ -327,7 +327,7 @@ end)
 
 -- The tier form: the configuration's defaults (the sample tiers).
 
--- The tier form's rules (resty.rl.tier_form) for key k1 of tenant acme:
+-- The tier form's rules (resty.rl.policy.tier_form) for key k1 of tenant acme:
 -- the entry of rule `name` on `tier`, its API key record shared by the
 -- requests of the key.
 local SAMPLE = config.build()

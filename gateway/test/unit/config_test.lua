@@ -1,8 +1,8 @@
--- resty.rl.config: the general options and the tier form over the
+-- resty.rl.policy.config: the general options and the tier form over the
 -- defaults: good configurations build, and each bad option stops the
 -- build with an error naming it.
 local T = require "unit"
-local config = require "resty.rl.config"
+local config = require "resty.rl.policy.config"
 local gateway = require "resty.rl.gateway"
 
 local GW = T.gateway_dir

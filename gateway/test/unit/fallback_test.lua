@@ -1,9 +1,9 @@
 -- What the gateway does without Redis, and what it counts: the local
--- per-worker limiter (resty.rl.fallback) on a clock set by the test, and
--- the Prometheus exposition of the counters (resty.rl.metrics).
+-- per-worker limiter (resty.rl.limit.fallback) on a clock set by the test, and
+-- the Prometheus exposition of the counters (resty.rl.observe.metrics).
 local T = require "unit"
-local fallback = require "resty.rl.fallback"
-local metrics = require "resty.rl.metrics"
+local fallback = require "resty.rl.limit.fallback"
+local metrics = require "resty.rl.observe.metrics"
 
 -- Runs `fn(set)` with the library's clock (ngx.now) at the time `set(t)`
 -- last gave, then restores the clock.

@@ -1,7 +1,7 @@
--- resty.rl.headers: RateLimit-Policy, RateLimit, the legacy triple,
+-- resty.rl.format.headers: RateLimit-Policy, RateLimit, the legacy triple,
 -- Retry-After and the degraded mark, as the strings clients read.
 local T = require "unit"
-local headers = require "resty.rl.headers"
+local headers = require "resty.rl.format.headers"
 
 local PLAIN = { legacy_headers = false }
 local LEGACY = { legacy_headers = true }
@@ -51,7 +51,7 @@ local POLICIES = { { name = "free", quota = 10, window = 60 } }
 
 -- The fields the engine sets for binding `b` (a window or quota: `t` at
 -- most its window) under policies POLICIES; a reset of -1 as
--- resty.rl.commands.decode gives it (none).
+-- resty.rl.redis.commands.decode gives it (none).
 local function fields(conf, b)
     local out = { ["RateLimit-Policy"] = headers.policy(POLICIES) }
     local binding = { clamp = b.window ~= nil }

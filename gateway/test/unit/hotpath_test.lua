@@ -1,7 +1,7 @@
--- resty.rl.hotpath: the walks over a request's short lists and the one
+-- resty.rl.base.hotpath: the walks over a request's short lists and the one
 -- item of a list, read without `#list`.
 local T = require "unit"
-local hotpath = require "resty.rl.hotpath"
+local hotpath = require "resty.rl.base.hotpath"
 
 T.cases("single is the item of a list of one item, else nil", {
     { name = "none", list = {}, want = nil },

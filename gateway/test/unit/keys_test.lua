@@ -1,12 +1,12 @@
 -- Redis key names (the tier form's, which rlctl reads: its rules' key
--- templates) and how a key routes in a cluster: resty.rl.cluster's hash
--- slots and slot maps, resty.rl.redis's helpers.
+-- templates) and how a key routes in a cluster: resty.rl.redis.cluster's hash
+-- slots and slot maps, resty.rl.redis.client's helpers.
 local T = require "unit"
-local request = require "resty.rl.request"
-local config = require "resty.rl.config"
-local matching = require "resty.rl.matching"
-local cluster = require "resty.rl.cluster"
-local connection = require "resty.rl.connection"
+local request = require "resty.rl.request.fields"
+local config = require "resty.rl.policy.config"
+local matching = require "resty.rl.decide.matching"
+local cluster = require "resty.rl.redis.cluster"
+local connection = require "resty.rl.redis.connection"
 
 T.cases("a value fit for a key", {
     { name = "plain and short: kept", v = "acme-1.eu_west:9@x", want = "acme-1.eu_west:9@x" },
@@ -20,7 +20,7 @@ T.cases("a value fit for a key", {
     T.eq(request.key_part(c.v), c.want)
 end)
 
--- The key of the tier form's rule `name` (resty.rl.tier_form) for a
+-- The key of the tier form's rule `name` (resty.rl.policy.tier_form) for a
 -- caller of `tier` with attributes `attrs`; the entry too.
 local SAMPLE = config.build()
 local function tier_key(name, tier, attrs, query)

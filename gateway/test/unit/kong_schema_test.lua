@@ -4,7 +4,7 @@
 -- validation (the errors name the option).
 local T = require "unit"
 local cjson = require "cjson.safe"
-local config = require "resty.rl.config"
+local config = require "resty.rl.policy.config"
 local shim = require "kong_shim"
 
 shim.install()

@@ -1,55 +1,68 @@
--- The library's layers (ARCHITECTURE.md, "The gateway"): every module of
--- lib/resty/rl belongs to exactly one layer, and requires only modules of
--- its own layer or of the layers below it, with no cycle. A new module
--- is added here; a require that reaches up fails this test.
+-- The library's layers (ARCHITECTURE.md, "The gateway"): each layer is a
+-- folder of lib/resty/rl (the front end's modules sit at its top), and a
+-- module requires only modules of its own layer or of the layers below
+-- it, with no cycle. A new layer is added here; a module outside every
+-- layer's folder, or a require that reaches up, fails this test.
 
--- Bottom first.
+-- Bottom first; "front" is lib/resty/rl itself.
 local LAYERS = {
-    { "base", { "hotpath", "memo", "tables" } },
-    { "observe", { "metrics", "usage_counts" } },
-    { "format", { "headers", "problem" } },
-    { "redis", { "connection", "cluster", "redis", "commands", "redis_env" } },
-    { "limit", { "limiters", "distinct", "allowance", "settle", "fallback", "deny", "quota_alerts" } },
-    { "request", { "request", "identity", "jws" } },
-    { "policy", { "refs", "rules", "tier_form", "config" } },
-    { "decide", { "matching", "phases", "answer", "log_phase", "engine" } },
-    { "report", { "usage" } },
-    { "front", { "gateway", "nginx" } },
+    "base", "observe", "format", "redis", "limit", "request", "policy", "decide", "report", "front",
 }
 
-local dir = assert(package.searchpath("resty.rl.engine", package.path)):gsub("engine%.lua$", "")
+local root = assert(package.searchpath("resty.rl.gateway", package.path)):gsub("gateway%.lua$", "")
 
--- The modules of the library (the .lua files of its folder) and what
--- each requires of it.
-local function library()
-    local modules = {}
+-- The .lua files of a folder, by name without the extension.
+local function lua_files(dir)
+    local names = {}
     local ls = assert(io.popen("ls '" .. dir .. "'"))
     for file in ls:lines() do
         local name = file:match("^([%w_]+)%.lua$")
         if name then
-            local f = assert(io.open(dir .. file))
-            local src = f:read("*a")
-            f:close()
-            local requires = {}
-            for dep in src:gmatch("require%s*%(?%s*[\"']resty%.rl%.([%w_]+)[\"']") do
-                if dep ~= name then
-                    requires[#requires + 1] = dep
-                end
-            end
-            modules[name] = requires
+            names[#names + 1] = name
         end
     end
     ls:close()
+    return names
+end
+
+-- The folders of lib/resty/rl.
+local function folders()
+    local names = {}
+    local ls = assert(io.popen("cd '" .. root .. "' && ls -d */"))
+    for dir in ls:lines() do
+        names[#names + 1] = dir:match("^([%w_]+)/$")
+    end
+    ls:close()
+    return names
+end
+
+-- The modules of the library (full names, "resty.rl.decide.engine"),
+-- each with its layer and what it requires of the library.
+local function library()
+    local modules = {}
+    for _, layer in ipairs(LAYERS) do
+        local dir = layer == "front" and root or root .. layer .. "/"
+        local prefix = layer == "front" and "resty.rl." or "resty.rl." .. layer .. "."
+        for _, name in ipairs(lua_files(dir)) do
+            local f = assert(io.open(dir .. name .. ".lua"))
+            local src = f:read("*a")
+            f:close()
+            local requires = {}
+            for dep in src:gmatch("require%s*%(?%s*[\"'](resty%.rl%.[%w_%.]+)[\"']") do
+                if dep ~= prefix .. name then
+                    requires[#requires + 1] = dep
+                end
+            end
+            modules[prefix .. name] = { layer = layer, requires = requires }
+        end
+    end
     return modules
 end
 
 local function level_of()
     local level = {}
     for i, layer in ipairs(LAYERS) do
-        for _, m in ipairs(layer[2]) do
-            assert(not level[m], m .. " is in two layers")
-            level[m] = i
-        end
+        level[layer] = i
     end
     return level
 end
@@ -57,30 +70,31 @@ end
 describe("the library's layers", function()
     local modules, level = library(), level_of()
 
-    it("has every module in one layer, and no layer names a module that is gone", function()
+    it("has every folder as a layer and every module in one", function()
         local n = 0
-        for name in pairs(modules) do
+        for _ in pairs(modules) do
             n = n + 1
-            assert.is_truthy(level[name], name .. ".lua is in no layer")
-        end
-        for name in pairs(level) do
-            assert.is_truthy(modules[name], name .. " is in a layer but not in the library")
         end
         assert.is_true(n >= 30)
+        for _, dir in ipairs(folders()) do
+            assert.is_truthy(level[dir], "lib/resty/rl/" .. dir .. "/ is no layer")
+        end
     end)
 
-    it("requires only its own layer or the layers below", function()
-        local up = {}
-        for name, requires in pairs(modules) do
-            for _, dep in ipairs(requires) do
-                if level[dep] and level[dep] > level[name] then
-                    up[#up + 1] = name .. " (" .. LAYERS[level[name]][1] .. ") requires " .. dep
-                        .. " (" .. LAYERS[level[dep]][1] .. ")"
+    it("requires only its own layer or the layers below, and only modules that exist", function()
+        local wrong = {}
+        for name, m in pairs(modules) do
+            for _, dep in ipairs(m.requires) do
+                local d = modules[dep]
+                if not d then
+                    wrong[#wrong + 1] = name .. " requires " .. dep .. ", which is not in the library"
+                elseif level[d.layer] > level[m.layer] then
+                    wrong[#wrong + 1] = name .. " (" .. m.layer .. ") requires " .. dep .. " (" .. d.layer .. ")"
                 end
             end
         end
-        table.sort(up)
-        assert.are.same({}, up)
+        table.sort(wrong)
+        assert.are.same({}, wrong)
     end)
 
     it("has no require cycle", function()
@@ -95,7 +109,7 @@ describe("the library's layers", function()
             end
             state[name] = "open"
             path[#path + 1] = name
-            for _, dep in ipairs(modules[name] or {}) do
+            for _, dep in ipairs(modules[name] and modules[name].requires or {}) do
                 visit(dep, path)
             end
             path[#path] = nil

@@ -36,7 +36,7 @@ ffi.cdef [[
 ]]
 
 -- OpenSSL's libcrypto, its symbols global (in ffi.C), as in nginx, which
--- links it: resty.rl.jws and resty.rl.identity call it through ffi.C.
+-- links it: resty.rl.request.jws and resty.rl.request.identity call it through ffi.C.
 local function load_crypto()
     for _, name in ipairs({ "crypto", "libcrypto.so.3", "libcrypto.so.1.1" }) do
         local ok, lib = pcall(ffi.load, name, true)

@@ -1,8 +1,8 @@
--- resty.rl.problem: the bodies of refusals (application/problem+json, or a
+-- resty.rl.format.problem: the bodies of refusals (application/problem+json, or a
 -- policy's own JSON template), decoded and compared member by member.
 local T = require "unit"
 local cjson = require "cjson.safe"
-local problem = require "resty.rl.problem"
+local problem = require "resty.rl.format.problem"
 
 local BASE = "https://api.example.com/problems"
 local PROBLEM = { body = { format = "problem" }, problem_base = BASE }

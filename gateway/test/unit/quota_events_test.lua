@@ -1,8 +1,8 @@
--- Quota threshold events (resty.rl.quota_alerts): the thresholds a
+-- Quota threshold events (resty.rl.limit.quota_alerts): the thresholds a
 -- request's charge crosses, read from the RL.QUOTA reply, the period
 -- label on a clock set by the test, and the event's markers and fields.
 local T = require "unit"
-local quota_alerts = require "resty.rl.quota_alerts"
+local quota_alerts = require "resty.rl.limit.quota_alerts"
 
 T.cases("the thresholds a charge crosses", {
     { name = "below every threshold", t = { 50, 100 }, limit = 10, remaining = 6, cost = 1,

@@ -1,9 +1,9 @@
--- resty.rl.redis_env: a policy's `redis` table from the environment (the
+-- resty.rl.redis.env: a policy's `redis` table from the environment (the
 -- shipped examples and the sample policy), and what the policy's
 -- validation then says of it.
 local T = require "unit"
-local redis_env = require "resty.rl.redis_env"
-local config = require "resty.rl.config"
+local redis_env = require "resty.rl.redis.env"
+local config = require "resty.rl.policy.config"
 
 -- A getenv over the table `vars`.
 local function env(vars)

@@ -4,10 +4,10 @@
 -- dashboard's probes), and a rule without it sends none. The end-to-end
 -- test with two regions is tests/gateway_regions.rs.
 local T = require "unit"
-local config = require "resty.rl.config"
-local matching = require "resty.rl.matching"
-local limiters = require "resty.rl.limiters"
-local usage = require "resty.rl.usage"
+local config = require "resty.rl.policy.config"
+local matching = require "resty.rl.decide.matching"
+local limiters = require "resty.rl.limit.limiters"
+local usage = require "resty.rl.report.usage"
 
 local TODAY = os.date("!%Y-%m-%d", ngx.time())
 

@@ -1,11 +1,11 @@
--- Limiter replies read and decoded: resty.rl.redis's byte-level reader of
+-- Limiter replies read and decoded: resty.rl.redis.client's byte-level reader of
 -- integer arrays (int_array, and send's reads off a socket), the 8-integer
--- decoder and the lease decoder (resty.rl.commands), and the outcomes the
--- limiter kinds make of them (resty.rl.limiters, resty.rl.distinct).
+-- decoder and the lease decoder (resty.rl.redis.commands), and the outcomes the
+-- limiter kinds make of them (resty.rl.limit.limiters, resty.rl.limit.distinct).
 local T = require "unit"
-local connection = require "resty.rl.connection"
-local commands = require "resty.rl.commands"
-local limiters = require "resty.rl.limiters"
+local connection = require "resty.rl.redis.connection"
+local commands = require "resty.rl.redis.commands"
+local limiters = require "resty.rl.limit.limiters"
 
 local null = ngx.null
 
@@ -203,7 +203,7 @@ T.cases("decode_lease: RL.LEASE ACQUIRE's reply", {
     T.eq(commands.decode_lease(c.res), c.want)
 end)
 
--- An entry of a rule policy as resty.rl.matching makes it (the fields an
+-- An entry of a rule policy as resty.rl.decide.matching makes it (the fields an
 -- outcome reads).
 local function entry(params, over)
     local e = { params = params, name = "free", also_names = { "free-tenant" },

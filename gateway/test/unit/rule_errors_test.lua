@@ -1,8 +1,8 @@
 -- Rule policies that must not start: each bad option stops the build
--- (resty.rl.config.build, as at nginx's start and reload and in Kong's
+-- (resty.rl.policy.config.build, as at nginx's start and reload and in Kong's
 -- schema) with an error naming it.
 local T = require "unit"
-local config = require "resty.rl.config"
+local config = require "resty.rl.policy.config"
 
 -- A valid policy: one tier, one route of cost 5, one rule "alpha" (a
 -- bucket with strikes and a box), an API key.

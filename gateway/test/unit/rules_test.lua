@@ -1,10 +1,10 @@
--- resty.rl.rules: rule policies compiled (through resty.rl.config.build,
+-- resty.rl.policy.rules: rule policies compiled (through resty.rl.policy.config.build,
 -- as nginx and Kong configure them): the shipped policies compile, every
 -- default a rule gets, references and their resolution per caller.
 local T = require "unit"
-local config = require "resty.rl.config"
-local rules = require "resty.rl.rules"
-local refs = require "resty.rl.refs"
+local config = require "resty.rl.policy.config"
+local rules = require "resty.rl.policy.rules"
+local refs = require "resty.rl.policy.refs"
 local gateway = require "resty.rl.gateway"
 
 local GW = T.gateway_dir

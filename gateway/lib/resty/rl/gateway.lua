@@ -25,20 +25,20 @@
 -- locations that run the gateway (see gateway/README.md).
 --
 -- Both configuration forms run on one engine: a tier-form configuration
--- is translated into a rule policy when it is built (resty.rl.config,
--- resty.rl.tier_form), and resty.rl.engine decides every request.
+-- is translated into a rule policy when it is built (resty.rl.policy.config,
+-- resty.rl.policy.tier_form), and resty.rl.decide.engine decides every request.
 
 -- Everything the library may need is loaded with these, with the front
 -- end (in init_by_lua, by nginx's master): the workers run as another
 -- user, who may not read the library's directory (a checkout in root's
 -- home). No module requires another inside a function.
-local config = require "resty.rl.config"
-local engine = require "resty.rl.engine"
+local config = require "resty.rl.policy.config"
+local engine = require "resty.rl.decide.engine"
 
 local _M = {}
 
 --- A gateway for `user_conf` (a partial configuration over the defaults
---- of resty.rl.config). Raises an error on an invalid configuration.
+--- of resty.rl.policy.config). Raises an error on an invalid configuration.
 function _M.new(user_conf)
     return engine.new(config.build(user_conf))
 end

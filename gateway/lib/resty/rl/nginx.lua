@@ -5,13 +5,13 @@
 --   header_filter_by_lua_block { require("resty.rl.nginx").header_filter("api") }
 --   body_filter_by_lua_block { require("resty.rl.nginx").body_filter("api") }
 --   log_by_lua_block    { require("resty.rl.nginx").log("api") }
---   location = /metrics { content_by_lua_block { require("resty.rl.metrics").serve() } }
+--   location = /metrics { content_by_lua_block { require("resty.rl.observe.metrics").serve() } }
 --
 -- Gateways are configured in init_by_lua (before the workers fork), so a
 -- configuration error stops nginx from starting.
 
 local gateway = require "resty.rl.gateway"
-local usage = require "resty.rl.usage"
+local usage = require "resty.rl.report.usage"
 local cjson = require "cjson.safe"
 
 local _M = {}
@@ -217,12 +217,12 @@ function _M.log(name)
     return get(name):log(_M.adapter)
 end
 
---- content_by_lua handler of GET /_rl/usage (resty.rl.usage).
+--- content_by_lua handler of GET /_rl/usage (resty.rl.report.usage).
 function _M.usage(name)
     return usage.serve(get(name), _M.adapter)
 end
 
---- content_by_lua handler of GET /_rl/dashboard (resty.rl.usage).
+--- content_by_lua handler of GET /_rl/dashboard (resty.rl.report.usage).
 function _M.dashboard(name)
     return usage.dashboard(get(name), _M.adapter)
 end

@@ -4,7 +4,7 @@
 -- kong.log); Redis is reached by the library through lua-resty-redis.
 
 local gateway = require "resty.rl.gateway"
-local tier_form = require "resty.rl.tier_form"
+local tier_form = require "resty.rl.policy.tier_form"
 local cjson = require "cjson.safe"
 
 local RlHandler = {

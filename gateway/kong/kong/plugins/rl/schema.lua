@@ -1,7 +1,7 @@
 -- Kong plugin "rl": configuration schema. The options are those of
--- resty.rl.config (gateway/REFERENCE.md documents each); an option left unset
+-- resty.rl.policy.config (gateway/REFERENCE.md documents each); an option left unset
 -- takes the library's default, and `tiers`, `routes` and `auth` left unset
--- take the tier form's sample (resty.rl.tier_form). The tier form is
+-- take the tier form's sample (resty.rl.policy.tier_form). The tier form is
 -- translated into a rule policy when the plugin's configuration is built,
 -- as the nginx front end's is.
 
@@ -16,7 +16,7 @@ local function valid_policy(text)
     if type(policy) ~= "table" then
         return nil, "policy is not a JSON object: " .. tostring(err)
     end
-    local ok, build_err = pcall(require("resty.rl.config").build, policy)
+    local ok, build_err = pcall(require("resty.rl.policy.config").build, policy)
     if not ok then
         return nil, tostring(build_err)
     end
@@ -28,7 +28,7 @@ end
 -- tiers and routes, so that its errors name the option
 -- ("allowance.borrow needs allowance.home").
 local function valid_allowance(a)
-    local given = require("resty.rl.tier_form").without_nulls(a)
+    local given = require("resty.rl.policy.tier_form").without_nulls(a)
     if given == nil then
         return true
     end
@@ -36,7 +36,7 @@ local function valid_allowance(a)
         -- the tier form has no allowance without its size: say so rather than drop the rest
         return nil, "allowance.size is needed with the other allowance options"
     end
-    local ok, err = pcall(require("resty.rl.config").build, { allowance = given })
+    local ok, err = pcall(require("resty.rl.policy.config").build, { allowance = given })
     if not ok then
         return nil, (tostring(err):gsub("^rl config: rules%[%d+%] %([^)]*%): ", ""))
     end
