@@ -71,8 +71,11 @@ build:
 	$(CARGO) build --release
 
 # Foreground server with the module; Ctrl-C stops it. Its dump.rdb (if any)
-# goes to target/run/.
-run: deps build
+# goes to target/run/. Installs only what building and running need
+# (`.ci/deps run`), not the test dependencies.
+run:
+	@bash .ci/deps run
+	$(CARGO) build --release
 	@mkdir -p target/run
 	redis-server --port $(PORT) --bind 127.0.0.1 --dir $(CURDIR)/target/run \
 		--loadmodule $(MODULE)
@@ -191,15 +194,12 @@ integration-on:
 # its end-to-end tests: nginx with the Lua library and the Kong plugin
 # under its PDK shim, in front of a local upstream, against redis-server
 # with the release module. `make test` runs them too.
+# Every tests/gateway*.rs.
+GATEWAY_TESTS = $(patsubst tests/%.rs,--test %,$(wildcard tests/gateway*.rs))
+
 test-gateway: deps build
 	bash gateway/test/unit/run.sh
-	RL_MODULE=$(MODULE) $(CARGO) test --release --test gateway --test gateway_routes \
-		--test gateway_logins --test gateway_modes --test gateway_kong \
-		--test gateway_rules --test gateway_examples --test gateway_ledger \
-		--test gateway_cluster --test gateway_sentinel --test gateway_usage \
-		--test gateway_settle --test gateway_allowance --test gateway_home --test gateway_distinct \
-		--test gateway_jwt --test gateway_degraded --test gateway_refusals \
-		--test gateway_inputs --test gateway_private \
+	RL_MODULE=$(MODULE) $(CARGO) test --release $(GATEWAY_TESTS) \
 		-- --test-threads=$(TEST_THREADS)
 
 # The gateway's Lua unit tests alone (gateway/test/unit/run.sh): busted
@@ -208,10 +208,11 @@ test-gateway: deps build
 test-gateway-unit:
 	bash gateway/test/unit/run.sh
 
-# The client SDKs' tests alone (sdk/test.sh): Python (pytest + mypy) and
-# TypeScript (tsc + node --test), unit tests with a fake clock and
-# end-to-end tests against nginx + Redis with the release module, the two
-# SDKs in parallel (about 2 minutes). `make test` runs them too.
+# The SDKs' tests alone (sdk/test.sh): the client SDKs (sdk/python: pytest +
+# mypy; sdk/typescript: tsc + node --test; unit tests with a fake clock and
+# end-to-end tests against nginx + Redis with the release module) and the
+# server-side packages (sdk/python-server, sdk/node-server: real framework
+# servers and Redis), the four in parallel. `make test` runs them too.
 test-sdk: deps build
 	@RL_MODULE=$(MODULE) RL_SDK_COUNTS=$(SDK_COUNTS) bash sdk/test.sh
 

@@ -1,7 +1,8 @@
--- The sample policy of gateway/nginx/nginx.conf: every option not given
--- here takes its default from resty.rl.policy.config, which holds the policy of
--- the sample (tiers sandbox / growth / enterprise, the route costs, the
--- reconcile and export leases, the failed-login windows). See
+-- The sample policy of gateway/nginx/nginx.conf, in the tier form: every
+-- general option not given here takes its default from
+-- resty.rl.policy.config, and the sample's tiers (sandbox / growth /
+-- enterprise), route costs, reconcile and export leases and failed-login
+-- windows come from SAMPLE in resty.rl.policy.tier_form. See
 -- gateway/REFERENCE.md for every option.
 return {
     -- one server (RL_REDIS_HOST, RL_REDIS_PORT), Sentinel or Cluster as

@@ -171,6 +171,12 @@ mod tests {
         let t = KeyPattern::parse("rl:{t:<tenant>}:tenant").unwrap();
         assert_eq!(t.matches("rl:{t:9}:tenant"), Some(("9".into(), None)));
         assert_eq!(t.matches("rl:{t:9}:tenantx"), None);
+        // A rule policy's key (the ledger example's tier rule).
+        let r = KeyPattern::parse("ledger:{tenant:<tenant>}:tier-key:key_id=<key_id>").unwrap();
+        assert_eq!(
+            r.matches("ledger:{tenant:t-42}:tier-key:key_id=k-7"),
+            Some(("t-42".into(), Some("k-7".into())))
+        );
         assert!(KeyPattern::parse("rl:<key_id>").is_err());
         assert!(KeyPattern::parse("rl:<tenant><key_id>").is_err());
         assert!(KeyPattern::parse("rl:<who>").is_err());
