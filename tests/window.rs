@@ -306,3 +306,58 @@ fn command_getkeys_names_every_window_key() {
     );
     assert_eq!(keys, ["a", "b", "c"]);
 }
+
+#[test]
+fn window_lengths_that_alternate_keep_the_key_loadable_and_its_end_near() {
+    // Two configurations served at once (a rolling deployment), at the
+    // longest window a call takes: every call converts the key. Its end
+    // stays within four windows of now (a converted sliding window starts
+    // at most two ahead, and a point charged into it counts two more), and
+    // the key loads back (DUMP / RESTORE, DEBUG RELOAD), as a replica's
+    // full sync or a restart would.
+    let server = Server::start(&[]);
+    let mut con = server.client();
+    let century_s: i64 = 100 * 365 * 24 * 3600;
+    for i in 0..6 {
+        let (mode, window) = match i % 3 {
+            0 => ("", century_s),
+            1 => ("", century_s - 1),
+            _ => ("FIXED", century_s),
+        };
+        // One point a century: every call after the first is throttled,
+        // and a throttled call stores the converted state.
+        decide(&mut con, &format!("RL.WINDOW w 1 {window} {mode}"));
+        let pttl = int(&mut con, "PTTL w");
+        assert!(
+            pttl > 0 && pttl <= 4 * century_s * 1000 + 60_000,
+            "call {i}: the key lasts {pttl} ms"
+        );
+    }
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("w").query(&mut con).expect("DUMP");
+    let _: () = redis::cmd("RESTORE")
+        .arg("w2")
+        .arg(0)
+        .arg(dump)
+        .query(&mut con)
+        .expect("the key restores");
+    let _: () = redis::cmd("DEBUG")
+        .arg("RELOAD")
+        .query(&mut con)
+        .expect("DEBUG RELOAD");
+    assert_eq!(
+        int(&mut con, "EXISTS w w2"),
+        2,
+        "both keys after the reload"
+    );
+    // Shorter alternating windows: the key's end stays within a few
+    // windows of now however many calls alternate.
+    for i in 0..200 {
+        let window = if i % 2 == 0 { 86_400 } else { 86_399 };
+        decide(&mut con, &format!("RL.WINDOW d 1000000 {window}"));
+    }
+    let pttl = int(&mut con, "PTTL d");
+    assert!(
+        pttl <= 5 * 86_400_000,
+        "after 200 alternating calls: {pttl} ms"
+    );
+}

@@ -8,6 +8,7 @@ use super::proptests::{run, *};
 use super::tests::{charged, rewritten};
 use super::{key_offset, Mode, Window, WindowSeen, WindowState};
 use crate::core::limiter::Limiter;
+use crate::core::part::Part;
 use crate::core::take::{decide, Request};
 use crate::core::testkit::*;
 
@@ -178,6 +179,31 @@ proptest! {
             } else if n > 0 && rewritten(&b, &stored, &seen, now).is_some() {
                 let fresh = b.see(Some(&as_new), t).count();
                 prop_assert!(count >= fresh, "new at {}: {:?}", t - now, converted);
+            }
+        }
+    }
+
+    /// Parameters that alternate between calls (two configurations served
+    /// at once, as in a rolling deployment) convert the state at every
+    /// call; its end stays within a few windows of now instead of moving
+    /// further at each conversion, and every state written is one a load
+    /// accepts.
+    #[test]
+    fn alternating_parameters_keep_the_end_near(
+        a in window(mode()),
+        b in window(mode()),
+        steps in prop::collection::vec((0u64..=50, 0u64..=2), 1..400),
+    ) {
+        let (mut state, mut now) = (None, T0);
+        let longest = a.window_ms.max(b.window_ms) as i64;
+        for (i, &(step, cost)) in steps.iter().enumerate() {
+            now += step as i64;
+            let w = if i % 2 == 0 { a } else { b };
+            call(w, &mut state, cost, now);
+            if let Some(s) = &state {
+                prop_assert!(s.is_plausible(now), "call {}: {:?}", i, s);
+                let end = s.counts_until(now).unwrap_or(now);
+                prop_assert!(end < now + 5 * longest, "call {}: ends {} ahead: {:?}", i, end - now, s);
             }
         }
     }

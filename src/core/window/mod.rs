@@ -66,7 +66,13 @@
 //! into the new configuration, and that lump is released no earlier than
 //! the old configuration would have released its last point (`H`, the end
 //! of the old state) and no earlier than the new configuration would
-//! release `N` points admitted at `now`:
+//! release `N` points admitted at `now`. `H` is at most what the old
+//! parameters give a point admitted at `now` (two windows for `Sliding`,
+//! one for `Exact`): a later end holds points an earlier change carried,
+//! and parameters that alternate between calls (two configurations served
+//! at once) would otherwise push it further at every call. A `Fixed`
+//! state is carried to its end.
+//!
 //!
 //! - to `Fixed`: `N` points counted until `max(H, end of the window holding
 //!   now)`;
@@ -75,10 +81,14 @@
 //! - to `Sliding`: `N` points as the `prev` of a sub-window starting at the
 //!   first boundary at or after `max(H, b + W)` (`b` the boundary at or
 //!   before `now`), so they count in full until that boundary and then
-//!   fade out over one `W`.
+//!   fade out over one `W`; that sub-window starts no later than
+//!   [`MAX_AHEAD_MS`] from now (the latest a loaded state may hold, which
+//!   only windows of more than 50 years reach).
 //!
 //! One exception keeps more detail: an `Exact` log under a new `W` keeps its
-//! entries and counts each for `max(old W, new W)` after its admission.
+//! entries and counts each for `max(old W, new W)` after its admission,
+//! when every entry was admitted by `now` (a log with later entries holds
+//! points an earlier change moved, and is carried as a lump).
 //! Points admitted after a change are counted in the converted state; when
 //! it starts in the future (a `Sliding` lump) they count from there, which
 //! is longer, never shorter. [`Limiter::rewrite`] stores the converted state
@@ -115,6 +125,7 @@ use crate::core::limiter::Limiter;
 use crate::core::limits::MAX_DURATION_MS;
 #[cfg(doc)]
 use crate::core::limits::MAX_EXACT_LIMIT;
+use crate::core::part::MAX_AHEAD_MS;
 use crate::core::time::{clamp_i64, rem_floor, Millis};
 
 /// Which window: `RL.WINDOW` default, `EXACT` or `FIXED`.
@@ -293,6 +304,28 @@ impl WindowState {
         }
     }
 
+    /// `(N, H)` as a conversion carries them into other parameters: the
+    /// [`lump`](Self::lump), with `H` no later than the last instant at
+    /// which the state's own parameters count a point admitted at `now`
+    /// (two windows after it for `Sliding`, one for `Exact`). A state with
+    /// a later end holds points carried by an earlier conversion (a
+    /// converted `Sliding` state starts after the old end, a log read under
+    /// a shorter window moves its entries later): without this bound,
+    /// parameters that alternate between calls, as in a rolling
+    /// deployment, would push the end further at every call. A `Fixed`
+    /// state keeps no window length and is carried as it is: converting
+    /// into `Fixed` adds nothing after the end it carries.
+    #[inline(always)]
+    fn carried(&self, now: Millis) -> (u64, i128) {
+        let (n, end) = self.lump(now);
+        let horizon = match self {
+            WindowState::Sliding { window_ms, .. } => 2 * i128::from((*window_ms).max(1)),
+            WindowState::Exact { window_ms, .. } => i128::from((*window_ms).max(1)),
+            WindowState::Fixed { .. } => return (n, end),
+        };
+        (n, end.min(i128::from(now) + horizon))
+    }
+
     /// `(N, H)`: the points counted at `now` and the first instant at which
     /// none counts any more, under the state's own parameters; `N == 0`
     /// when nothing counts. Inlined: a fixed window, the common call, then
@@ -406,19 +439,23 @@ impl Window {
                 return Some(roll(*start, *prev, *curr, w, now));
             }
         }
-        let (n, end) = state.lump(now);
+        let (n, end) = state.carried(now);
         if n == 0 {
             return None;
         }
         let hold = end.max(self.window_end(now));
-        let start = clamp_i64(self.boundary_after(hold));
+        // No later than `MAX_AHEAD_MS` from now (what a loaded state may
+        // hold): with windows of up to `MAX_DURATION_MS`, that boundary is
+        // still after the current sub-window.
+        let latest = self.boundary_before(i128::from(now) + i128::from(MAX_AHEAD_MS));
+        let start = clamp_i64(self.boundary_after(hold).min(latest));
         Some(roll(start, n, 0, w, now))
     }
 
     /// A `Fixed` reading of `state` at `now`: `(count, end)`; `None` when
     /// nothing counts.
     fn fixed_view(&self, state: Option<&WindowState>, now: Millis) -> Option<(u64, Millis)> {
-        let (n, end) = state?.lump(now);
+        let (n, end) = state?.carried(now);
         if n == 0 {
             return None;
         }
@@ -430,13 +467,19 @@ impl Window {
         let w = self.w();
         match state {
             None => ExactView::Empty,
-            Some(WindowState::Exact { window_ms, log }) => {
-                // Each entry counts for max(old W, new W) after admission.
+            // A log of this window's length, or of another when every entry
+            // was admitted by now: each entry counts for max(old W, new W)
+            // after admission. (A log with later entries holds points a
+            // change of length moved: it is carried as one lump.)
+            Some(WindowState::Exact { window_ms, log })
+                if i128::from((*window_ms).max(1)) == w
+                    || log.last().is_none_or(|e| e.at <= now) =>
+            {
                 let shift = (i128::from((*window_ms).max(1)) - w).max(0);
                 ExactView::native(log, w, shift, now)
             }
             Some(other) => {
-                let (n, end) = other.lump(now);
+                let (n, end) = other.carried(now);
                 if n == 0 {
                     return ExactView::Empty;
                 }
