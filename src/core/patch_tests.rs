@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::core::bucket::{tick_scale, Bucket};
-use crate::core::codec::{decode, encode};
+use crate::core::codec::{decode, decode_loaded, encode};
 use crate::core::lease::Leases;
 use crate::core::part::PartMask;
 use crate::core::window::{Entry, WindowState};
@@ -334,4 +334,26 @@ fn leases_changed_twice_are_sent_whole() {
         Err(CodecError::Malformed),
         "an empty id"
     );
+}
+
+#[test]
+fn a_forged_stream_of_new_leases_leaves_a_set_that_loads() {
+    // Each patch adds one new lease to a master's full set of 999 (what a
+    // master can send); replayed one after another on one replica record,
+    // they would make it hold more than any master can.
+    let mut replica = leased();
+    for i in 0..50u32 {
+        let mut master = leased();
+        let id = format!("forged-{i}");
+        master
+            .leases_or_insert()
+            .acquire(id.as_bytes(), 1000, 5_000, NOW);
+        master.prune(NOW);
+        let bytes = patch_of(&master, NOW);
+        replica = decode_patch(&bytes, NOW)
+            .expect("a patch")
+            .apply_onto(replica);
+    }
+    assert_eq!(replica.leases().map(Leases::len), Some(1000));
+    assert!(decode_loaded(&encode(&replica), NOW).is_ok(), "it loads");
 }

@@ -87,7 +87,12 @@ impl DistinctState {
     }
 
     /// Redo a [`DistinctChange`] at the master's `now` on the committed set
-    /// (the replica's side).
+    /// (the replica's side). The set keeps at most one member more than
+    /// [`MAX_DISTINCT_LIMIT`], the oldest other than the one just seen
+    /// going first: a master's own set never holds more (its trimmed
+    /// members say which went), so only a stream no master wrote (a forged
+    /// or corrupted one) makes this trim anything, and the set stays one
+    /// that loads.
     pub fn replay(&mut self, change: &DistinctChange, now: Millis) {
         self.window_ms = change.window_ms;
         self.drop_through(cutoff(now, change.window_ms));
@@ -95,5 +100,40 @@ impl DistinctState {
         for &hash in &change.trimmed {
             self.remove(hash);
         }
+        while self.len() as u64 > MAX_DISTINCT_LIMIT + 1 {
+            if self.remove_oldest_other_than(change.member).is_none() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::part::Part;
+
+    #[test]
+    fn a_forged_stream_of_new_members_leaves_a_set_that_loads() {
+        // Changes that each add a member and trim none, more than a set
+        // may hold: no master sends them, and the replica's set stays one
+        // that loads.
+        let now: Millis = 1_700_000_000_000;
+        let mut set = DistinctState::new(60_000);
+        let extra = 20;
+        for m in 0..MAX_DISTINCT_LIMIT + 1 + extra {
+            let change = DistinctChange {
+                window_ms: 60_000,
+                member: m + 1,
+                seen: now + m as Millis,
+                trimmed: Vec::new(),
+            };
+            set.replay(&change, now + m as Millis);
+        }
+        assert_eq!(set.len() as u64, MAX_DISTINCT_LIMIT + 1);
+        assert!(set.is_valid());
+        let newest = MAX_DISTINCT_LIMIT + 1 + extra;
+        assert!(set.seen(newest).is_some(), "the member just seen is kept");
+        assert!(set.seen(1).is_none(), "the oldest went first");
     }
 }

@@ -12,7 +12,7 @@ use serde::ser::SerializeTuple;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::codec::{IdBuf, IdRef};
-use super::{valid_id, Leases, MAX_DEADLINE};
+use super::{valid_id, Leases, MAX_DEADLINE, MAX_LEASES_USIZE};
 use crate::core::time::Millis;
 
 /// One lease as a call left it: `id` holds a lease until `deadline`, or
@@ -75,11 +75,16 @@ impl Leases {
     }
 
     /// Redo a [`LeaseChange`] on the committed set (the replica's side;
-    /// the sweep comes with the record's pruning).
+    /// the sweep comes with the record's pruning). A new lease beyond
+    /// [`MAX_LEASES_USIZE`] is not added: a master's own set never holds
+    /// more, so only a stream no master wrote (a forged or corrupted one)
+    /// asks it, and the set stays one that loads.
     pub fn replay(&mut self, change: &LeaseChange) {
         self.remove(&change.id);
         if let Some(deadline) = change.deadline {
-            self.insert(&change.id, deadline);
+            if self.len() < MAX_LEASES_USIZE {
+                self.insert(&change.id, deadline);
+            }
         }
     }
 }
