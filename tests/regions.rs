@@ -132,6 +132,30 @@ fn merges_are_idempotent_and_commutative() {
 }
 
 #[test]
+fn the_next_period_merged_early_leaves_this_periods_counts_alone() {
+    // A region whose clock is ahead at the turn of the month sends its
+    // count of the next month before this server reaches it: this month's
+    // counts, the local one above all, still decide.
+    let server = Server::start(EU);
+    let mut con = server.client();
+    let end = month_end(&mut con);
+    let next = month_start(end, 1);
+    assert!(decide(&mut con, "RL.QUOTA q 10 MONTH REGION COST 10").allowed());
+    assert!(!decide(&mut con, "RL.QUOTA q 10 MONTH REGION").allowed());
+    assert_eq!(
+        int(&mut con, &format!("RL.REGION MERGE q MONTH {next} ap 1 0")),
+        0,
+        "not taken while this month runs"
+    );
+    let (period_end, _, comps) = read(&mut con, "q").expect("q");
+    assert_eq!((period_end, comps), (end, vec![("eu".to_string(), 10, 0)]));
+    assert!(
+        !decide(&mut con, "RL.QUOTA q 10 MONTH REGION").allowed(),
+        "the month's own count still refuses"
+    );
+}
+
+#[test]
 fn bad_input_is_refused_whole() {
     let server = Server::start(EU);
     let mut con = server.client();

@@ -300,15 +300,19 @@ pub struct Merge {
 }
 
 /// Apply `merge` at `now` to a key's counts (`None`: none yet, or none
-/// live); how many components grew. An earlier or past period changes
-/// nothing; a later one replaces the counts; the same one merges.
+/// live); how many components grew. The same period merges; any other
+/// changes nothing while the key's period runs (an earlier or past one,
+/// and a later one: a region whose clock is ahead at the turn sends the
+/// next period's count before this server reaches it, and the running
+/// period's counts, the local one above all, still decide until then);
+/// once the key's period is over, a later one creates the counts anew.
 pub fn merge(state: &mut Option<Box<RegionCounts>>, m: &Merge, now: Millis) -> usize {
     if m.end <= now {
         return 0;
     }
     match state {
-        Some(s) if now < s.end && m.end < s.end => 0,
-        Some(s) if now < s.end && m.end == s.end => s.merge(&m.components),
+        Some(s) if now < s.end && m.end != s.end => 0,
+        Some(s) if now < s.end => s.merge(&m.components),
         _ => {
             let mut fresh = RegionCounts::new(m.period, m.end);
             let grown = fresh.merge(&m.components);

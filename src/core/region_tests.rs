@@ -133,10 +133,17 @@ fn merges_by_period() {
         merge(&mut state, &m(may_end, &[comp("ap", 9, 0)]), now()),
         0
     );
-    // A later period replaces the counts.
+    // A later period leaves the running one's counts alone (a region whose
+    // clock is ahead at the turn), then, once June is over here, replaces
+    // them.
     let july_end = days_from_civil(2026, 8, 1) * DAY_MS;
     assert_eq!(
         merge(&mut state, &m(july_end, &[comp("ap", 9, 0)]), now()),
+        0
+    );
+    assert_eq!(state.as_ref().map(|s| s.end), Some(june_end()));
+    assert_eq!(
+        merge(&mut state, &m(july_end, &[comp("ap", 9, 0)]), june_end()),
         1
     );
     let s = state.as_ref().expect("replaced");
