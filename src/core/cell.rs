@@ -33,8 +33,10 @@ pub const TAT_EXPIRY_TOLERANCE_MS: u64 = 1000;
 /// an integer `tat` of nanoseconds (its theoretical arrival time) on a key
 /// whose TTL is `pttl_ms`, with `tat / 10^6` within
 /// [`TAT_EXPIRY_TOLERANCE_MS`] of `now + pttl_ms` (redis-cell's key expires
-/// at its TAT) and within [`MAX_DURATION_MS`] of `now`. Anything else (a
-/// key without a TTL, a user's counter) is not redis-cell's, and `None`.
+/// at its TAT) and within [`MAX_DURATION_MS`] of `now`, written as
+/// redis-cell writes an integer (no sign but a leading `-`, no leading
+/// zero). Anything else (a key without a TTL, a user's counter, `+17...`
+/// or `017...`) is not redis-cell's, and `None`.
 pub fn redis_cell_bucket(
     bytes: &[u8],
     pttl_ms: Option<u64>,
@@ -42,7 +44,11 @@ pub fn redis_cell_bucket(
     rate: &Rate,
 ) -> Option<Bucket> {
     let pttl_ms = pttl_ms?;
-    let tat_ns: i64 = std::str::from_utf8(bytes).ok()?.parse().ok()?;
+    let text = std::str::from_utf8(bytes).ok()?;
+    let tat_ns: i64 = text.parse().ok()?;
+    if tat_ns.to_string() != text {
+        return None;
+    }
     let tat_ms = i128::from(tat_ns).div_euclid(1_000_000);
     let expiry_ms = i128::from(now) + i128::from(pttl_ms);
     let off_expiry = (tat_ms - expiry_ms).unsigned_abs();
@@ -121,6 +127,9 @@ mod tests {
             ("12abc", Some(6_000), false),
             ("", Some(6_000), false),
             (" 1700000006000000000", Some(6_000), false),
+            // The TAT in another spelling than redis-cell's.
+            (&format!("+{plausible}"), Some(6_000), false),
+            (&format!("0{plausible}"), Some(6_000), false),
         ];
         for &(value, pttl_ms, is_cell) in rows {
             let got = redis_cell_bucket(value.as_bytes(), pttl_ms, NOW, &RATE);
