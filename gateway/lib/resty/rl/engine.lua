@@ -92,9 +92,16 @@ function _M.new(conf)
     for _, list in pairs(route_rules) do
         most = math.max(most, #list)
     end
+    -- the methods every request calls in the engine's own fields too: one
+    -- found through the metatable costs each call a failed lookup in the
+    -- engine first
     return setmetatable({ conf = conf, soft_rules = soft, needs = needs, route_rules = route_rules,
                           most_entries = most,
-                          upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
+                          upstream_headers = next(conf.upstream_headers) ~= nil,
+                          access = Engine.access, add_entries = Engine.add_entries,
+                          round_trip = Engine.round_trip, replied = Engine.replied,
+                          decided = Engine.decided, header_filter = Engine.header_filter,
+                          body_filter = Engine.body_filter, log = Engine.log }, Engine)
 end
 
 --- One attempt in flight per scope (`one_in_flight` of a rule counting
