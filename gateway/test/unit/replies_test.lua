@@ -266,6 +266,8 @@ T.cases("rate outcomes", {
         want[k] = v
     end
     got.binding, want.binding = nil, nil
+    -- (boxed: false until a box sets it)
+    got.boxed = got.boxed or nil
     for k, v in pairs(c.want.binding) do
         want[k] = v
     end

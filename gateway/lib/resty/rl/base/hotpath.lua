@@ -9,8 +9,7 @@
 -- blacklisted loop aborts every trace that reaches it. A hot path with
 -- one-pass loops (the access phase of a one-rule policy) then runs in
 -- the interpreter. With one item these helpers make a plain call; with
--- none the loop is not entered (not counted). And split_trace: a long
--- path in traces short enough to compile.
+-- none the loop is not entered (not counted).
 
 local _M = {}
 
@@ -105,19 +104,6 @@ function _M.pool(max)
         return true
     end
     return take, give
-end
-
---- Ends the trace LuaJIT is recording here; the next one starts after
---- this call. A trace runs across the functions it calls, so the whole
---- access phase of a rule policy would be one trace, which grows past
---- LuaJIT's length limit ("trace too long"): then it is not compiled at
---- all, and its entry is blacklisted. LuaJIT ends a trace at a call of
---- a C function it does not compile (and stitches the next one on after
---- it); `gcinfo()`, a read of one counter without an option to parse
---- (`collectgarbage("count")` compares its option with the names of
---- every other), is the cheapest such call.
-function _M.split_trace()
-    return gcinfo()
 end
 
 return _M

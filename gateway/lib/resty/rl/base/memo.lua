@@ -13,7 +13,10 @@ local WEAK_KEYS = { __mode = "k" }
 --- A memo of at most `max` values; with `weak`, its first keys are weak
 --- (tables such as rules: a configuration dropped takes its values along).
 function _M.new(max, weak)
-    local m = setmetatable({ max = max, n = 0, weak = weak }, Memo)
+    -- (peek and get in the memo's own fields: a method found through the
+    -- metatable costs each call a failed lookup in the memo first)
+    local m = setmetatable({ max = max, n = 0, weak = weak, t = false, peek = Memo.peek,
+                             get = Memo.get }, Memo)
     m.t = weak and setmetatable({}, WEAK_KEYS) or {}
     return m
 end

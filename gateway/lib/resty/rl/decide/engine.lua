@@ -92,9 +92,16 @@ function _M.new(conf)
     for _, list in pairs(route_rules) do
         most = math.max(most, #list)
     end
+    -- the methods every request calls in the engine's own fields too: one
+    -- found through the metatable costs each call a failed lookup in the
+    -- engine first
     return setmetatable({ conf = conf, soft_rules = soft, needs = needs, route_rules = route_rules,
                           most_entries = most,
-                          upstream_headers = next(conf.upstream_headers) ~= nil }, Engine)
+                          upstream_headers = next(conf.upstream_headers) ~= nil,
+                          access = Engine.access, add_entries = Engine.add_entries,
+                          round_trip = Engine.round_trip, replied = Engine.replied,
+                          decided = Engine.decided, header_filter = Engine.header_filter,
+                          body_filter = Engine.body_filter, log = Engine.log }, Engine)
 end
 
 --- One attempt in flight per scope (`one_in_flight` of a rule counting
@@ -359,10 +366,22 @@ function Engine:access(req)
                 .. conf.identity.api_key.header .. " header came more than once."
             or conf.identity.unauthenticated_detail or "Send valid credentials.")
     end
-    -- the phase in three traces (one would be too long to compile)
-    hotpath.split_trace()
-    local why, arg = hotpath.first_of(self.route_rules[route] or conf.rules, add_entry, conf, req,
-        state)
+    -- The rest in two methods: LuaJIT records a trace through the
+    -- functions it calls, and the whole phase would be one trace too long
+    -- to compile (too many constants); a trace that reaches a method
+    -- compiled as a trace of its own, one that does not end in a return
+    -- (add_entries': on to the Redis call), jumps into it instead. (Split
+    -- by a call of a C function, gcinfo(), the phase cost two trace exits
+    -- into the interpreter and back: 400-500 instructions more.)
+    return self:add_entries(req, state)
+end
+
+--- Access phase, the caller known: the request's entries (step 2), and
+--- the edge deny cache's answer (step 3).
+function Engine:add_entries(req, state)
+    local conf = self.conf
+    local why, arg = hotpath.first_of(self.route_rules[state.route] or conf.rules, add_entry,
+        conf, req, state)
     if arg == "subject" then
         -- the login subject's request argument
         arg = conf.subject_arg or "client_id"
@@ -400,7 +419,13 @@ function Engine:access(req)
             end
         end
     end
-    hotpath.split_trace()
+    return self:round_trip(req, state)
+end
+
+--- Access phase, every entry known: one round trip with their commands
+--- (step 4).
+function Engine:round_trip(req, state)
+    local conf, entries = self.conf, state.entries
     hotpath.each(entries, plan, conf, state)
     local cmds = state.cmds
     if not cmds then
@@ -409,8 +434,7 @@ function Engine:access(req)
     end
     local sent = sent_entries(state)
     -- the route's Redis budget (routes[i].timeout_ms), else redis.timeout_ms
-    local res
-    res, err = commands.pipeline(route.store_conf or conf, cmds)
+    local res, err = commands.pipeline(state.route.store_conf or conf, cmds)
     if not res then
         return self:redis_failed(req, state, err)
     end

@@ -222,17 +222,18 @@ local function new_entry()
     return take_entry()
         or { rule = false, params = false, cost = false, probe = false, name = false,
              also_names = false, also_keys = false, member = false, tier = false,
-             static = false, key = false, day_key = false, outcome = false, keys_id = false }
+             static = false, key = false, day_key = false, outcome = false, keys_id = false,
+             known_box = false, fetch = false }
 end
 
 -- Gives back entry `e` when nothing can hold it after its request: not
--- spent from an allowance (its fetch timer may hold it), and with no
--- field beyond an entry's own (a cached box, the local fallback, a
--- settlement).
+-- spent from an allowance (its fetch timer may hold it), and with nothing
+-- its request left on it (a cached box, an allowance's fetch, the local
+-- fallback's bucket, a settlement's actual cost).
 -- True when `e` is kept.
 local function give_back(e)
-    if not e.rule.allowance and e.known_box == nil and e.degraded_bucket == nil
-        and e.actual == nil and e.fetch == nil and give_entry(e) then
+    if not e.rule.allowance and not e.known_box and not e.degraded_bucket
+        and not e.actual and not e.fetch and give_entry(e) then
         limiters.give_back(e.outcome)
         return nil
     end

@@ -137,14 +137,14 @@ local function new_outcome()
     return take_outcome()
         or { state = false, strikes = false, level = false, retry_ms = false, binding = false,
              name = false, limit = false, remaining = false, reset_ms = false, window = false,
-             unit = false, clamp = false }
+             unit = false, clamp = false, boxed = false }
 end
 
 --- Gives back outcome `o` of a request done with it (resty.rl.decide.matching
 --- .release) when it is a rate outcome without a box (one made here
 --- with no field beyond its own).
 function _M.give_back(o)
-    if o and o.binding == o and o.boxed == nil then
+    if o and o.binding == o and not o.boxed then
         give_outcome(o)
     end
 end
