@@ -17,7 +17,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use common::{ints, Server};
-use gateway::{agent, get, leases, poll, post, post_form, problem, HTTP_TIMEOUT};
+use gateway::{agent, get, into_resp, leases, poll, post, post_form, problem, HTTP_TIMEOUT};
 use gateway_policy::{example, jwt, post_json, start, Front, JWT_SECRET};
 use serde_json::json;
 
@@ -151,6 +151,42 @@ fn padded_failed_logins_are_locked_out() {
     }
     // above the gateway's limit: 413 with a problem body
     problem(&attempt(&"x".repeat(BIG)), 413, "body-too-large");
+    gw.nginx.assert_no_lua_errors();
+}
+
+#[test]
+fn a_login_is_counted_whatever_its_media_types_spelling_and_refused_when_unreadable() {
+    let redis = Server::start(&[]);
+    let mut con = redis.client();
+    let gw = start(redis.port, &[example("ledger")], &[]).expect("start");
+    let a = agent();
+    let token = format!("{}/v1/auth/token", gw.url(0));
+    // Media types compare case-insensitively: a form body in capitals is
+    // read, and its failure counted against its subject.
+    let r = into_resp(
+        a.post(&token)
+            .set("Content-Type", "Application/X-WWW-Form-Urlencoded")
+            .set("X-Forwarded-For", "198.51.100.31")
+            .send_string("client_id=trudy&client_secret=wrong"),
+    );
+    assert_eq!(r.status, 401, "{r:#?}");
+    poll(ASYNC, "the failure is recorded", || {
+        ints(
+            &mut con,
+            "RL.WINDOW ledger:{subject:trudy}:auth-subject 5 900 COST 0 EXACT",
+        )[2] == 4
+    });
+    // A body the gateway cannot read (multipart) with the subject in it:
+    // refused, never let through unlimited.
+    let body =
+        "--b\r\nContent-Disposition: form-data; name=\"client_id\"\r\n\r\ntrudy\r\n--b--\r\n";
+    let r = into_resp(
+        a.post(&token)
+            .set("Content-Type", "multipart/form-data; boundary=b")
+            .set("X-Forwarded-For", "198.51.100.32")
+            .send_string(body),
+    );
+    problem(&r, 415, "body-unsupported");
     gw.nginx.assert_no_lua_errors();
 }
 

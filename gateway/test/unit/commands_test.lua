@@ -227,6 +227,41 @@ T.test("a rule whose scope the request lacks does not apply", function()
     T.eq(entry(conf, request()), nil)
 end)
 
+T.cases("a cost read from an argument", {
+    { name = "an integer", units = "3", want = 3 },
+    { name = "a fraction: rounded up", units = "2.5", want = 3 },
+    { name = "-0: zero, not \"-0\"", units = "-0", want = 0, text = "0" },
+    { name = "negative: refused", units = "-1", err = "invalid" },
+}, function(c)
+    local conf = compile({ { name = "r", cost = { arg = "units" },
+                             limiter = { kind = "window", limit = 100, window = 60 } } })
+    local e, err = entry(conf, request({}, { units = c.units }))
+    if c.err then
+        T.eq(err, c.err)
+        return
+    end
+    T.eq(e.cost, c.want)
+    if c.text then
+        T.eq(tostring(e.cost), c.text)
+    end
+end)
+
+T.cases("a body the gateway cannot read", {
+    { name = "the argument in the query string: read there", query = { units = "2" }, want = 2 },
+    { name = "nowhere else: refused", query = {}, err = "unsupported" },
+}, function(c)
+    local conf = compile({ { name = "r", cost = { arg = "units" },
+                             limiter = { kind = "window", limit = 100, window = 60 } } })
+    local req = request({}, c.query)
+    req.body_arg = function() return nil, "unsupported" end
+    local e, err = entry(conf, req)
+    if c.err then
+        T.eq(err, c.err)
+    else
+        T.eq(e.cost, c.want)
+    end
+end)
+
 T.test("the names of a rule and its ALSO buckets take the caller's tier", function()
     local e = entry(compile({ { name = "{tier}-key", limiter = { kind = "bucket", rate = 1,
         burst = 9, also = { { name = "{tier}-tenant", scope = { "tenant" }, rate = 2,

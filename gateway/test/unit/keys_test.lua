@@ -11,6 +11,10 @@ local connection = require "resty.rl.redis.connection"
 T.cases("a value fit for a key", {
     { name = "plain and short: kept", v = "acme-1.eu_west:9@x", want = "acme-1.eu_west:9@x" },
     { name = "a number", v = 42, want = "42" },
+    { name = "-0: as 0", v = -0.0, want = "0" },
+    { name = "15 digits: every one", v = 123456789012346, want = "123456789012346" },
+    { name = "a fraction: as short as it reads back", v = 0.1, want = "0.1" },
+    { name = "a fraction of 17 digits", v = 0.1 + 0.2, want = "0.30000000000000004" },
     { name = "a space: hashed", v = "a b", want = ngx.md5("a b") },
     { name = "a brace: hashed", v = "a}b", want = ngx.md5("a}b") },
     { name = "64 bytes: kept", v = string.rep("a", 64), want = string.rep("a", 64) },

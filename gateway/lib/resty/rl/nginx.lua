@@ -56,18 +56,33 @@ local function body_data()
     return data
 end
 
+-- Whether the request has a body (a length above 0, or chunked).
+local function has_body()
+    local len = tonumber(ngx.var.http_content_length)
+    return (len and len > 0) or ngx.var.http_transfer_encoding ~= nil
+end
+
 -- The arguments of a form or JSON body (read once per request), or an
--- empty table and "too_large" (see MAX_BODY_ARGS) or "invalid" (a JSON
--- body that does not decode).
+-- empty table and "too_large" (see MAX_BODY_ARGS), "invalid" (a JSON
+-- body that does not decode) or "unsupported" (a body of another media
+-- type, multipart included: its arguments cannot be known). Media types
+-- compare case-insensitively; JSON is application/json or any
+-- application/...+json.
 local function body_args()
     local ctx = ngx.ctx
     if ctx.rl_body_args then
         return ctx.rl_body_args, ctx.rl_body_error
     end
     local args, err = {}, nil
-    local ctype = ngx.var.content_type or ""
+    local ctype = (ngx.var.content_type or ""):lower()
     local form = ctype:find("application/x-www-form-urlencoded", 1, true)
-    if form or ctype:find("application/json", 1, true) then
+    local json = not form and (ctype:find("application/json", 1, true)
+        or ctype:find("^%s*application/[%w%.%-]+%+json"))
+    if not form and not json then
+        if has_body() then
+            err = "unsupported"
+        end
+    else
         local data
         data, err = body_data()
         if data and form then
@@ -108,9 +123,21 @@ local elt_ptr = ffi.typeof("ngx_http_lua_ffi_table_elt_t*")
 local elt_size = ffi.sizeof("ngx_http_lua_ffi_table_elt_t")
 local truncated = ffi.new("int[1]")
 
+-- Whether ngx_lua's C functions have the signature used here (resty.core
+-- 0.1.24 and later: OpenResty 1.21.4+, Debian 12); elsewhere
+-- ngx.req.get_headers(0) gives the same values.
+local ffi_headers = pcall(function()
+    local sig = tostring(ffi.typeof(C.ngx_http_lua_ffi_req_get_headers_count))
+    assert(sig:find("int %*%)>?$"))
+end)
+
 -- The values of request header `key` (lower case): a string, a list for
--- a repeated one, or nil.
+-- a repeated one, or nil. Every header counts, however many the request
+-- has (a header past a count could not be seen).
 local function header_of(key)
+    if not ffi_headers then
+        return ngx.req.get_headers(0)[key]
+    end
     local r = get_request()
     if not r then
         error("no request found")
@@ -154,12 +181,19 @@ _M.adapter = {
             header_vars[name] = var
         end
         -- $http_<name> is the one header, or (nginx 1.23+, or a header
-        -- nginx joins) repeated ones joined with commas: then the list
+        -- nginx joins) repeated ones joined with commas: then the list, of
+        -- every header (a client's padding must not push a proxy's line
+        -- out of sight)
         local v = ngx.var[var]
         if v == nil or not v:find(",", 1, true) then
             return v
         end
-        return ngx.req.get_headers(100)[name]
+        local key = header_keys[name]
+        if not key then
+            key = name:lower():gsub("_", "-")
+            header_keys[name] = key
+        end
+        return header_of(key)
     end,
     -- every value of a request header: a string, a list for a repeated
     -- one (whatever nginx's version), or nil

@@ -55,12 +55,16 @@ local adapter = {
         return kong.request.get_query(1000)[name]
     end,
     -- nil, "too_large" for a body the PDK does not read (kept in a temp
-    -- file by nginx, or above the PDK's file limit)
+    -- file by nginx, or above the PDK's file limit); nil, "unsupported"
+    -- for a body of a media type the PDK does not parse
     body_arg = function(name)
         local body, err = kong.request.get_body()
         if body == nil and err and (err:find("did not fit", 1, true)
             or err:find("too big", 1, true)) then
             return nil, "too_large"
+        end
+        if body == nil and err and err:find("unsupported content type", 1, true) then
+            return nil, "unsupported"
         end
         return type(body) == "table" and body[name] or nil
     end,

@@ -390,6 +390,10 @@ function Engine:add_entries(req, state)
         return answer.refuse_plain(conf, req, state, 413, "body-too-large", "invalid",
             "The request body is too large for the gateway to read its argument " .. arg
             .. ", on which a rate limit depends; send a smaller body.")
+    elseif why == "unsupported" then
+        return answer.refuse_plain(conf, req, state, 415, "body-unsupported", "invalid",
+            "The gateway reads the argument " .. arg .. ", on which a rate limit depends, "
+            .. "from the query string or a JSON or form-urlencoded body; send it so.")
     elseif why then
         return answer.refuse_plain(conf, req, state, 400, "ambiguous-argument", "invalid",
             "The argument " .. arg .. " is missing a single valid value (repeated, "

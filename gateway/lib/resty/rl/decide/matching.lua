@@ -321,7 +321,8 @@ function _M.entry(conf, req, state, rule, ident)
         if not n or n < 0 or n ~= n or n == math.huge then
             return nil, "invalid", cost.arg
         end
-        cost = math.ceil(n * (rule.cost.scale or 1))
+        -- + 0: a "-0" argument makes -0, which would be sent as "-0"
+        cost = math.ceil(n * (rule.cost.scale or 1)) + 0
     end
     local tier = ident.attrs.tier or "none"
     local keys

@@ -23,6 +23,8 @@ local TYPES = {
     ["unauthenticated"] = { "Unknown or missing API key", "UNAUTHENTICATED" },
     ["ambiguous-argument"] = { "Ambiguous request argument", "INVALID_ARGUMENT" },
     ["body-too-large"] = { "Request body too large to check", "PAYLOAD_TOO_LARGE" },
+    ["body-unsupported"] = { "Request body of a type the gateway cannot read",
+        "UNSUPPORTED_MEDIA_TYPE" },
     ["quota-exceeded"] = { "Quota exceeded", "QUOTA_EXCEEDED" },
     ["challenge-required"] = { "Re-authentication required", "REAUTH_REQUIRED" },
 }

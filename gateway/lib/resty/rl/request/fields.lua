@@ -8,11 +8,30 @@ local memo = require "resty.rl.base.memo"
 local _M = {}
 
 local md5 = ngx.md5
+local format, floor = string.format, math.floor
+
+--- A number as text, exactly: an integer in its digits (-0 as 0), any
+--- other number in the fewest significant digits (14 to 17) that read
+--- back as it (tostring keeps 14 whatever the number, so 123456789012345
+--- and 123456789012346 would read the same, and two callers would share
+--- a key).
+function _M.number_text(n)
+    if n == floor(n) and n > -2 ^ 53 and n < 2 ^ 53 then
+        return format("%d", n)
+    end
+    for digits = 14, 16 do
+        local s = format("%." .. digits .. "g", n)
+        if tonumber(s) == n then
+            return s
+        end
+    end
+    return format("%.17g", n)
+end
 
 --- A value fit for a Redis key: kept when short and plain, else its MD5
 --- (values from requests, such as a ledger id, never shape the key).
 function _M.key_part(v)
-    v = tostring(v)
+    v = type(v) == "number" and _M.number_text(v) or tostring(v)
     if #v <= 64 and v:match("^[%w%.@_:%-]+$") then
         return v
     end
@@ -28,7 +47,7 @@ local function add_values(v, out)
             add_values(x, out)
         end
     elseif type(v) == "number" then
-        out[tostring(v)] = true
+        out[_M.number_text(v)] = true
     elseif type(v) == "string" then
         out[v] = true
     end
@@ -50,11 +69,17 @@ end
 --- values) disagree: the gateway must not key a limit on one value while
 --- the upstream acts on another; nil, "too_large" when the body is too
 --- large for the gateway to read (the front end's limit), nil, "invalid"
---- when it does not decode.
+--- when it does not decode, nil, "unsupported" when the query string does
+--- not have it and the body is of a media type the gateway does not read
+--- (multipart, ...): a rule must not be skipped for want of an argument
+--- the upstream may well read.
 function _M.arg(req, name)
     local set = {}
     add_values(req.query_arg(name), set)
     local body, err = req.body_arg(name)
+    if err == "unsupported" and next(set) ~= nil then
+        err = nil
+    end
     if err then
         return nil, err
     end
@@ -87,11 +112,15 @@ end
 function _M.auth_subject(req, subject_arg)
     local set = {}
     local body, err = req.body_arg(subject_arg)
+    local user = _M.basic_user(req)
+    if err == "unsupported" and user then
+        err = nil
+    end
     if err then
         return nil, err
     end
     add_values(body, set)
-    add_values(_M.basic_user(req), set)
+    add_values(user, set)
     local subject, err = single(set)
     if err then
         return nil, err

@@ -366,8 +366,10 @@ function _M.resolve(conf, req)
             ident.claims, ident.authenticated = claims, true
             for attr, claim in pairs(id.jwt.claims) do
                 local v = claims[claim]
-                if attrs[attr] == nil and (type(v) == "string" or type(v) == "number") then
-                    attrs[attr] = tostring(v)
+                if attrs[attr] == nil and type(v) == "string" then
+                    attrs[attr] = v
+                elseif attrs[attr] == nil and type(v) == "number" then
+                    attrs[attr] = request.number_text(v)
                 end
             end
         end
@@ -433,7 +435,8 @@ function _M.attr(conf, req, ident, name, route)
             end
         elseif kind == "claim" then
             v = ident.claims and ident.claims[rest]
-            v = (type(v) == "string" or type(v) == "number") and tostring(v) or nil
+            v = type(v) == "number" and request.number_text(v)
+                or type(v) == "string" and v or nil
         end
     end
     if not ident.shared then
