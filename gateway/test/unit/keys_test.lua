@@ -131,3 +131,15 @@ T.test("helpers: a flat map, an address", function()
     T.eq({ connection.addr("no-port") }, {})
     T.eq(connection.encode({ "GET", 5, "" }), "$3\r\nGET\r\n$1\r\n5\r\n$0\r\n\r\n")
 end)
+
+T.cases("the cost of a date range", {
+    { name = "within max_days", from = "2026-11-01", to = "2026-11-30", want = 1 },
+    { name = "beyond it", from = "2026-01-01", to = "2026-11-30", want = 50 },
+    { name = "ending before it starts", from = "2026-12-01", to = "2020-01-01", want = 50 },
+    { name = "no start", to = "2026-11-30", want = 50 },
+}, function(c)
+    local route = { cost = 1, range = { from_arg = "from", to_arg = "to", max_days = 90, cost = 50 } }
+    local req = { query_arg = function(n) return ({ from = c.from, to = c.to })[n] end,
+                  body_arg = function() return nil end }
+    T.eq(request.cost(route, req), c.want)
+end)

@@ -226,7 +226,8 @@ _M.day_number = day_number
 --- when its date range (from/to arguments) spans more than max_days. A
 --- missing or unreadable `from` counts as an unbounded range; a missing
 --- `to` means today; an ambiguous `from` or `to` (repeated, or different
---- in the query and the body) costs the range cost.
+--- in the query and the body) costs the range cost, and so does a range
+--- that ends before it starts (an upstream may read it either way round).
 function _M.cost(route, req)
     local r = route.range
     if not r then
@@ -235,7 +236,7 @@ function _M.cost(route, req)
     local from = day_number(_M.arg(req, r.from_arg))
     local to_arg, to_err = _M.arg(req, r.to_arg)
     local to = to_arg and day_number(to_arg) or math.floor(ngx.time() / 86400)
-    if not from or not to or to_err or to - from > r.max_days then
+    if not from or not to or to_err or to < from or to - from > r.max_days then
         return r.cost
     end
     return route.cost
