@@ -73,7 +73,6 @@
 //! at once) would otherwise push it further at every call. A `Fixed`
 //! state is carried to its end.
 //!
-//!
 //! - to `Fixed`: `N` points counted until `max(H, end of the window holding
 //!   now)`;
 //! - to `Exact`: one entry of `N` points counting until

@@ -171,6 +171,18 @@ local function header_of(key)
     return found
 end
 
+-- Every value of request header `name`: a string, a list for a repeated
+-- one, or nil; by the name get_headers' table has (lower case, "-" for
+-- "_"), made once per name.
+local function header_values(name)
+    local key = header_keys[name]
+    if not key then
+        key = name:lower():gsub("_", "-")
+        header_keys[name] = key
+    end
+    return header_of(key)
+end
+
 --- The request adapter of resty.rl.gateway for ngx_lua.
 _M.adapter = {
     -- a request header: a string, or a list for a repeated one
@@ -188,25 +200,11 @@ _M.adapter = {
         if v == nil or not v:find(",", 1, true) then
             return v
         end
-        local key = header_keys[name]
-        if not key then
-            key = name:lower():gsub("_", "-")
-            header_keys[name] = key
-        end
-        return header_of(key)
+        return header_values(name)
     end,
     -- every value of a request header: a string, a list for a repeated
     -- one (whatever nginx's version), or nil
-    header_values = function(name)
-        -- by the name get_headers' table has (lower case, "-" for "_"),
-        -- made once per name
-        local key = header_keys[name]
-        if not key then
-            key = name:lower():gsub("_", "-")
-            header_keys[name] = key
-        end
-        return header_of(key)
-    end,
+    header_values = header_values,
     method = function()
         return ngx.req.get_method()
     end,
