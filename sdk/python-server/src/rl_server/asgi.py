@@ -27,6 +27,17 @@ from typing import (Any, Awaitable, Callable, Dict, List, Mapping, MutableMappin
 import redis.asyncio as aioredis
 from starlette.requests import Request
 
+try:  # Starlette's own (0.33 and later), so that routes match as it routes
+    from starlette._utils import get_route_path
+except ImportError:  # pragma: no cover - an older Starlette
+    def get_route_path(scope: MutableMapping[str, Any]) -> str:
+        """The path without the root path, as Starlette routes on it."""
+        path: str = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root) and (path == root or path[len(root)] == "/"):
+            return path[len(root):]
+        return path
+
 from . import commands, responses
 from .client import AsyncRL
 from .commands import Command
@@ -69,7 +80,9 @@ class _Outcome:
 
 class RateLimitMiddleware:
     """The middleware; ``routes`` maps ``"METHOD /template/{param}"`` (or
-    ``"/template"``, any method) to a ``Route``. Undeclared routes pass."""
+    ``"/template"``, any method) to a ``Route``, the template matched on the
+    path as the app routes it (without the root path or a Mount's prefix).
+    Undeclared routes pass."""
 
     def __init__(self, app: ASGIApp, *, redis: Any, routes: Mapping[str, Route],
                  problem_base: str = "https://api.example.com/problems", timeout: float = 0.25,
@@ -117,7 +130,9 @@ class RateLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        found = match(self.routes, scope["method"], scope["path"])
+        # the path Starlette routes on: without a proxy's root path
+        # (uvicorn --root-path) or a Mount's prefix (a sub-app's middleware)
+        found = match(self.routes, scope["method"], get_route_path(scope))
         if found is None:
             return await self.app(scope, receive, send)
         compiled, params = found
