@@ -134,9 +134,9 @@ def test_shadow_never_refuses(fastapi_app: App, flushed: RedisServer) -> None:
     assert redis.Redis(port=flushed.port).exists("rl:search:127.0.0.1") == 1  # it did count
 
 
-def slow_request(app: App, path: str, headers: str = "") -> socket.socket:
+def slow_request(app: App, path: str, headers: str = "", method: str = "GET") -> socket.socket:
     s = socket.create_connection(("127.0.0.1", app.port), timeout=10)
-    s.sendall(f"GET {path} HTTP/1.1\r\nHost: t\r\n{headers}\r\n".encode())
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: t\r\n{headers}\r\n".encode())
     return s
 
 

@@ -1,5 +1,6 @@
 """The middleware's edge cases under uvicorn over real HTTP: routes matched
-on the path Starlette routes on (under a root path, in a mounted sub-app)."""
+on the path Starlette routes on (under a root path, in a mounted sub-app);
+HEAD, which Starlette serves from a GET route, limited as that GET."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ import httpx
 import pytest
 import redis
 
+from rl_server.routes import Rate, Route, compile_routes, match
 from servers import HERE, App, RedisServer
+from test_middleware import slow_request, until
 
 EDGES = str(HERE / "apps" / "edges.py")
+
+
+@pytest.fixture
+def plain(flushed: RedisServer) -> Iterator[App]:
+    """The edges app under no root path."""
+    app = App([EDGES], {"REDIS_URL": flushed.url})
+    yield app
+    app.close()
 
 
 @pytest.fixture(params=["", "/api"])
@@ -30,3 +41,33 @@ def test_routes_match_under_a_root_path_and_a_mount(edges: App, flushed: RedisSe
     assert [r.status_code for r in rs] == [200, 200, 200, 429]
     assert rs[0].headers["RateLimit"] == f'"{name}";r=2;t=20'
     assert redis.Redis(port=flushed.port).exists(key) == 1
+
+
+def test_head_charged_like_get(plain: App) -> None:
+    assert [httpx.head(f"{plain.url}/hello", timeout=10).status_code for _ in range(3)] == [200] * 3
+    r = httpx.get(f"{plain.url}/hello", timeout=10)
+    assert r.status_code == 429 and r.json()["policy"] == "hello"
+    assert httpx.head(f"{plain.url}/hello", timeout=10).status_code == 429
+
+
+def test_head_holds_a_lease(plain: App, flushed: RedisServer) -> None:
+    r0 = redis.Redis(port=flushed.port)
+    s = slow_request(plain, "/work?seconds=60", method="HEAD")
+    try:
+        until(lambda: len(r0.execute_command("RL.LEASE", "LIST", "rl:work")) == 1, "HEAD holds the lease")
+        assert httpx.get(f"{plain.url}/work", timeout=10).status_code == 429
+        assert httpx.head(f"{plain.url}/work", timeout=10).status_code == 429
+    finally:
+        s.close()
+    until(lambda: r0.execute_command("RL.LEASE", "LIST", "rl:work") == [], "released when the client left")
+    assert httpx.head(f"{plain.url}/work", timeout=10).status_code == 200
+
+
+def test_head_matches_a_get_unless_a_head_route_is_declared() -> None:
+    r = Route(rates=[Rate("r", "k", 1, 1, 1)])
+    both = compile_routes({"GET /x/{id}": r, "HEAD /x/{id}": r, "POST /y": r})
+    found = match(both, "HEAD", "/x/7")
+    assert found is not None and found[0].name == "HEAD /x/{id}" and found[1] == {"id": "7"}
+    found = match(compile_routes({"GET /x/{id}": r}), "HEAD", "/x/7")
+    assert found is not None and found[0].name == "GET /x/{id}"
+    assert match(both, "HEAD", "/y") is None

@@ -205,7 +205,16 @@ def compile_routes(routes: Mapping[str, Route]) -> List[CompiledRoute]:
 
 def match(routes: Sequence[CompiledRoute], method: str, path: str
           ) -> Optional[Tuple[CompiledRoute, Dict[str, str]]]:
-    """The first declared route matching ``method`` and ``path``, with its parameters."""
+    """The first declared route matching ``method`` and ``path``, with its
+    parameters. A HEAD request with no HEAD route declared for its path
+    matches as a GET (Starlette serves HEAD from a GET route: the endpoint
+    runs in full)."""
+    if method == "HEAD":
+        for c in routes:
+            m = c.pattern.match(path) if c.method == "HEAD" else None
+            if m:
+                return c, m.groupdict()
+        method = "GET"
     for c in routes:
         if c.method is not None and c.method != method:
             continue
