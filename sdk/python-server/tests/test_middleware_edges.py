@@ -1,6 +1,7 @@
 """The middleware's edge cases under uvicorn over real HTTP: routes matched
 on the path Starlette routes on (under a root path, in a mounted sub-app);
-HEAD, which Starlette serves from a GET route, limited as that GET."""
+HEAD, which Starlette serves from a GET route, limited as that GET; the
+local limiter charging a cost function's points."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import httpx
 import pytest
 import redis
 
+from rl_server import responses
 from rl_server.routes import Rate, Route, compile_routes, match
-from servers import HERE, App, RedisServer
+from servers import HERE, App, RedisServer, free_port
 from test_middleware import slow_request, until
 
 EDGES = str(HERE / "apps" / "edges.py")
@@ -71,3 +73,17 @@ def test_head_matches_a_get_unless_a_head_route_is_declared() -> None:
     found = match(compile_routes({"GET /x/{id}": r}), "HEAD", "/x/7")
     assert found is not None and found[0].name == "GET /x/{id}"
     assert match(both, "HEAD", "/y") is None
+
+
+def test_local_fallback_charges_the_cost_function() -> None:
+    # nothing listens on the port: every Redis call fails at once
+    app = App([EDGES], {"REDIS_URL": f"redis://127.0.0.1:{free_port()}"})
+    try:
+        rs = [httpx.post(f"{app.url}/bulk?points=6", timeout=10) for _ in range(2)]
+        assert [r.status_code for r in rs] == [200, 429]
+        assert all(r.headers[responses.DEGRADED] == "fallback" for r in rs)
+        assert rs[1].json()["policy"] == "bulk-degraded"
+        assert rs[1].headers["RateLimit"] == '"bulk-degraded";r=4;t=36'
+        assert httpx.post(f"{app.url}/bulk?points=4", timeout=10).status_code == 200
+    finally:
+        app.close()

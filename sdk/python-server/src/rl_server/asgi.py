@@ -141,14 +141,16 @@ class RateLimitMiddleware:
         rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.request_id_header),
                    None) or uuid.uuid4().hex
         shadow = self.shadow or route.shadow
+        #: the request's cost once computed: the cost function runs once
+        cost: List[int] = []
         if route.idempotency_key and not request.headers.get("idempotency-key"):
             out = _refused(responses.idempotency_required(self.conf, scope["path"], rid))
         else:
             try:
-                out = await self._decide(route, request, params, rid)
+                out = await self._decide(route, request, params, rid, cost)
             except REDIS_FAILURES as err:
                 log.warning("rl: Redis failed on %s (%s): %s", compiled.name, route.on_redis_failure, err)
-                out = self._redis_failed(route, request, params, rid)
+                out = await self._redis_failed(route, request, params, rid, cost)
         if out.status is not None:
             if not shadow:
                 await self._release(out)
@@ -189,7 +191,9 @@ class RateLimitMiddleware:
         return None if command is None else self.rl.run(command)
 
     async def _decide(self, route: Route, request: Request, params: Mapping[str, str],
-                      rid: str) -> _Outcome:
+                      rid: str, costs: List[int]) -> _Outcome:
+        """The decision of Redis; the request's cost is appended to ``costs``
+        once computed."""
         out = _Outcome()
         policies = route_policies(route)
         path = request.url.path
@@ -210,6 +214,7 @@ class RateLimitMiddleware:
                         self.conf, policies, lease.name, lease.max, float(lease.ttl),
                         float(lease.expected), lease.status, got.retry_after_ms, path, rid, route.tier))
             cost = await cost_of(route.cost, request)
+            costs.append(cost)
             bindings: List[Binding] = []
             penalty = route.penalty
             groups: Tuple[Sequence[Any], ...] = (route.rates, route.windows, route.quotas)
@@ -259,11 +264,16 @@ class RateLimitMiddleware:
             except REDIS_FAILURES as err:
                 log.warning("rl: refund failed: %s", err)
 
-    def _redis_failed(self, route: Route, request: Request, params: Mapping[str, str],
-                      rid: str) -> _Outcome:
-        """Redis failed: 503 for a route that fails closed; else the local limiter."""
+    async def _redis_failed(self, route: Route, request: Request, params: Mapping[str, str],
+                            rid: str, costs: List[int]) -> _Outcome:
+        """Redis failed: 503 for a route that fails closed; else the local
+        limiter, charging the request's cost (``costs``: the one computed
+        before Redis failed, if any)."""
         if route.on_redis_failure == "closed":
             return _refused(responses.fail_closed(self.conf, request.url.path, rid, route.tier))
+        local: List[Any] = [*route.rates, *route.windows]
+        # before the local leases: a cost function that raises holds none
+        cost = (costs[0] if costs else await cost_of(route.cost, request)) if local else 0
         out = _Outcome(headers={responses.DEGRADED: responses.DEGRADED_VALUE})
         for lease, key in zip(route.leases, keyed(route.leases, request, params)):
             if not self.local.acquire(key, lease.max):
@@ -275,7 +285,6 @@ class RateLimitMiddleware:
                 return out
             out.local_leases.append(key)
         buckets, names = [], []
-        local: List[Any] = [*route.rates, *route.windows]
         for item, key in zip(local, keyed(local, request, params)):
             cap = item.capacity if isinstance(item, Rate) else item.limit
             rate = item.tokens if isinstance(item, Rate) else item.limit
@@ -283,7 +292,6 @@ class RateLimitMiddleware:
                             max(math.floor(rate * self.fallback_ratio), 1), window_seconds(item)))
             names.append(item.name + "-degraded")
         if buckets:
-            cost = route.cost if isinstance(route.cost, int) else 1
             ds = self.local.take(buckets, min(cost, min(b[1] for b in buckets)))
             if not ds[0].allowed:
                 i = max(range(len(ds)), key=lambda j: ds[j].retry_after_ms)

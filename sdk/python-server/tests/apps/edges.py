@@ -1,7 +1,9 @@
 """A Starlette app for the middleware's edge cases, run by uvicorn with
 RL_ROOT_PATH as its root path (behind a proxy that strips a prefix):
 /hello spends a bucket of 3 and /work holds a lease of 1 (declared on the
-app), /v1/hello a bucket of 3 declared on a sub-app under Mount("/v1")."""
+app), /v1/hello a bucket of 3 declared on a sub-app under Mount("/v1");
+POST /bulk?points=N costs N (an async cost function) from a bucket of 10
+and falls back to the local limiter at full size when Redis fails."""
 
 import asyncio
 import os
@@ -22,6 +24,10 @@ async def hello(request: Request) -> JSONResponse:
     return JSONResponse({"path": request.scope["path"]})
 
 
+async def points(request: Request) -> int:
+    return int(request.query_params.get("points", "1"))
+
+
 async def work(request: Request) -> JSONResponse:
     await asyncio.sleep(float(request.query_params.get("seconds", "0")))
     return JSONResponse({"done": True})
@@ -30,10 +36,13 @@ async def work(request: Request) -> JSONResponse:
 v1 = Starlette(routes=[Path("/hello", hello)])
 install(v1, redis=REDIS, routes={"GET /hello": Route(rates=[Rate("v1-hello", "rl:v1:{client}", 3, 3, 60)])})
 
-app = Starlette(routes=[Path("/hello", hello), Path("/work", work), Mount("/v1", app=v1)])
-install(app, redis=REDIS, routes={
+app = Starlette(routes=[Path("/hello", hello), Path("/work", work), Path("/bulk", work, methods=["POST"]),
+                        Mount("/v1", app=v1)])
+install(app, redis=REDIS, fallback_ratio=1.0, routes={
     "GET /hello": Route(rates=[Rate("hello", "rl:hello:{client}", 3, 3, 60)]),
     "GET /work": Route(leases=[Concurrency("work", "rl:work", 1, ttl=30)]),
+    "POST /bulk": Route(rates=[Rate("bulk", "rl:bulk:{client}", 10, 10, 60)], cost=points,
+                        on_redis_failure="local"),
 })
 
 if __name__ == "__main__":
