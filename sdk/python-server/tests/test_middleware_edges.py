@@ -1,10 +1,12 @@
 """The middleware's edge cases under uvicorn over real HTTP: routes matched
 on the path Starlette routes on (under a root path, in a mounted sub-app);
 HEAD, which Starlette serves from a GET route, limited as that GET; the
-local limiter charging a cost function's points."""
+local limiter charging a cost function's points; which X-Request-Id a
+problem body echoes."""
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import httpx
@@ -87,3 +89,18 @@ def test_local_fallback_charges_the_cost_function() -> None:
         assert httpx.post(f"{app.url}/bulk?points=4", timeout=10).status_code == 200
     finally:
         app.close()
+
+
+@pytest.mark.parametrize("given, echoed", [
+    (b"req-1.2:3_x", True), (b"a" * 64, True), (b"a" * 65, False), (b"", False),
+    (b"<script>alert(1)</script>", False), (b"id with spaces", False),
+    ("\u00e9t\u00e9".encode("latin-1"), False),
+])
+def test_request_id_echoed_only_when_safe(plain: App, given: bytes, echoed: bool) -> None:
+    r = httpx.post(f"{plain.url}/pay", headers=[(b"X-Request-Id", given)], timeout=10)
+    assert r.status_code == 400 and r.json()["type"].endswith("/idempotency-key-required")
+    rid = r.json()["request_id"]
+    if echoed:
+        assert rid == given.decode()
+    else:
+        assert re.fullmatch("[0-9a-f]{32}", rid), rid

@@ -138,8 +138,8 @@ class RateLimitMiddleware:
         compiled, params = found
         route = compiled.route
         request = Request({**scope, "path_params": params})
-        rid = next((v.decode("latin-1") for k, v in scope["headers"] if k == self.request_id_header),
-                   None) or uuid.uuid4().hex
+        rid = responses.request_id(next((v.decode("latin-1") for k, v in scope["headers"]
+                                         if k == self.request_id_header), None))
         shadow = self.shadow or route.shadow
         #: the request's cost once computed: the cost function runs once
         cost: List[int] = []

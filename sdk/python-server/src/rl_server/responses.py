@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
+import uuid
 from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -32,8 +34,17 @@ TITLES = {
     "idempotency-key-required": "Idempotency-Key required",
 }
 
+#: a request id echoed in problem bodies: ASCII letters, digits, ``_.:-``, 1 to 64
+SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
 #: body members copied from the refusal when given, after the common ones
 _OPTIONAL = ("block_type", "upgrade_url", "challenge", "concurrency_limit", "degraded")
+
+
+def request_id(given: Optional[str]) -> str:
+    """``given`` (the request's X-Request-Id) when it is safe to echo, else
+    32 random hex digits (as the Node SDK)."""
+    return given if given is not None and SAFE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
 def seconds(ms: Optional[int]) -> int:

@@ -3,7 +3,8 @@ RL_ROOT_PATH as its root path (behind a proxy that strips a prefix):
 /hello spends a bucket of 3 and /work holds a lease of 1 (declared on the
 app), /v1/hello a bucket of 3 declared on a sub-app under Mount("/v1");
 POST /bulk?points=N costs N (an async cost function) from a bucket of 10
-and falls back to the local limiter at full size when Redis fails."""
+and falls back to the local limiter at full size when Redis fails; POST
+/pay requires an Idempotency-Key."""
 
 import asyncio
 import os
@@ -37,12 +38,14 @@ v1 = Starlette(routes=[Path("/hello", hello)])
 install(v1, redis=REDIS, routes={"GET /hello": Route(rates=[Rate("v1-hello", "rl:v1:{client}", 3, 3, 60)])})
 
 app = Starlette(routes=[Path("/hello", hello), Path("/work", work), Path("/bulk", work, methods=["POST"]),
+                        Path("/pay", work, methods=["POST"]),
                         Mount("/v1", app=v1)])
 install(app, redis=REDIS, fallback_ratio=1.0, routes={
     "GET /hello": Route(rates=[Rate("hello", "rl:hello:{client}", 3, 3, 60)]),
     "GET /work": Route(leases=[Concurrency("work", "rl:work", 1, ttl=30)]),
     "POST /bulk": Route(rates=[Rate("bulk", "rl:bulk:{client}", 10, 10, 60)], cost=points,
                         on_redis_failure="local"),
+    "POST /pay": Route(idempotency_key=True),
 })
 
 if __name__ == "__main__":
