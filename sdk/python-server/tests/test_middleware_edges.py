@@ -2,7 +2,7 @@
 on the path Starlette routes on (under a root path, in a mounted sub-app);
 HEAD, which Starlette serves from a GET route, limited as that GET; the
 local limiter charging a cost function's points; which X-Request-Id a
-problem body echoes."""
+problem body echoes; shadow mode still requiring an Idempotency-Key."""
 
 from __future__ import annotations
 
@@ -104,3 +104,14 @@ def test_request_id_echoed_only_when_safe(plain: App, given: bytes, echoed: bool
         assert rid == given.decode()
     else:
         assert re.fullmatch("[0-9a-f]{32}", rid), rid
+
+
+def test_shadow_mode_still_requires_an_idempotency_key(plain: App, flushed: RedisServer) -> None:
+    r = httpx.post(f"{plain.url}/shadow-pay", timeout=10)
+    assert r.status_code == 400 and r.json()["type"].endswith("/idempotency-key-required")
+    assert "RateLimit" not in r.headers
+    # with one, the bucket of 1 is spent and shadow mode lets the second through unmarked
+    rs = [httpx.post(f"{plain.url}/shadow-pay", headers={"Idempotency-Key": f"op-{i}"}, timeout=10)
+          for i in range(2)]
+    assert [x.status_code for x in rs] == [200, 200] and all("RateLimit" not in x.headers for x in rs)
+    assert redis.Redis(port=flushed.port).exists("rl:shadow-pay:127.0.0.1") == 1

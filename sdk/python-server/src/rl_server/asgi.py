@@ -140,17 +140,19 @@ class RateLimitMiddleware:
         request = Request({**scope, "path_params": params})
         rid = responses.request_id(next((v.decode("latin-1") for k, v in scope["headers"]
                                          if k == self.request_id_header), None))
+        if route.idempotency_key and not request.headers.get("idempotency-key"):
+            # a client error, not a limit: answered in shadow mode too (as the Node SDK)
+            answer = responses.idempotency_required(self.conf, scope["path"], rid)
+            assert answer.body is not None
+            return await self._answer(send, answer.status, answer.headers, answer.body)
         shadow = self.shadow or route.shadow
         #: the request's cost once computed: the cost function runs once
         cost: List[int] = []
-        if route.idempotency_key and not request.headers.get("idempotency-key"):
-            out = _refused(responses.idempotency_required(self.conf, scope["path"], rid))
-        else:
-            try:
-                out = await self._decide(route, request, params, rid, cost)
-            except REDIS_FAILURES as err:
-                log.warning("rl: Redis failed on %s (%s): %s", compiled.name, route.on_redis_failure, err)
-                out = await self._redis_failed(route, request, params, rid, cost)
+        try:
+            out = await self._decide(route, request, params, rid, cost)
+        except REDIS_FAILURES as err:
+            log.warning("rl: Redis failed on %s (%s): %s", compiled.name, route.on_redis_failure, err)
+            out = await self._redis_failed(route, request, params, rid, cost)
         if out.status is not None:
             if not shadow:
                 await self._release(out)

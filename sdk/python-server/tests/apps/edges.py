@@ -4,7 +4,8 @@ RL_ROOT_PATH as its root path (behind a proxy that strips a prefix):
 app), /v1/hello a bucket of 3 declared on a sub-app under Mount("/v1");
 POST /bulk?points=N costs N (an async cost function) from a bucket of 10
 and falls back to the local limiter at full size when Redis fails; POST
-/pay requires an Idempotency-Key."""
+/pay requires an Idempotency-Key, POST /shadow-pay too, in shadow mode
+with a bucket of 1."""
 
 import asyncio
 import os
@@ -38,7 +39,7 @@ v1 = Starlette(routes=[Path("/hello", hello)])
 install(v1, redis=REDIS, routes={"GET /hello": Route(rates=[Rate("v1-hello", "rl:v1:{client}", 3, 3, 60)])})
 
 app = Starlette(routes=[Path("/hello", hello), Path("/work", work), Path("/bulk", work, methods=["POST"]),
-                        Path("/pay", work, methods=["POST"]),
+                        Path("/pay", work, methods=["POST"]), Path("/shadow-pay", work, methods=["POST"]),
                         Mount("/v1", app=v1)])
 install(app, redis=REDIS, fallback_ratio=1.0, routes={
     "GET /hello": Route(rates=[Rate("hello", "rl:hello:{client}", 3, 3, 60)]),
@@ -46,6 +47,8 @@ install(app, redis=REDIS, fallback_ratio=1.0, routes={
     "POST /bulk": Route(rates=[Rate("bulk", "rl:bulk:{client}", 10, 10, 60)], cost=points,
                         on_redis_failure="local"),
     "POST /pay": Route(idempotency_key=True),
+    "POST /shadow-pay": Route(rates=[Rate("shadow-pay", "rl:shadow-pay:{client}", 1, 1, 60)],
+                              idempotency_key=True, shadow=True),
 })
 
 if __name__ == "__main__":
