@@ -123,13 +123,17 @@ local elt_ptr = ffi.typeof("ngx_http_lua_ffi_table_elt_t*")
 local elt_size = ffi.sizeof("ngx_http_lua_ffi_table_elt_t")
 local truncated = ffi.new("int[1]")
 
--- Whether ngx_lua's C functions have the signature used here (resty.core
--- 0.1.24 and later: OpenResty 1.21.4+, Debian 12); elsewhere
+-- Whether ngx_lua's C functions have the signature used here (the count
+-- with its `truncated` argument: resty.core 0.1.24 and later, OpenResty
+-- 1.21.4+, Debian 12), by resty.core's version (LuaJIT's name of a C
+-- function's type leaves its parameters out); elsewhere
 -- ngx.req.get_headers(0) gives the same values.
-local ffi_headers = pcall(function()
-    local sig = tostring(ffi.typeof(C.ngx_http_lua_ffi_req_get_headers_count))
-    assert(sig:find("int %*%)>?$"))
-end)
+local ffi_headers
+do
+    local major, minor, patch = tostring(ngx_base.version):match("^(%d+)%.(%d+)%.(%d+)")
+    major, minor, patch = tonumber(major), tonumber(minor), tonumber(patch)
+    ffi_headers = major ~= nil and (major > 0 or minor > 1 or minor == 1 and patch >= 24)
+end
 
 -- The values of request header `key` (lower case): a string, a list for
 -- a repeated one, or nil. Every header counts, however many the request
