@@ -92,7 +92,15 @@ export function rlExpress(options: LimiterOptions<Request>): {
       const route = engine.route(config, `route #${++n}`);
       return (req: Request, res: Response, next: NextFunction) => {
         engine.decide(route, new ExpressRequest(req)).then((v) => {
-          if (!applyVerdict(v, res)) next();
+          let answered: boolean;
+          try {
+            answered = applyVerdict(v, res);
+          } catch (e) {
+            // to Express's error handling, once: an exception here must not become an unhandled rejection
+            next(e);
+            return;
+          }
+          if (!answered) next();
         }, next);
       };
     },

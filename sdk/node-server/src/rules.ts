@@ -4,6 +4,8 @@
  * answers, what happens when Redis fails), checked at start with the
  * option named, and turned into one rl command per rule and request.
  */
+import { validateHeaderName, validateHeaderValue } from "node:http";
+
 import { int, RlConfigError, seconds as durationArg } from "./args.js";
 import {
   buildQuota, buildTake, buildWindow, type Built, type QuotaPeriod, type WindowMode,
@@ -94,6 +96,23 @@ function secs(v: unknown): boolean {
   }
 }
 
+function headerNameOk(name: string): boolean {
+  try {
+    validateHeaderName(name);
+    return true;
+  } catch {
+    return false;
+  }
+}
+function headerValueOk(value: string): boolean {
+  try {
+    validateHeaderValue("x", value);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 /** Checks a rule (and fills its defaults); errors name the rule and the option. */
 export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
   check(typeof r === "object" && r !== null, where, "must be an object");
@@ -142,6 +161,17 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
     where, "cost must be an integer >= 0 or a function of the request");
   check(r.onRedisFailure === undefined || ["closed", "local", "open"].includes(r.onRedisFailure), where,
     "onRedisFailure must be closed, local or open");
+  // what a response's headers carry is checked here: a value Node refuses would throw at the refusal
+  check(headerValueOk(r.name), where, "name must be usable in a header value (Latin-1 text, no control characters)");
+  check(r.unit === undefined || (typeof r.unit === "string" && headerValueOk(r.unit)), where,
+    "unit must be a string usable in a header value (Latin-1 text, no control characters)");
+  const hs = r.onRefusal?.headers;
+  check(hs === undefined || (typeof hs === "object" && hs !== null), where, "onRefusal.headers must be an object");
+  for (const h in hs ?? {}) {
+    check(headerNameOk(h), where, `onRefusal.headers: ${JSON.stringify(h)} is not a valid header name`);
+    check(typeof hs![h] === "string" && headerValueOk(hs![h]!), where,
+      `onRefusal.headers[${JSON.stringify(h)}] must be a string usable in a header value (Latin-1 text, no control characters)`);
+  }
   const st = r.onRefusal?.status;
   check(st === undefined || (posInt(st) && st >= 400 && st <= 599), where,
     "onRefusal.status must be an HTTP error status");

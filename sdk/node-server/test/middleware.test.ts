@@ -10,13 +10,14 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
+import express from "express";
 import Fastify from "fastify";
 import { Redis } from "ioredis";
 import { createClient } from "redis";
 
-import { forIoredis, forRedis, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
+import { forIoredis, forRedis, rlExpress, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
 import { FRAMEWORKS, serve, type AnyReq, type App, type RouteDef } from "./apps.js";
-import { count, hammer, untilStatus } from "./http.js";
+import { count, hammer, listening, untilStatus } from "./http.js";
 import { raw, Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
@@ -256,6 +257,11 @@ describe("bad configuration is refused at start, naming the option", () => {
     ["lock without key", { locks: [{ name: "l" } as never] }, /locks\[0\]: key must be a function/],
     ["failure mode", { onRedisFailure: "maybe" as never, rules: [] }, /onRedisFailure must be/],
     ["status", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { status: 200 } }] }, /onRefusal\.status must be/],
+    ["header value", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { headers: { "X-Plan": "gratuit ✓" } } }] },
+      /rules\[0\] \(x\): onRefusal\.headers\["X-Plan"\] must be a string usable in a header value/],
+    ["header name", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { headers: { "X Plan": "free" } } }] },
+      /rules\[0\] \(x\): onRefusal\.headers: "X Plan" is not a valid header name/],
+    ["rule name in a header", { rules: [{ name: "café ✓", limiter: { kind: "lease", max: 1 } }] }, /name must be usable in a header value/],
     ["duplicate", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 } }, { name: "x", limiter: { kind: "lease", max: 1 } }] }, /name x is used twice/],
   ];
   for (const framework of FRAMEWORKS) {
@@ -270,6 +276,50 @@ describe("bad configuration is refused at start, naming the option", () => {
       await assert.rejects(serve(framework, {} as never, []), /rl must be/);
     });
   }
+});
+
+describe("Express: an error while writing the verdict goes to the app's error handler", () => {
+  let server: Server;
+  let redis: Redis;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    redis = new Redis(server.port, "127.0.0.1");
+  });
+  after(async () => {
+    redis.disconnect();
+    await server.stop();
+  });
+
+  test("headers already sent by an earlier middleware: next(error) once, no unhandled rejection", async () => {
+    const unhandled: unknown[] = [];
+    const onUnhandled = (e: unknown) => { unhandled.push(e); };
+    process.on("unhandledRejection", onUnhandled);
+    const errors: Error[] = [];
+    const app = express();
+    const limits = rlExpress({ rl: forIoredis(redis) });
+    // a middleware that sends the head early (the rate-limit fields can no longer be set)
+    app.use((_req, res, next) => { res.writeHead(200); next(); });
+    app.get("/early", limits.route({ rules: [{ name: "early", limiter: { kind: "bucket", rate: 1, burst: 5, period: 3600 } }] }),
+      (_req, res) => { res.end("handler"); });
+    app.use((err: Error, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+      errors.push(err);
+      res.end();
+    });
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      const r = await fetch(`${url}/early`);
+      assert.equal(await r.text(), "", "the handler did not run");
+      await sleep(100);
+      assert.deepEqual(unhandled, []);
+      assert.equal(errors.length, 1);
+      assert.equal((errors[0] as { code?: string }).code, "ERR_HTTP_HEADERS_SENT");
+    } finally {
+      process.off("unhandledRejection", onUnhandled);
+      http.closeAllConnections();
+      http.close();
+    }
+  });
 });
 
 describe("the Fastify plugin's hook option", () => {
