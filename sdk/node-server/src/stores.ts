@@ -8,7 +8,9 @@
  *
  * A refused request is not counted by rl (its window stays at the limit):
  * the stores report it as one hit above the limit, which both libraries
- * read as "refused", with the time until a request fits again.
+ * read as "refused", with the time until a request fits again (and the
+ * express-rate-limit store remembers it, so that a decrement of it gives
+ * back nothing Redis counted).
  */
 import { key, RlConfigError } from "./args.js";
 import { buildWindow, decisionOf, type Decision, type RlCommands, type Transport, type WindowMode } from "./commands.js";
@@ -83,6 +85,9 @@ function send<R>(transport: Transport, b: Budget, keys: readonly string[], args:
 
 const nothing = (): void => {};
 
+/** Most keys with refusals not yet given back that an {@link RlExpressStore} remembers (the oldest is forgotten first). */
+const MAX_REFUSED_KEYS = 10_000;
+
 /**
  * An express-rate-limit store (its `Store` interface: `init`, `get`,
  * `increment`, `decrement`, `resetKey`): one RL.WINDOW per request, with
@@ -101,6 +106,15 @@ export class RlExpressStore {
   private readArgs: string[] = [];
   private refundArgs: string[] = [];
   private error: Error | undefined = new RlConfigError("RlExpressStore: init was not called (pass it as `store`)");
+  private limit = 0;
+  /**
+   * Per key, this process's refused hits not yet given back, and until when
+   * (the time the refusal said a request fits again). express-rate-limit
+   * counts a refused hit and, with skipFailedRequests, decrements it (its
+   * own 429 is a failed request); rl never counted it, so such a decrement
+   * is taken from here instead of refunding a hit Redis did count.
+   */
+  private readonly refused = new Map<string, { n: number; until: number }>();
   // the reply readers, made once (a request allocates no closure for them)
   private readonly counted = (reply: unknown) => this.info(decisionOf(reply, 1, "RL.WINDOW"));
   private readonly read = (reply: unknown) => {
@@ -128,6 +142,7 @@ export class RlExpressStore {
       this.hitArgs = ["RL.WINDOW", "", ...shared];
       this.readArgs = [...this.hitArgs, "COST", "0"];
       this.refundArgs = [...this.hitArgs, "REFUND", "1"];
+      this.limit = limit;
       this.error = undefined;
     } catch (e) {
       this.error = e as Error;
@@ -148,9 +163,32 @@ export class RlExpressStore {
     return { totalHits: hitsOf(d), resetTime: new Date(Date.now() + waitOf(d)) };
   }
 
-  /** Counts a hit: one RL.WINDOW (cost 1, rl's default; not counted when it does not fit). */
+  /**
+   * Counts a hit: one RL.WINDOW (cost 1, rl's default). A refused hit is
+   * not counted by rl: it is remembered (see `decrement`) and reported as
+   * one above the limit.
+   */
   increment(key: string): Promise<{ totalHits: number; resetTime: Date }> {
-    return this.call(key, this.hitArgs, this.counted);
+    return this.call(key, this.hitArgs, this.counted).then((info) => {
+      if (info.totalHits > this.limit) this.noteRefused(key, info.resetTime.getTime());
+      return info;
+    });
+  }
+
+  private noteRefused(key: string, until: number): void {
+    const r = this.refused.get(key);
+    if (r && r.until > Date.now()) {
+      r.n++;
+      r.until = Math.max(r.until, until);
+      return;
+    }
+    if (r) this.refused.delete(key);
+    if (this.refused.size >= MAX_REFUSED_KEYS) {
+      const now = Date.now();
+      for (const [k, v] of this.refused) if (v.until <= now) this.refused.delete(k);
+      if (this.refused.size >= MAX_REFUSED_KEYS) this.refused.delete(this.refused.keys().next().value!);
+    }
+    this.refused.set(key, { n: 1, until });
   }
 
   /** The count without counting (COST 0: writes nothing). */
@@ -158,13 +196,28 @@ export class RlExpressStore {
     return this.call(key, this.readArgs, this.read);
   }
 
-  /** Gives one hit back (RL.WINDOW ... REFUND 1), for skipSuccessfulRequests / skipFailedRequests. */
+  /**
+   * Gives one hit back, for skipSuccessfulRequests / skipFailedRequests:
+   * first one of the key's refused hits (rl never counted it: nothing to
+   * send), else one counted hit (RL.WINDOW ... REFUND 1). Hits, refused
+   * ones included, then go up and down as with express-rate-limit's
+   * MemoryStore, which counts refused hits.
+   */
   decrement(key: string): Promise<void> {
+    const r = this.refused.get(key);
+    if (r) {
+      if (r.until > Date.now()) {
+        if (--r.n === 0) this.refused.delete(key);
+        return Promise.resolve();
+      }
+      this.refused.delete(key);
+    }
     return this.call(key, this.refundArgs, nothing);
   }
 
   /** Forgets a client's count. */
   resetKey(key: string): Promise<void> {
+    this.refused.delete(key);
     const k = this.prefix + key;
     return send(this.rl.transport, this.budget, [k], ["DEL", k], nothing);
   }

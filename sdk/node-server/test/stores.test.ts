@@ -11,7 +11,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import express from "express";
-import { rateLimit } from "express-rate-limit";
+import { MemoryStore, rateLimit, type Store } from "express-rate-limit";
 import Fastify from "fastify";
 import fastifyRateLimit from "@fastify/rate-limit";
 import { Redis } from "ioredis";
@@ -19,7 +19,7 @@ import { createClient } from "redis";
 
 import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
 import { avoidBoundary, count, hammer, keyOffsetMs, listening, untilStatus } from "./http.js";
-import { Server, SERVERS } from "./servers.js";
+import { Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -210,5 +210,88 @@ describe("stores with Redis killed and back (node-redis: commands wait while it 
     } finally {
       await app.close();
     }
+  });
+});
+
+describe("express-rate-limit's skip options: the same admitted requests as its MemoryStore", () => {
+  let server: Server;
+  let redis: Redis;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    redis = new Redis(server.port, "127.0.0.1");
+  });
+  after(async () => {
+    redis.disconnect();
+    await server.stop();
+  });
+
+  /** A store whose decrements the test can wait for (they run after a response, not awaited by it). */
+  function tracked<S extends Store>(store: S): S & { settled(): Promise<void> } {
+    const inflight = new Set<Promise<void>>();
+    const decrement = store.decrement.bind(store);
+    store.decrement = (key: string) => {
+      const p = Promise.resolve(decrement(key)).finally(() => inflight.delete(p));
+      inflight.add(p);
+      return p;
+    };
+    return Object.assign(store, { settled: async () => { await sleep(20); await Promise.all([...inflight]); } });
+  }
+
+  /**
+   * `steps` one after the other ("s" succeeds, "f" answers 500, "S" succeeds once the
+   * gate opens, "o" opens it) on a route limited by `store`: the statuses.
+   */
+  async function run(store: Store & { settled(): Promise<void> }, skip: "skipFailedRequests" | "skipSuccessfulRequests",
+    limit: number, steps: string): Promise<number[]> {
+    let open!: () => void;
+    const gate = new Promise<void>((r) => { open = r; });
+    const app = express();
+    app.use(rateLimit({ windowMs: 60_000, limit, store, [skip]: true, keyGenerator: () => "k", validate: false }));
+    app.get("/", async (req, res) => {
+      if (req.query["gate"]) await Promise.race([gate, sleep(10_000)]);
+      res.status(req.query["fail"] ? 500 : 200).send("x");
+    });
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      const statuses: number[] = [];
+      const held: Promise<number>[] = [];
+      for (const step of steps) {
+        if (step === "o") {
+          open();
+          statuses.push(...await Promise.all(held));
+        } else if (step === "S") {
+          held.push(fetch(`${url}/?gate=1`).then(async (r) => { await r.arrayBuffer(); return r.status; }));
+          await sleep(100);
+        } else {
+          const r = await fetch(step === "f" ? `${url}/?fail=1` : url);
+          await r.arrayBuffer();
+          statuses.push(r.status);
+        }
+        await store.settled();
+      }
+      return statuses;
+    } finally {
+      open();
+      http.closeAllConnections();
+      http.close();
+    }
+  }
+
+  const cases: ["skipFailedRequests" | "skipSuccessfulRequests", number, string][] = [
+    ["skipFailedRequests", 5, "s".repeat(30)],
+    ["skipFailedRequests", 3, "fsfsssfsssff"],
+    ["skipSuccessfulRequests", 2, "ssfsfssfss"],
+    // a refusal while a request that will succeed is in flight: its decrement must not free a place
+    ["skipSuccessfulRequests", 1, "Sssoss"],
+  ];
+  cases.forEach(([skip, limit, steps], i) => {
+    test(`${skip}, limit ${limit}: ${steps}`, async () => {
+      const prefix = `erl-same:${i}:`;
+      await avoidBoundary([`${prefix}k`], 60_000);
+      const memory = await run(tracked(new MemoryStore()), skip, limit, steps);
+      const rl = await run(tracked(new RlExpressStore({ rl: forIoredis(redis), prefix })), skip, limit, steps);
+      assert.deepEqual(rl, memory);
+    });
   });
 });
