@@ -81,6 +81,8 @@ export interface RuleConfig<Req> {
 }
 
 const MODES = new Set(["sliding", "exact", "fixed"]);
+/** The largest limit of an exact (sliding log) window: rl answers an error above it. */
+export const MAX_EXACT_LIMIT = 10_000;
 const PERIOD_NAMES = new Set(["DAY", "WEEK", "MONTH"]);
 
 function check(ok: unknown, where: string, msg: string): void {
@@ -130,6 +132,8 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
     check(posInt(l.limit), where, "limiter.limit must be an integer >= 1");
     check(secs(l.window), where, "limiter.window must be seconds > 0 with at most 3 decimals");
     check(l.mode === undefined || MODES.has(l.mode), where, "limiter.mode must be sliding, exact or fixed");
+    check(l.mode !== "exact" || l.limit <= MAX_EXACT_LIMIT, where,
+      `limiter.limit must be at most ${MAX_EXACT_LIMIT} with mode exact (a sliding log)`);
   } else if (l.kind === "quota") {
     check(posInt(l.limit), where, "limiter.limit must be an integer >= 1");
     check(PERIOD_NAMES.has(l.period), where, "limiter.period must be DAY, WEEK or MONTH");
@@ -152,6 +156,8 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
         check(posInt(a.rate) && posInt(a.burst), where, `limiter.also[${i}]: rate and burst must be integers >= 1`);
       } else {
         check(posInt(a.limit), where, `limiter.also[${i}].limit must be an integer >= 1`);
+        check(l.kind !== "window" || l.mode !== "exact" || a.limit! <= MAX_EXACT_LIMIT, where,
+          `limiter.also[${i}].limit must be at most ${MAX_EXACT_LIMIT} with mode exact (a sliding log)`);
       }
     });
   }

@@ -262,6 +262,10 @@ describe("bad configuration is refused at start, naming the option", () => {
     ["header name", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { headers: { "X Plan": "free" } } }] },
       /rules\[0\] \(x\): onRefusal\.headers: "X Plan" is not a valid header name/],
     ["rule name in a header", { rules: [{ name: "café ✓", limiter: { kind: "lease", max: 1 } }] }, /name must be usable in a header value/],
+    ["exact above 10,000", { rules: [{ name: "x", limiter: { kind: "window", limit: 10_001, window: 60, mode: "exact" } }] },
+      /rules\[0\] \(x\): limiter\.limit must be at most 10000 with mode exact/],
+    ["exact also above 10,000", { rules: [{ name: "x", limiter: { kind: "window", limit: 5, window: 60, mode: "exact", also: [{ name: "t", limit: 20_000 }] } }] },
+      /limiter\.also\[0\]\.limit must be at most 10000 with mode exact/],
     ["duplicate", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 } }, { name: "x", limiter: { kind: "lease", max: 1 } }] }, /name x is used twice/],
   ];
   for (const framework of FRAMEWORKS) {

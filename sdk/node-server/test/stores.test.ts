@@ -28,11 +28,13 @@ test("the stores refuse bad options at construction, naming them", () => {
   assert.throws(() => new RlExpressStore({ rl, mode: "rolling" as "fixed" }), /mode must be/);
   assert.throws(() => new RlExpressStore({ rl: {} as RlCommands }), /rl must be/);
   const store = new RlExpressStore({ rl });
-  assert.throws(() => store.init({ limit: () => 5, windowMs: 1000 }), /limit must be a whole number/);
+  assert.throws(() => store.init({ limit: () => 5, windowMs: 1000 }), /limit must be a number with RlExpressStore, got a function/);
+  assert.throws(() => new RlExpressStore({ rl, mode: "exact" }).init({ limit: 10_001, windowMs: 1000 }), /limit must be at most 10000 with mode "exact"/);
   assert.throws(() => store.init({ limit: 5, windowMs: 0.5 }), /windowMs must be/);
   const Store = rlFastifyStore({ rl });
   assert.throws(() => new Store({ ban: 2 }), /ban is not supported/);
   assert.throws(() => new Store({ continueExceeding: true }), RlConfigError);
+  assert.throws(() => new (rlFastifyStore({ rl, mode: "exact" }))({ max: 20_000 }), /max must be at most 10000 with mode "exact"/);
 });
 
 for (const { name, bin } of SERVERS) {
@@ -293,5 +295,95 @@ describe("express-rate-limit's skip options: the same admitted requests as its M
       const rl = await run(tracked(new RlExpressStore({ rl: forIoredis(redis), prefix })), skip, limit, steps);
       assert.deepEqual(rl, memory);
     });
+  });
+});
+
+describe("limits the host libraries accept: refused as they refuse, a configuration error never passes", () => {
+  let server: Server;
+  let redis: Redis;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    redis = new Redis(server.port, "127.0.0.1");
+  });
+  after(async () => {
+    redis.disconnect();
+    await server.stop();
+  });
+  const statuses = async (url: string, n: number) => {
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const r = await fetch(url);
+      await r.arrayBuffer();
+      out.push(r.status);
+    }
+    return out;
+  };
+
+  test("express-rate-limit: limit 0, 2.5, a function, exact above 10,000 (with and without passOnStoreError)", async () => {
+    const rl = forIoredis(redis);
+    const app = express();
+    const logged: unknown[] = [];
+    const logger = { error: (e: unknown) => { logged.push(e); }, warn: () => {} };
+    let n = 0;
+    const limited = (limit: unknown, pass: boolean, mode: "fixed" | "exact" = "fixed") => rateLimit({
+      windowMs: 60_000, limit: limit as number, passOnStoreError: pass, validate: false, logger,
+      store: new RlExpressStore({ rl, mode, prefix: `erl-odd:${++n}:` }),
+    } as never);
+    for (const pass of [false, true]) {
+      app.get(`/zero/${pass}`, limited(0, pass), (_req, res) => { res.send("ok"); });
+      app.get(`/half/${pass}`, limited(2.5, pass), (_req, res) => { res.send("ok"); });
+      app.get(`/fn/${pass}`, limited(() => 2, pass), (_req, res) => { res.send("ok"); });
+      app.get(`/exact/${pass}`, limited(20_000, pass, "exact"), (_req, res) => { res.send("ok"); });
+    }
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      await avoidBoundary([2, 6].map((i) => `erl-odd:${i}:127.0.0.1`).concat([2, 6].map((i) => `erl-odd:${i}:::ffff:127.0.0.1`)), 60_000);
+      for (const pass of [false, true]) {
+        assert.deepEqual(await statuses(`${url}/zero/${pass}`, 3), [429, 429, 429], `limit 0, passOnStoreError ${pass}`);
+        assert.deepEqual(await statuses(`${url}/half/${pass}`, 4), [200, 200, 429, 429], `limit 2.5, passOnStoreError ${pass}`);
+        assert.deepEqual(await statuses(`${url}/fn/${pass}`, 2), [429, 429], `a limit function, passOnStoreError ${pass}`);
+        assert.deepEqual(await statuses(`${url}/exact/${pass}`, 2), [429, 429], `exact above 10,000, passOnStoreError ${pass}`);
+      }
+      assert.ok(logged.some((e) => /limit must be at most 10000 with mode "exact"/.test(String(e))), "init's error is logged");
+    } finally {
+      http.closeAllConnections();
+      http.close();
+    }
+  });
+
+  test("@fastify/rate-limit: max 0, a max function giving 0 or 2.5, exact above 10,000 (with skipOnError)", async () => {
+    const rl = forIoredis(redis);
+    const app = Fastify();
+    await app.register(fastifyRateLimit, { global: false, skipOnError: true, store: rlFastifyStore({ rl, prefix: "frl-odd:" }) });
+    const route = (path: string, max: unknown) => app.get(path, { config: { rateLimit: { max: max as number, timeWindow: 60_000 } } }, async () => "ok");
+    route("/zero", 0);
+    route("/fn-zero", () => 0);
+    route("/fn-half", () => 2.5);
+    await app.register(async (exact) => {
+      await exact.register(fastifyRateLimit, { global: false, skipOnError: true, store: rlFastifyStore({ rl, mode: "exact", prefix: "frl-odd-exact:" }) });
+      exact.get("/exact-fn", { config: { rateLimit: { max: () => 20_000, timeWindow: 60_000 } } }, async () => "ok");
+    });
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => { warnings.push(w); };
+    process.on("warning", onWarning);
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    try {
+      const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+      assert.deepEqual(await statuses(`${url}/zero`, 3), [429, 429, 429], "max 0");
+      assert.deepEqual(await statuses(`${url}/fn-zero`, 3), [429, 429, 429], "max () => 0");
+      assert.deepEqual(await statuses(`${url}/fn-half`, 4), [200, 200, 429, 429], "max () => 2.5");
+      assert.deepEqual(await statuses(`${url}/exact-fn`, 2), [429, 429], "exact, max () => 20000");
+      await sleep(50);
+      assert.ok(warnings.some((w) => /max must be at most 10000 with mode "exact"/.test(w.message)), "the error is said");
+    } finally {
+      process.off("warning", onWarning);
+      await app.close();
+    }
+    const bad = Fastify();
+    await assert.rejects(async () => {
+      await bad.register(fastifyRateLimit, { max: 20_000, store: rlFastifyStore({ rl, mode: "exact" }) });
+      await bad.ready();
+    }, /max must be at most 10000 with mode "exact"/);
   });
 });
