@@ -89,31 +89,18 @@ function check(ok: unknown, where: string, msg: string): void {
   if (!ok) throw new RlConfigError(`${where}: ${msg}`);
 }
 const posInt = (v: unknown) => typeof v === "number" && Number.isSafeInteger(v) && v >= 1;
-function secs(v: unknown): boolean {
+/** Whether `f` returns without throwing. */
+function passes(f: () => unknown): boolean {
   try {
-    durationArg("", v);
+    f();
     return true;
   } catch {
     return false;
   }
 }
-
-function headerNameOk(name: string): boolean {
-  try {
-    validateHeaderName(name);
-    return true;
-  } catch {
-    return false;
-  }
-}
-function headerValueOk(value: string): boolean {
-  try {
-    validateHeaderValue("x", value);
-    return true;
-  } catch {
-    return false;
-  }
-}
+const secs = (v: unknown) => passes(() => durationArg("", v));
+const headerNameOk = (name: string) => passes(() => validateHeaderName(name));
+const headerValueOk = (value: string) => passes(() => validateHeaderValue("x", value));
 
 /** Checks a rule (and fills its defaults); errors name the rule and the option. */
 export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {

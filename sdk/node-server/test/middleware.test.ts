@@ -18,7 +18,7 @@ import { createClient } from "redis";
 import { forIoredis, forRedis, rlExpress, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
 import { FRAMEWORKS, serve, type AnyReq, type App, type RouteDef } from "./apps.js";
 import { count, hammer, listening, untilStatus } from "./http.js";
-import { raw, Server, SERVERS, sleep } from "./servers.js";
+import { raw, redisForSuite, Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -283,16 +283,7 @@ describe("bad configuration is refused at start, naming the option", () => {
 });
 
 describe("Express: an error while writing the verdict goes to the app's error handler", () => {
-  let server: Server;
-  let redis: Redis;
-  before(async () => {
-    server = await Server.start(SERVERS[0]!.bin);
-    redis = new Redis(server.port, "127.0.0.1");
-  });
-  after(async () => {
-    redis.disconnect();
-    await server.stop();
-  });
+  const suite = redisForSuite();
 
   test("headers already sent by an earlier middleware: next(error) once, no unhandled rejection", async () => {
     const unhandled: unknown[] = [];
@@ -300,7 +291,7 @@ describe("Express: an error while writing the verdict goes to the app's error ha
     process.on("unhandledRejection", onUnhandled);
     const errors: Error[] = [];
     const app = express();
-    const limits = rlExpress({ rl: forIoredis(redis) });
+    const limits = rlExpress({ rl: forIoredis(suite.redis()) });
     // a middleware that sends the head early (the rate-limit fields can no longer be set)
     app.use((_req, res, next) => { res.writeHead(200); next(); });
     app.get("/early", limits.route({ rules: [{ name: "early", limiter: { kind: "bucket", rate: 1, burst: 5, period: 3600 } }] }),
@@ -327,20 +318,11 @@ describe("Express: an error while writing the verdict goes to the app's error ha
 });
 
 describe("the Fastify plugin's hook option", () => {
-  let server: Server;
-  let redis: Redis;
-  before(async () => {
-    server = await Server.start(SERVERS[0]!.bin);
-    redis = new Redis(server.port, "127.0.0.1");
-  });
-  after(async () => {
-    redis.disconnect();
-    await server.stop();
-  });
+  const suite = redisForSuite();
 
   test("onRequest decides before the body is read; a bad hook is refused at registration", async () => {
     const app = Fastify();
-    await app.register(rlFastify, { rl: forIoredis(redis), hook: "onRequest" });
+    await app.register(rlFastify, { rl: forIoredis(suite.redis()), hook: "onRequest" });
     app.post("/early", { config: { rl: { rules: [{ name: "early", limiter: { kind: "bucket", rate: 1, burst: 1, period: 3600 } }] } } },
       async () => "ok");
     await app.listen({ port: 0, host: "127.0.0.1" });
@@ -353,7 +335,7 @@ describe("the Fastify plugin's hook option", () => {
     }
     const bad = Fastify();
     await assert.rejects(async () => {
-      await bad.register(rlFastify, { rl: forIoredis(redis), hook: "onSend" as never });
+      await bad.register(rlFastify, { rl: forIoredis(suite.redis()), hook: "onSend" as never });
       await bad.ready();
     }, /hook must be onRequest or preHandler/);
   });

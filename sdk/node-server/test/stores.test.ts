@@ -19,7 +19,7 @@ import { createClient } from "redis";
 
 import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
 import { avoidBoundary, count, hammer, keyOffsetMs, listening, untilStatus } from "./http.js";
-import { Server, SERVERS, sleep } from "./servers.js";
+import { redisForSuite, Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -216,16 +216,7 @@ describe("stores with Redis killed and back (node-redis: commands wait while it 
 });
 
 describe("express-rate-limit's skip options: the same admitted requests as its MemoryStore", () => {
-  let server: Server;
-  let redis: Redis;
-  before(async () => {
-    server = await Server.start(SERVERS[0]!.bin);
-    redis = new Redis(server.port, "127.0.0.1");
-  });
-  after(async () => {
-    redis.disconnect();
-    await server.stop();
-  });
+  const suite = redisForSuite();
 
   /** A store whose decrements the test can wait for (they run after a response, not awaited by it). */
   function tracked<S extends Store>(store: S): S & { settled(): Promise<void> } {
@@ -292,23 +283,14 @@ describe("express-rate-limit's skip options: the same admitted requests as its M
       const prefix = `erl-same:${i}:`;
       await avoidBoundary([`${prefix}k`], 60_000);
       const memory = await run(tracked(new MemoryStore()), skip, limit, steps);
-      const rl = await run(tracked(new RlExpressStore({ rl: forIoredis(redis), prefix })), skip, limit, steps);
+      const rl = await run(tracked(new RlExpressStore({ rl: forIoredis(suite.redis()), prefix })), skip, limit, steps);
       assert.deepEqual(rl, memory);
     });
   });
 });
 
 describe("limits the host libraries accept: refused as they refuse, a configuration error never passes", () => {
-  let server: Server;
-  let redis: Redis;
-  before(async () => {
-    server = await Server.start(SERVERS[0]!.bin);
-    redis = new Redis(server.port, "127.0.0.1");
-  });
-  after(async () => {
-    redis.disconnect();
-    await server.stop();
-  });
+  const suite = redisForSuite();
   const statuses = async (url: string, n: number) => {
     const out: number[] = [];
     for (let i = 0; i < n; i++) {
@@ -320,7 +302,7 @@ describe("limits the host libraries accept: refused as they refuse, a configurat
   };
 
   test("express-rate-limit: limit 0, 2.5, a function, exact above 10,000 (with and without passOnStoreError)", async () => {
-    const rl = forIoredis(redis);
+    const rl = forIoredis(suite.redis());
     const app = express();
     const logged: unknown[] = [];
     const logger = { error: (e: unknown) => { logged.push(e); }, warn: () => {} };
@@ -353,7 +335,7 @@ describe("limits the host libraries accept: refused as they refuse, a configurat
   });
 
   test("@fastify/rate-limit: max 0, a max function giving 0 or 2.5, exact above 10,000 (with skipOnError)", async () => {
-    const rl = forIoredis(redis);
+    const rl = forIoredis(suite.redis());
     const app = Fastify();
     await app.register(fastifyRateLimit, { global: false, skipOnError: true, store: rlFastifyStore({ rl, prefix: "frl-odd:" }) });
     const route = (path: string, max: unknown) => app.get(path, { config: { rateLimit: { max: max as number, timeWindow: 60_000 } } }, async () => "ok");
