@@ -28,6 +28,13 @@ const apiBudget = (cost) => ({
 const app = express();
 app.use(express.json());
 
+// a caller without a tenant or an API key is refused here: a rule whose key function
+// returns undefined does not apply to the request, so it would not be limited at all
+app.use("/v1", (req, res, next) => {
+  if (tenant(req) && apiKey(req)) return next();
+  res.status(401).json({ error: "X-Tenant and X-Api-Key are required" });
+});
+
 app.get("/v1/ledgers/:id", limits.route({ rules: [apiBudget(1)] }), (req, res) => {
   res.json({ ledger: req.params.id });
 });

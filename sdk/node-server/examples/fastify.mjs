@@ -26,6 +26,12 @@ const apiBudget = (cost) => ({
 const app = Fastify();
 await app.register(rlFastify, { rl: forIoredis(redis), timeoutMs: 100 });
 
+// a caller without a tenant or an API key is refused here: a rule whose key function
+// returns undefined does not apply to the request, so it would not be limited at all
+app.addHook("onRequest", async (req, reply) => {
+  if (!tenant(req) || !apiKey(req)) return reply.code(401).send({ error: "X-Tenant and X-Api-Key are required" });
+});
+
 app.get("/v1/ledgers/:id", { config: { rl: { rules: [apiBudget(1)] } } }, async (req) => ({ ledger: req.params.id }));
 
 // a write costs 10 points, or 25 above 10,000 cents; it needs an Idempotency-Key

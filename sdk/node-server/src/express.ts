@@ -15,9 +15,19 @@ function setHeaders(res: import("node:http").ServerResponse, headers: Record<str
   for (const k in headers) res.setHeader(k, headers[k]!);
 }
 
-/** Writes a verdict to a Node response: the refusal, or the fields and the release at the response's end. */
+/**
+ * Writes a verdict to a Node response: the refusal, or the fields and the
+ * release at the response's end. True when the request is answered (or its
+ * client already went away, its leases released at once): the handler
+ * must not run.
+ */
 export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse): boolean {
   const a = v.answer;
+  if (res.destroyed || res.closed) {
+    // the client left while rl decided: "close" was already emitted, so nothing would release later
+    if (v.holds) void v.release();
+    return true;
+  }
   if (a.status !== null) {
     res.statusCode = a.status;
     setHeaders(res, a.headers);
@@ -29,16 +39,20 @@ export function applyVerdict(v: Verdict, res: import("node:http").ServerResponse
     }
     return true;
   }
-  setHeaders(res, a.headers);
-  if (!v.holds) return false;
+  if (!v.holds) {
+    setHeaders(res, a.headers);
+    return false;
+  }
   let released = false;
-  // "close" comes once the response is sent, or when the client went away first
+  // "close" comes once the response is sent, or when the client went away first;
+  // listened to before the headers are set, so an error there still releases
   res.once("close", () => {
     if (!released) {
       released = true;
       void v.release();
     }
   });
+  setHeaders(res, a.headers);
   return false;
 }
 
@@ -78,7 +92,15 @@ export function rlExpress(options: LimiterOptions<Request>): {
       const route = engine.route(config, `route #${++n}`);
       return (req: Request, res: Response, next: NextFunction) => {
         engine.decide(route, new ExpressRequest(req)).then((v) => {
-          if (!applyVerdict(v, res)) next();
+          let answered: boolean;
+          try {
+            answered = applyVerdict(v, res);
+          } catch (e) {
+            // to Express's error handling, once: an exception here must not become an unhandled rejection
+            next(e);
+            return;
+          }
+          if (!answered) next();
         }, next);
       };
     },

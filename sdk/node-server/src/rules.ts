@@ -4,6 +4,8 @@
  * answers, what happens when Redis fails), checked at start with the
  * option named, and turned into one rl command per rule and request.
  */
+import { validateHeaderName, validateHeaderValue } from "node:http";
+
 import { int, RlConfigError, seconds as durationArg } from "./args.js";
 import {
   buildQuota, buildTake, buildWindow, type Built, type QuotaPeriod, type WindowMode,
@@ -79,20 +81,26 @@ export interface RuleConfig<Req> {
 }
 
 const MODES = new Set(["sliding", "exact", "fixed"]);
+/** The largest limit of an exact (sliding log) window: rl answers an error above it. */
+export const MAX_EXACT_LIMIT = 10_000;
 const PERIOD_NAMES = new Set(["DAY", "WEEK", "MONTH"]);
 
 function check(ok: unknown, where: string, msg: string): void {
   if (!ok) throw new RlConfigError(`${where}: ${msg}`);
 }
 const posInt = (v: unknown) => typeof v === "number" && Number.isSafeInteger(v) && v >= 1;
-function secs(v: unknown): boolean {
+/** Whether `f` returns without throwing. */
+function passes(f: () => unknown): boolean {
   try {
-    durationArg("", v);
+    f();
     return true;
   } catch {
     return false;
   }
 }
+const secs = (v: unknown) => passes(() => durationArg("", v));
+const headerNameOk = (name: string) => passes(() => validateHeaderName(name));
+const headerValueOk = (value: string) => passes(() => validateHeaderValue("x", value));
 
 /** Checks a rule (and fills its defaults); errors name the rule and the option. */
 export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
@@ -111,6 +119,8 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
     check(posInt(l.limit), where, "limiter.limit must be an integer >= 1");
     check(secs(l.window), where, "limiter.window must be seconds > 0 with at most 3 decimals");
     check(l.mode === undefined || MODES.has(l.mode), where, "limiter.mode must be sliding, exact or fixed");
+    check(l.mode !== "exact" || l.limit <= MAX_EXACT_LIMIT, where,
+      `limiter.limit must be at most ${MAX_EXACT_LIMIT} with mode exact (a sliding log)`);
   } else if (l.kind === "quota") {
     check(posInt(l.limit), where, "limiter.limit must be an integer >= 1");
     check(PERIOD_NAMES.has(l.period), where, "limiter.period must be DAY, WEEK or MONTH");
@@ -133,6 +143,8 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
         check(posInt(a.rate) && posInt(a.burst), where, `limiter.also[${i}]: rate and burst must be integers >= 1`);
       } else {
         check(posInt(a.limit), where, `limiter.also[${i}].limit must be an integer >= 1`);
+        check(l.kind !== "window" || l.mode !== "exact" || a.limit! <= MAX_EXACT_LIMIT, where,
+          `limiter.also[${i}].limit must be at most ${MAX_EXACT_LIMIT} with mode exact (a sliding log)`);
       }
     });
   }
@@ -142,6 +154,17 @@ export function checkRule<Req>(r: RuleConfig<Req>, where: string): void {
     where, "cost must be an integer >= 0 or a function of the request");
   check(r.onRedisFailure === undefined || ["closed", "local", "open"].includes(r.onRedisFailure), where,
     "onRedisFailure must be closed, local or open");
+  // what a response's headers carry is checked here: a value Node refuses would throw at the refusal
+  check(headerValueOk(r.name), where, "name must be usable in a header value (Latin-1 text, no control characters)");
+  check(r.unit === undefined || (typeof r.unit === "string" && headerValueOk(r.unit)), where,
+    "unit must be a string usable in a header value (Latin-1 text, no control characters)");
+  const hs = r.onRefusal?.headers;
+  check(hs === undefined || (typeof hs === "object" && hs !== null), where, "onRefusal.headers must be an object");
+  for (const h in hs ?? {}) {
+    check(headerNameOk(h), where, `onRefusal.headers: ${JSON.stringify(h)} is not a valid header name`);
+    check(typeof hs![h] === "string" && headerValueOk(hs![h]!), where,
+      `onRefusal.headers[${JSON.stringify(h)}] must be a string usable in a header value (Latin-1 text, no control characters)`);
+  }
   const st = r.onRefusal?.status;
   check(st === undefined || (posInt(st) && st >= 400 && st <= 599), where,
     "onRefusal.status must be an HTTP error status");

@@ -31,6 +31,9 @@ for (const framework of ["express", "fastify"]) {
         once(proc, "exit").then(([c]) => Promise.reject(new Error(`example exited (${c})`)))]);
       const url = /listening on (\S+)/.exec(first)![1]!;
       const who = { "X-Tenant": `t-${framework}`, "X-Api-Key": "k1" };
+      // a caller without a tenant is refused, not left unlimited (its rules' key would be undefined)
+      assert.equal((await fetch(`${url}/v1/ledgers/L1`)).status, 401, "no X-Tenant");
+      assert.equal((await fetch(`${url}/v1/exports`, { headers: { "X-Api-Key": "k1" } })).status, 401, "no X-Tenant");
       const read = await fetch(`${url}/v1/ledgers/L1`, { headers: who });
       assert.equal(read.status, 200);
       assert.equal(read.headers.get("ratelimit-policy"), '"key";q=100;qu="points";w=60, "tenant";q=300;qu="points";w=60');

@@ -10,14 +10,15 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
+import express from "express";
 import Fastify from "fastify";
 import { Redis } from "ioredis";
 import { createClient } from "redis";
 
-import { forIoredis, forRedis, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
+import { forIoredis, forRedis, rlExpress, rlFastify, ruleKey, type DecisionEvent, type RlCommands } from "../src/index.js";
 import { FRAMEWORKS, serve, type AnyReq, type App, type RouteDef } from "./apps.js";
-import { count, hammer, untilStatus } from "./http.js";
-import { raw, Server, SERVERS, sleep } from "./servers.js";
+import { count, hammer, listening, untilStatus } from "./http.js";
+import { raw, redisForSuite, Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -256,6 +257,15 @@ describe("bad configuration is refused at start, naming the option", () => {
     ["lock without key", { locks: [{ name: "l" } as never] }, /locks\[0\]: key must be a function/],
     ["failure mode", { onRedisFailure: "maybe" as never, rules: [] }, /onRedisFailure must be/],
     ["status", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { status: 200 } }] }, /onRefusal\.status must be/],
+    ["header value", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { headers: { "X-Plan": "gratuit ✓" } } }] },
+      /rules\[0\] \(x\): onRefusal\.headers\["X-Plan"\] must be a string usable in a header value/],
+    ["header name", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 }, onRefusal: { headers: { "X Plan": "free" } } }] },
+      /rules\[0\] \(x\): onRefusal\.headers: "X Plan" is not a valid header name/],
+    ["rule name in a header", { rules: [{ name: "café ✓", limiter: { kind: "lease", max: 1 } }] }, /name must be usable in a header value/],
+    ["exact above 10,000", { rules: [{ name: "x", limiter: { kind: "window", limit: 10_001, window: 60, mode: "exact" } }] },
+      /rules\[0\] \(x\): limiter\.limit must be at most 10000 with mode exact/],
+    ["exact also above 10,000", { rules: [{ name: "x", limiter: { kind: "window", limit: 5, window: 60, mode: "exact", also: [{ name: "t", limit: 20_000 }] } }] },
+      /limiter\.also\[0\]\.limit must be at most 10000 with mode exact/],
     ["duplicate", { rules: [{ name: "x", limiter: { kind: "lease", max: 1 } }, { name: "x", limiter: { kind: "lease", max: 1 } }] }, /name x is used twice/],
   ];
   for (const framework of FRAMEWORKS) {
@@ -272,21 +282,47 @@ describe("bad configuration is refused at start, naming the option", () => {
   }
 });
 
+describe("Express: an error while writing the verdict goes to the app's error handler", () => {
+  const suite = redisForSuite();
+
+  test("headers already sent by an earlier middleware: next(error) once, no unhandled rejection", async () => {
+    const unhandled: unknown[] = [];
+    const onUnhandled = (e: unknown) => { unhandled.push(e); };
+    process.on("unhandledRejection", onUnhandled);
+    const errors: Error[] = [];
+    const app = express();
+    const limits = rlExpress({ rl: forIoredis(suite.redis()) });
+    // a middleware that sends the head early (the rate-limit fields can no longer be set)
+    app.use((_req, res, next) => { res.writeHead(200); next(); });
+    app.get("/early", limits.route({ rules: [{ name: "early", limiter: { kind: "bucket", rate: 1, burst: 5, period: 3600 } }] }),
+      (_req, res) => { res.end("handler"); });
+    app.use((err: Error, _req: express.Request, res: express.Response, _next: express.NextFunction) => {
+      errors.push(err);
+      res.end();
+    });
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      const r = await fetch(`${url}/early`);
+      assert.equal(await r.text(), "", "the handler did not run");
+      await sleep(100);
+      assert.deepEqual(unhandled, []);
+      assert.equal(errors.length, 1);
+      assert.equal((errors[0] as { code?: string }).code, "ERR_HTTP_HEADERS_SENT");
+    } finally {
+      process.off("unhandledRejection", onUnhandled);
+      http.closeAllConnections();
+      http.close();
+    }
+  });
+});
+
 describe("the Fastify plugin's hook option", () => {
-  let server: Server;
-  let redis: Redis;
-  before(async () => {
-    server = await Server.start(SERVERS[0]!.bin);
-    redis = new Redis(server.port, "127.0.0.1");
-  });
-  after(async () => {
-    redis.disconnect();
-    await server.stop();
-  });
+  const suite = redisForSuite();
 
   test("onRequest decides before the body is read; a bad hook is refused at registration", async () => {
     const app = Fastify();
-    await app.register(rlFastify, { rl: forIoredis(redis), hook: "onRequest" });
+    await app.register(rlFastify, { rl: forIoredis(suite.redis()), hook: "onRequest" });
     app.post("/early", { config: { rl: { rules: [{ name: "early", limiter: { kind: "bucket", rate: 1, burst: 1, period: 3600 } }] } } },
       async () => "ok");
     await app.listen({ port: 0, host: "127.0.0.1" });
@@ -299,7 +335,7 @@ describe("the Fastify plugin's hook option", () => {
     }
     const bad = Fastify();
     await assert.rejects(async () => {
-      await bad.register(rlFastify, { rl: forIoredis(redis), hook: "onSend" as never });
+      await bad.register(rlFastify, { rl: forIoredis(suite.redis()), hook: "onSend" as never });
       await bad.ready();
     }, /hook must be onRequest or preHandler/);
   });

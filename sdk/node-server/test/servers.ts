@@ -9,7 +9,10 @@ import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { createServer, Socket } from "node:net";
 import { homedir, tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
+
+import { Redis } from "ioredis";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 /** The repository (build-test/test -> sdk/node-server -> repo). */
@@ -121,4 +124,22 @@ export async function startCluster(bin: string): Promise<Server[]> {
     await sleep(100);
   }
   throw new Error("cluster did not become ok");
+}
+
+/**
+ * For a suite (call it inside describe): redis-server with the module
+ * started before its tests, with an ioredis client on it; both stopped after.
+ */
+export function redisForSuite(): { server(): Server; redis(): Redis } {
+  let server: Server;
+  let redis: Redis;
+  before(async () => {
+    server = await Server.start(SERVERS[0]!.bin);
+    redis = new Redis(server.port, "127.0.0.1");
+  });
+  after(async () => {
+    redis.disconnect();
+    await server.stop();
+  });
+  return { server: () => server, redis: () => redis };
 }

@@ -11,7 +11,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
 import express from "express";
-import { rateLimit } from "express-rate-limit";
+import { MemoryStore, rateLimit, type Store } from "express-rate-limit";
 import Fastify from "fastify";
 import fastifyRateLimit from "@fastify/rate-limit";
 import { Redis } from "ioredis";
@@ -19,7 +19,7 @@ import { createClient } from "redis";
 
 import { forIoredis, forRedis, RlConfigError, RlExpressStore, rlFastifyStore, type RlCommands } from "../src/index.js";
 import { avoidBoundary, count, hammer, keyOffsetMs, listening, untilStatus } from "./http.js";
-import { Server, SERVERS } from "./servers.js";
+import { redisForSuite, Server, SERVERS, sleep } from "./servers.js";
 
 const CLIENTS = 50;
 
@@ -28,11 +28,13 @@ test("the stores refuse bad options at construction, naming them", () => {
   assert.throws(() => new RlExpressStore({ rl, mode: "rolling" as "fixed" }), /mode must be/);
   assert.throws(() => new RlExpressStore({ rl: {} as RlCommands }), /rl must be/);
   const store = new RlExpressStore({ rl });
-  assert.throws(() => store.init({ limit: () => 5, windowMs: 1000 }), /limit must be a whole number/);
+  assert.throws(() => store.init({ limit: () => 5, windowMs: 1000 }), /limit must be a number with RlExpressStore, got a function/);
+  assert.throws(() => new RlExpressStore({ rl, mode: "exact" }).init({ limit: 10_001, windowMs: 1000 }), /limit must be at most 10000 with mode "exact"/);
   assert.throws(() => store.init({ limit: 5, windowMs: 0.5 }), /windowMs must be/);
   const Store = rlFastifyStore({ rl });
   assert.throws(() => new Store({ ban: 2 }), /ban is not supported/);
   assert.throws(() => new Store({ continueExceeding: true }), RlConfigError);
+  assert.throws(() => new (rlFastifyStore({ rl, mode: "exact" }))({ max: 20_000 }), /max must be at most 10000 with mode "exact"/);
 });
 
 for (const { name, bin } of SERVERS) {
@@ -210,5 +212,160 @@ describe("stores with Redis killed and back (node-redis: commands wait while it 
     } finally {
       await app.close();
     }
+  });
+});
+
+describe("express-rate-limit's skip options: the same admitted requests as its MemoryStore", () => {
+  const suite = redisForSuite();
+
+  /** A store whose decrements the test can wait for (they run after a response, not awaited by it). */
+  function tracked<S extends Store>(store: S): S & { settled(): Promise<void> } {
+    const inflight = new Set<Promise<void>>();
+    const decrement = store.decrement.bind(store);
+    store.decrement = (key: string) => {
+      const p = Promise.resolve(decrement(key)).finally(() => inflight.delete(p));
+      inflight.add(p);
+      return p;
+    };
+    return Object.assign(store, { settled: async () => { await sleep(20); await Promise.all([...inflight]); } });
+  }
+
+  /**
+   * `steps` one after the other ("s" succeeds, "f" answers 500, "S" succeeds once the
+   * gate opens, "o" opens it) on a route limited by `store`: the statuses.
+   */
+  async function run(store: Store & { settled(): Promise<void> }, skip: "skipFailedRequests" | "skipSuccessfulRequests",
+    limit: number, steps: string): Promise<number[]> {
+    let open!: () => void;
+    const gate = new Promise<void>((r) => { open = r; });
+    const app = express();
+    app.use(rateLimit({ windowMs: 60_000, limit, store, [skip]: true, keyGenerator: () => "k", validate: false }));
+    app.get("/", async (req, res) => {
+      if (req.query["gate"]) await Promise.race([gate, sleep(10_000)]);
+      res.status(req.query["fail"] ? 500 : 200).send("x");
+    });
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      const statuses: number[] = [];
+      const held: Promise<number>[] = [];
+      for (const step of steps) {
+        if (step === "o") {
+          open();
+          statuses.push(...await Promise.all(held));
+        } else if (step === "S") {
+          held.push(fetch(`${url}/?gate=1`).then(async (r) => { await r.arrayBuffer(); return r.status; }));
+          await sleep(100);
+        } else {
+          const r = await fetch(step === "f" ? `${url}/?fail=1` : url);
+          await r.arrayBuffer();
+          statuses.push(r.status);
+        }
+        await store.settled();
+      }
+      return statuses;
+    } finally {
+      open();
+      http.closeAllConnections();
+      http.close();
+    }
+  }
+
+  const cases: ["skipFailedRequests" | "skipSuccessfulRequests", number, string][] = [
+    ["skipFailedRequests", 5, "s".repeat(30)],
+    ["skipFailedRequests", 3, "fsfsssfsssff"],
+    ["skipSuccessfulRequests", 2, "ssfsfssfss"],
+    // a refusal while a request that will succeed is in flight: its decrement must not free a place
+    ["skipSuccessfulRequests", 1, "Sssoss"],
+  ];
+  cases.forEach(([skip, limit, steps], i) => {
+    test(`${skip}, limit ${limit}: ${steps}`, async () => {
+      const prefix = `erl-same:${i}:`;
+      await avoidBoundary([`${prefix}k`], 60_000);
+      const memory = await run(tracked(new MemoryStore()), skip, limit, steps);
+      const rl = await run(tracked(new RlExpressStore({ rl: forIoredis(suite.redis()), prefix })), skip, limit, steps);
+      assert.deepEqual(rl, memory);
+    });
+  });
+});
+
+describe("limits the host libraries accept: refused as they refuse, a configuration error never passes", () => {
+  const suite = redisForSuite();
+  const statuses = async (url: string, n: number) => {
+    const out: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const r = await fetch(url);
+      await r.arrayBuffer();
+      out.push(r.status);
+    }
+    return out;
+  };
+
+  test("express-rate-limit: limit 0, 2.5, a function, exact above 10,000 (with and without passOnStoreError)", async () => {
+    const rl = forIoredis(suite.redis());
+    const app = express();
+    const logged: unknown[] = [];
+    const logger = { error: (e: unknown) => { logged.push(e); }, warn: () => {} };
+    let n = 0;
+    const limited = (limit: unknown, pass: boolean, mode: "fixed" | "exact" = "fixed") => rateLimit({
+      windowMs: 60_000, limit: limit as number, passOnStoreError: pass, validate: false, logger,
+      store: new RlExpressStore({ rl, mode, prefix: `erl-odd:${++n}:` }),
+    } as never);
+    for (const pass of [false, true]) {
+      app.get(`/zero/${pass}`, limited(0, pass), (_req, res) => { res.send("ok"); });
+      app.get(`/half/${pass}`, limited(2.5, pass), (_req, res) => { res.send("ok"); });
+      app.get(`/fn/${pass}`, limited(() => 2, pass), (_req, res) => { res.send("ok"); });
+      app.get(`/exact/${pass}`, limited(20_000, pass, "exact"), (_req, res) => { res.send("ok"); });
+    }
+    const http = app.listen(0, "127.0.0.1");
+    try {
+      const url = await listening(http);
+      await avoidBoundary([2, 6].map((i) => `erl-odd:${i}:127.0.0.1`).concat([2, 6].map((i) => `erl-odd:${i}:::ffff:127.0.0.1`)), 60_000);
+      for (const pass of [false, true]) {
+        assert.deepEqual(await statuses(`${url}/zero/${pass}`, 3), [429, 429, 429], `limit 0, passOnStoreError ${pass}`);
+        assert.deepEqual(await statuses(`${url}/half/${pass}`, 4), [200, 200, 429, 429], `limit 2.5, passOnStoreError ${pass}`);
+        assert.deepEqual(await statuses(`${url}/fn/${pass}`, 2), [429, 429], `a limit function, passOnStoreError ${pass}`);
+        assert.deepEqual(await statuses(`${url}/exact/${pass}`, 2), [429, 429], `exact above 10,000, passOnStoreError ${pass}`);
+      }
+      assert.ok(logged.some((e) => /limit must be at most 10000 with mode "exact"/.test(String(e))), "init's error is logged");
+    } finally {
+      http.closeAllConnections();
+      http.close();
+    }
+  });
+
+  test("@fastify/rate-limit: max 0, a max function giving 0 or 2.5, exact above 10,000 (with skipOnError)", async () => {
+    const rl = forIoredis(suite.redis());
+    const app = Fastify();
+    await app.register(fastifyRateLimit, { global: false, skipOnError: true, store: rlFastifyStore({ rl, prefix: "frl-odd:" }) });
+    const route = (path: string, max: unknown) => app.get(path, { config: { rateLimit: { max: max as number, timeWindow: 60_000 } } }, async () => "ok");
+    route("/zero", 0);
+    route("/fn-zero", () => 0);
+    route("/fn-half", () => 2.5);
+    await app.register(async (exact) => {
+      await exact.register(fastifyRateLimit, { global: false, skipOnError: true, store: rlFastifyStore({ rl, mode: "exact", prefix: "frl-odd-exact:" }) });
+      exact.get("/exact-fn", { config: { rateLimit: { max: () => 20_000, timeWindow: 60_000 } } }, async () => "ok");
+    });
+    const warnings: Error[] = [];
+    const onWarning = (w: Error) => { warnings.push(w); };
+    process.on("warning", onWarning);
+    await app.listen({ port: 0, host: "127.0.0.1" });
+    try {
+      const url = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+      assert.deepEqual(await statuses(`${url}/zero`, 3), [429, 429, 429], "max 0");
+      assert.deepEqual(await statuses(`${url}/fn-zero`, 3), [429, 429, 429], "max () => 0");
+      assert.deepEqual(await statuses(`${url}/fn-half`, 4), [200, 200, 429, 429], "max () => 2.5");
+      assert.deepEqual(await statuses(`${url}/exact-fn`, 2), [429, 429], "exact, max () => 20000");
+      await sleep(50);
+      assert.ok(warnings.some((w) => /max must be at most 10000 with mode "exact"/.test(w.message)), "the error is said");
+    } finally {
+      process.off("warning", onWarning);
+      await app.close();
+    }
+    const bad = Fastify();
+    await assert.rejects(async () => {
+      await bad.register(fastifyRateLimit, { max: 20_000, store: rlFastifyStore({ rl, mode: "exact" }) });
+      await bad.ready();
+    }, /max must be at most 10000 with mode "exact"/);
   });
 });
