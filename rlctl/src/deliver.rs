@@ -61,6 +61,10 @@ impl Senders {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .user_agent(concat!("rlctl/", env!("CARGO_PKG_VERSION")))
+            // A redirect is an answer, never followed: following it would
+            // send the signed body wherever a receiver points (an internal
+            // address) and report that address's answer as the receiver's.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("HTTP client: {e}"))?;
         let smtp = match &conf.email {
@@ -377,6 +381,14 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
             let status = resp.status();
             if status.is_success() {
                 return Ok(());
+            }
+            if status.is_redirection() {
+                // Retried like any other answer but a refusal: the
+                // receiver may stop redirecting.
+                return Err(Failure {
+                    reason: format!("POST {url}: HTTP {status} (redirects are not followed)"),
+                    permanent: false,
+                });
             }
             let text = resp.text().await.unwrap_or_default();
             let text: String = text.trim().chars().take(200).collect();
