@@ -1,9 +1,10 @@
 //! What a receiver or what is stored in Redis cannot make rlctl do: follow
-//! a webhook's redirect to another address.
+//! a webhook's redirect to another address; stop every retry with one
+//! record of the wrong type.
 
 mod common;
 
-use common::receivers::Webhooks;
+use common::receivers::{Fail, Webhooks};
 use common::*;
 use std::time::Duration;
 
@@ -38,4 +39,54 @@ fn a_webhook_redirect_is_a_failed_attempt_not_followed() {
     assert_eq!(pending.len(), 1, "{listed}");
     let last = pending[0]["last_error"].as_str().unwrap();
     assert!(last.contains("307") && !last.contains("admin"), "{listed}");
+}
+
+#[test]
+fn a_wrong_type_retry_record_blocks_nothing_else() {
+    let s = Single::start("poison", ("", ""));
+    let mut con = s.server.client();
+    let _: () = redis::cmd("ZADD")
+        .arg("rlctl:retries")
+        .arg(1)
+        .arg("poison/internal")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("rlctl:retry:poison/internal")
+        .arg("a")
+        .arg("b")
+        .query(&mut con)
+        .unwrap();
+    let o = rlctl(&s.cfg, &["undelivered", "--json"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let pending = listed["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{listed}");
+    assert_eq!(pending[0]["delivery"], "poison/internal");
+    assert!(pending[0]["unreadable"]
+        .as_str()
+        .is_some_and(|w| w.contains("WRONGTYPE")));
+    let o = rlctl(&s.cfg, &["undelivered"], &[]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("poison/internal unreadable record"), "{text}");
+
+    s.web.fail(
+        "/tenant/t-grow",
+        Fail {
+            status: 503,
+            times: 2,
+        },
+    );
+    let worker = s.worker();
+    trip(&mut con, "rl:{t:t-grow}:key:k-poison", 2, 3600);
+    wait_until(Duration::from_secs(20), "the retried delivery", || {
+        s.web.to("/tenant/t-grow").len() == 3
+    });
+    let due: Option<f64> = redis::cmd("ZSCORE")
+        .arg("rlctl:retries")
+        .arg("poison/internal")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(due, None, "dropped from the schedule");
+    assert!(worker.log_text().contains("cannot be read"));
 }
