@@ -391,16 +391,11 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
                 });
             }
             let text = resp.text().await.unwrap_or_default();
-            let text: String = text.trim().chars().take(200).collect();
             // 4xx other than 408 and 429 will not change by retrying.
             let permanent =
                 status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429;
             Err(Failure {
-                reason: if text.is_empty() {
-                    format!("POST {url}: HTTP {status}")
-                } else {
-                    format!("POST {url}: HTTP {status}: {text}")
-                },
+                reason: http_reason(url, status, &text),
                 permanent,
             })
         }
@@ -437,8 +432,36 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
     }
 }
 
+/// The reason of an HTTP answer that is not a success: the status and
+/// the start of the receiver's body, escaped (it is logged and stored: a
+/// receiver cannot write a line of its own into the log).
+fn http_reason(url: &str, status: reqwest::StatusCode, body: &str) -> String {
+    let body = crate::text::escape(body.trim(), 200);
+    if body.is_empty() {
+        format!("POST {url}: HTTP {status}")
+    } else {
+        format!("POST {url}: HTTP {status}: {body}")
+    }
+}
+
 /// A Message-ID derived from the alert, so a resent email is recognisable.
 fn message_id(alert_id: &str, dest: Dest) -> String {
     let digest = Sha256::digest(format!("{alert_id}/{}", dest.name()).as_bytes());
     format!("<{}@rlctl>", &hex::encode(digest)[..32])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receivers_body_cannot_forge_a_log_line() {
+        let body = "\x1b[31mFAKE\x1b[0m\r\n2026-12-03T00:00:00Z  INFO rlctl::deliver: delivered";
+        let reason = http_reason("http://h/x", reqwest::StatusCode::SERVICE_UNAVAILABLE, body);
+        assert!(!reason.chars().any(char::is_control), "{reason}");
+        assert!(reason.contains("\\r\\n2026"), "{reason}");
+        let long = "x".repeat(10_000);
+        let reason = http_reason("http://h/x", reqwest::StatusCode::BAD_GATEWAY, &long);
+        assert!(reason.len() < 300, "{}", reason.len());
+    }
 }
