@@ -59,15 +59,21 @@ pub async fn boxes(conf: &Config, json: bool) -> Result<(), String> {
         );
         return Ok(());
     }
-    let width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
+    // Key names are anyone's bytes: escaped, so one cannot drive the
+    // terminal or print rows of its own.
+    let keys: Vec<String> = rows
+        .iter()
+        .map(|r| crate::text::escape(&r.key, usize::MAX))
+        .collect();
+    let width = keys.iter().map(String::len).max().unwrap_or(3).max(3);
     println!(
         "{:<width$}  LEVEL  TIME LEFT               OFFENSES  TENANT  TIER",
         "KEY"
     );
-    for r in &rows {
+    for (r, key) in rows.iter().zip(&keys) {
         println!(
             "{:<width$}  {:<5}  {:<22}  {:<8}  {:<6}  {}",
-            r.key,
+            key,
             r.level,
             crate::alert::time_left(r.ttl_ms),
             r.offenses,

@@ -7,7 +7,7 @@
 /// `\r`, `\n`), cut to `max_chars` characters of the original (`...`
 /// marks the cut).
 pub fn escape(text: &str, max_chars: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max_chars * 2));
+    let mut out = String::with_capacity(text.len().min(max_chars.saturating_mul(2)));
     for (i, c) in text.chars().enumerate() {
         if i == max_chars {
             out.push_str("...");

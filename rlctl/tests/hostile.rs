@@ -1,6 +1,6 @@
 //! What a receiver or what is stored in Redis cannot make rlctl do: follow
 //! a webhook's redirect to another address; stop every retry with one
-//! record of the wrong type.
+//! record of the wrong type; print a key name that drives the terminal.
 
 mod common;
 
@@ -89,4 +89,24 @@ fn a_wrong_type_retry_record_blocks_nothing_else() {
         .unwrap();
     assert_eq!(due, None, "dropped from the schedule");
     assert!(worker.log_text().contains("cannot be read"));
+}
+
+#[test]
+fn boxes_prints_key_names_escaped() {
+    let s = Single::start("boxes-escape", ("", ""));
+    let mut con = s.server.client();
+    let forged = "rl:\x1b[31mred\x1b[0m\r\nrl:{t:t-grow}:key:fake  3      until released by hand";
+    trip(&mut con, forged, 2, 3600);
+    let o = rlctl(&s.cfg, &["boxes"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        !table.contains('\x1b') && !table.contains('\r'),
+        "{table:?}"
+    );
+    assert_eq!(table.lines().count(), 3, "header, one row, count: {table}");
+    assert!(
+        table.contains("rl:\\u{1b}[31mred\\u{1b}[0m\\r\\nrl:"),
+        "{table}"
+    );
 }
