@@ -13,6 +13,7 @@ use crate::config::{Config, Dest, SmtpTls};
 use crate::retry::{self, Keys, Pending, Source};
 use crate::secrets::Secrets;
 use crate::store::{now_ms, Store};
+use crate::text::redact_url;
 use lettre::message::header::ContentType;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -351,7 +352,7 @@ async fn set_marker(d: &Delivery, result: &str, shared: &Shared) {
 /// Where a payload goes, for the audit trail (never a secret).
 fn target(p: &Payload) -> String {
     match p {
-        Payload::Http { url, .. } => url.clone(),
+        Payload::Http { url, .. } => redact_url(url),
         Payload::Email { to, .. } => to.join(","),
     }
 }
@@ -375,7 +376,7 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
                 req = req.header("x-rlctl-signature", signature(secret, now, body));
             }
             let resp = req.send().await.map_err(|e| Failure {
-                reason: format!("POST {url}: {e}"),
+                reason: format!("POST {}: {}", redact_url(url), e.without_url()),
                 permanent: false,
             })?;
             let status = resp.status();
@@ -386,7 +387,10 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
                 // Retried like any other answer but a refusal: the
                 // receiver may stop redirecting.
                 return Err(Failure {
-                    reason: format!("POST {url}: HTTP {status} (redirects are not followed)"),
+                    reason: format!(
+                        "POST {}: HTTP {status} (redirects are not followed)",
+                        redact_url(url)
+                    ),
                     permanent: false,
                 });
             }
@@ -436,6 +440,7 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
 /// the start of the receiver's body, escaped (it is logged and stored: a
 /// receiver cannot write a line of its own into the log).
 fn http_reason(url: &str, status: reqwest::StatusCode, body: &str) -> String {
+    let url = redact_url(url);
     let body = crate::text::escape(body.trim(), 200);
     if body.is_empty() {
         format!("POST {url}: HTTP {status}")
@@ -463,5 +468,19 @@ mod tests {
         let long = "x".repeat(10_000);
         let reason = http_reason("http://h/x", reqwest::StatusCode::BAD_GATEWAY, &long);
         assert!(reason.len() < 300, "{}", reason.len());
+    }
+
+    #[test]
+    fn a_webhooks_password_reaches_no_reason_and_no_audit_target() {
+        let url = "https://user:s3cret@hooks.test/rl";
+        let reason = http_reason(url, reqwest::StatusCode::BAD_GATEWAY, "down");
+        let payload = Payload::Http {
+            url: url.into(),
+            body: Vec::new(),
+            secret: None,
+        };
+        for shown in [reason, target(&payload)] {
+            assert!(!shown.contains("s3cret") && shown.contains("https://***@hooks.test/rl"));
+        }
     }
 }

@@ -22,6 +22,23 @@ pub fn escape(text: &str, max_chars: usize) -> String {
     out
 }
 
+/// `url` with the user and password it carries replaced by `***`
+/// (`redis://admin:hunter2@host:6379` -> `redis://***@host:6379`): every
+/// URL written into a message, a log line or an audit entry goes
+/// through it.
+pub fn redact_url(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let authority_end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    match url[start..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+        None => url.to_string(),
+    }
+}
+
 /// The characters that reorder the text shown around them.
 fn is_bidi(c: char) -> bool {
     matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
@@ -42,5 +59,20 @@ mod tests {
         assert!(!safe.chars().any(|c| c.is_control()));
         assert_eq!(escape("héllo wörld", 5), "héllo...");
         assert_eq!(escape("plain", 5), "plain");
+    }
+
+    #[test]
+    fn credentials_in_urls_are_redacted() {
+        assert_eq!(
+            redact_url("redis://admin:hunter2@127.0.0.1:16399"),
+            "redis://***@127.0.0.1:16399"
+        );
+        assert_eq!(redact_url("redis://:pw@h/0"), "redis://***@h/0");
+        assert_eq!(
+            redact_url("https://u:p@hooks.test/x?to=a@b"),
+            "https://***@hooks.test/x?to=a@b"
+        );
+        assert_eq!(redact_url("http://h:1/p@q"), "http://h:1/p@q");
+        assert_eq!(redact_url("not a url"), "not a url");
     }
 }

@@ -1,6 +1,7 @@
 //! What a receiver or what is stored in Redis cannot make rlctl do: follow
 //! a webhook's redirect to another address; stop every retry with one
-//! record of the wrong type; print a key name that drives the terminal.
+//! record of the wrong type; print a key name that drives the terminal,
+//! or a password in a Redis URL.
 
 mod common;
 
@@ -108,5 +109,28 @@ fn boxes_prints_key_names_escaped() {
     assert!(
         table.contains("rl:\\u{1b}[31mred\\u{1b}[0m\\r\\nrl:"),
         "{table}"
+    );
+}
+
+#[test]
+fn redis_credentials_are_not_printed() {
+    let dir = fresh_dir("redact");
+    let cfg = dir.join("rlctl.toml");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // closed once dropped: nothing listens there
+    std::fs::write(
+        &cfg,
+        format!("[redis]\nurls = [\"redis://admin:hunter2@127.0.0.1:{port}\"]\ntimeout_ms = 300\n"),
+    )
+    .unwrap();
+    let o = rlctl(&cfg, &["boxes"], &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        !err.contains("hunter2") && err.contains("redis://***@127.0.0.1"),
+        "{err}"
     );
 }
