@@ -13,6 +13,7 @@ use crate::config::{Config, Dest, SmtpTls};
 use crate::retry::{self, Keys, Pending, Source};
 use crate::secrets::Secrets;
 use crate::store::{now_ms, Store};
+use crate::text::redact_url;
 use lettre::message::header::ContentType;
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
@@ -61,6 +62,10 @@ impl Senders {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .user_agent(concat!("rlctl/", env!("CARGO_PKG_VERSION")))
+            // A redirect is an answer, never followed: following it would
+            // send the signed body wherever a receiver points (an internal
+            // address) and report that address's answer as the receiver's.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("HTTP client: {e}"))?;
         let smtp = match &conf.email {
@@ -347,7 +352,7 @@ async fn set_marker(d: &Delivery, result: &str, shared: &Shared) {
 /// Where a payload goes, for the audit trail (never a secret).
 fn target(p: &Payload) -> String {
     match p {
-        Payload::Http { url, .. } => url.clone(),
+        Payload::Http { url, .. } => redact_url(url),
         Payload::Email { to, .. } => to.join(","),
     }
 }
@@ -371,24 +376,30 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
                 req = req.header("x-rlctl-signature", signature(secret, now, body));
             }
             let resp = req.send().await.map_err(|e| Failure {
-                reason: format!("POST {url}: {e}"),
+                reason: format!("POST {}: {}", redact_url(url), e.without_url()),
                 permanent: false,
             })?;
             let status = resp.status();
             if status.is_success() {
                 return Ok(());
             }
+            if status.is_redirection() {
+                // Retried like any other answer but a refusal: the
+                // receiver may stop redirecting.
+                return Err(Failure {
+                    reason: format!(
+                        "POST {}: HTTP {status} (redirects are not followed)",
+                        redact_url(url)
+                    ),
+                    permanent: false,
+                });
+            }
             let text = resp.text().await.unwrap_or_default();
-            let text: String = text.trim().chars().take(200).collect();
             // 4xx other than 408 and 429 will not change by retrying.
             let permanent =
                 status.is_client_error() && status.as_u16() != 408 && status.as_u16() != 429;
             Err(Failure {
-                reason: if text.is_empty() {
-                    format!("POST {url}: HTTP {status}")
-                } else {
-                    format!("POST {url}: HTTP {status}: {text}")
-                },
+                reason: http_reason(url, status, &text),
                 permanent,
             })
         }
@@ -425,8 +436,51 @@ async fn send_once(d: &Delivery, shared: &Shared) -> Result<(), Failure> {
     }
 }
 
+/// The reason of an HTTP answer that is not a success: the status and
+/// the start of the receiver's body, escaped (it is logged and stored: a
+/// receiver cannot write a line of its own into the log).
+fn http_reason(url: &str, status: reqwest::StatusCode, body: &str) -> String {
+    let url = redact_url(url);
+    let body = crate::text::escape(body.trim(), 200);
+    if body.is_empty() {
+        format!("POST {url}: HTTP {status}")
+    } else {
+        format!("POST {url}: HTTP {status}: {body}")
+    }
+}
+
 /// A Message-ID derived from the alert, so a resent email is recognisable.
 fn message_id(alert_id: &str, dest: Dest) -> String {
     let digest = Sha256::digest(format!("{alert_id}/{}", dest.name()).as_bytes());
     format!("<{}@rlctl>", &hex::encode(digest)[..32])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receivers_body_cannot_forge_a_log_line() {
+        let body = "\x1b[31mFAKE\x1b[0m\r\n2026-12-03T00:00:00Z  INFO rlctl::deliver: delivered";
+        let reason = http_reason("http://h/x", reqwest::StatusCode::SERVICE_UNAVAILABLE, body);
+        assert!(!reason.chars().any(char::is_control), "{reason}");
+        assert!(reason.contains("\\r\\n2026"), "{reason}");
+        let long = "x".repeat(10_000);
+        let reason = http_reason("http://h/x", reqwest::StatusCode::BAD_GATEWAY, &long);
+        assert!(reason.len() < 300, "{}", reason.len());
+    }
+
+    #[test]
+    fn a_webhooks_password_reaches_no_reason_and_no_audit_target() {
+        let url = "https://user:s3cret@hooks.test/rl";
+        let reason = http_reason(url, reqwest::StatusCode::BAD_GATEWAY, "down");
+        let payload = Payload::Http {
+            url: url.into(),
+            body: Vec::new(),
+            secret: None,
+        };
+        for shown in [reason, target(&payload)] {
+            assert!(!shown.contains("s3cret") && shown.contains("https://***@hooks.test/rl"));
+        }
+    }
 }

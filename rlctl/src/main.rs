@@ -12,6 +12,7 @@ mod regions;
 mod retry;
 mod secrets;
 mod store;
+mod text;
 mod validate;
 mod watch;
 

@@ -6,6 +6,7 @@ use crate::alert::Operator;
 use crate::audit::{self, Audit};
 use crate::config::Config;
 use crate::owner;
+use crate::retry::Stored;
 use crate::secrets::Secrets;
 use crate::store::{self, BoxStatus, Target};
 use std::time::Duration;
@@ -58,15 +59,21 @@ pub async fn boxes(conf: &Config, json: bool) -> Result<(), String> {
         );
         return Ok(());
     }
-    let width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
+    // Key names are anyone's bytes: escaped, so one cannot drive the
+    // terminal or print rows of its own.
+    let keys: Vec<String> = rows
+        .iter()
+        .map(|r| crate::text::escape(&r.key, usize::MAX))
+        .collect();
+    let width = keys.iter().map(String::len).max().unwrap_or(3).max(3);
     println!(
         "{:<width$}  LEVEL  TIME LEFT               OFFENSES  TENANT  TIER",
         "KEY"
     );
-    for r in &rows {
+    for (r, key) in rows.iter().zip(&keys) {
         println!(
             "{:<width$}  {:<5}  {:<22}  {:<8}  {:<6}  {}",
-            r.key,
+            key,
             r.level,
             crate::alert::time_left(r.ttl_ms),
             r.offenses,
@@ -374,6 +381,9 @@ struct PendingRow {
     attempts: Option<u32>,
     first_attempt_ms: Option<i64>,
     last_error: Option<String>,
+    /// Why its record cannot be read (absent when it can).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unreadable: Option<String>,
 }
 
 /// `rlctl undelivered [--since TIME] [--json]`: the deliveries still being
@@ -386,12 +396,20 @@ pub async fn undelivered(conf: &Config, since: Option<&str>, json: bool) -> Resu
     let pending: Vec<PendingRow> = crate::retry::list(&store, &keys)
         .await?
         .into_iter()
-        .map(|(delivery, due_ms, rec)| PendingRow {
-            delivery,
-            due_ms,
-            attempts: rec.as_ref().map(|r| r.attempts),
-            first_attempt_ms: rec.as_ref().map(|r| r.first_ms),
-            last_error: rec.map(|r| r.reason).filter(|r| !r.is_empty()),
+        .map(|(delivery, due_ms, stored)| {
+            let (rec, unreadable) = match stored {
+                Stored::Record(r) => (Some(r), None),
+                Stored::Missing => (None, None),
+                Stored::Unreadable(why) => (None, Some(why)),
+            };
+            PendingRow {
+                delivery,
+                due_ms,
+                attempts: rec.as_ref().map(|r| r.attempts),
+                first_attempt_ms: rec.as_ref().map(|r| r.first_ms),
+                last_error: rec.map(|r| r.reason).filter(|r| !r.is_empty()),
+                unreadable,
+            }
         })
         .collect();
     let given_up: Vec<audit::Entry> =
@@ -416,6 +434,10 @@ pub async fn undelivered(conf: &Config, since: Option<&str>, json: bool) -> Resu
     }
     println!("{} pending", pending.len());
     for p in &pending {
+        if let Some(why) = &p.unreadable {
+            println!("  {} unreadable record: {why}", p.delivery);
+            continue;
+        }
         println!(
             "  {} attempts={} next_in={} last_error={:?}",
             p.delivery,

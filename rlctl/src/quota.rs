@@ -93,8 +93,10 @@ pub async fn consume(
         tracing::error!(destination = "redis", reason = %e, "cannot create the quota consumer group");
     }
     let block_ms = (conf.redis.timeout_ms / 2).clamp(1, 1000);
-    // First the entries this consumer had read but not acknowledged ("0"), then new ones.
-    let mut from = "0".to_string();
+    // First the entries this consumer had read but not acknowledged, each
+    // once (the cursor moves past every one read), then new ones (">").
+    let mut from = PENDING_START.to_string();
+    let mut backoff = Backoff::default();
     loop {
         let reply: redis::RedisResult<Option<StreamReply>> = reader
             .query(&crate::store::xreadgroup(
@@ -109,17 +111,22 @@ pub async fn consume(
                 .collect::<Vec<_>>(),
             Err(e) => {
                 tracing::warn!(destination = "redis", reason = %e, "XREADGROUP on the quota stream failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                backoff.wait().await;
                 continue;
             }
         };
-        if entries.is_empty() && from == "0" {
-            from = ">".into();
+        if from != ">" {
+            match entries.last() {
+                Some((id, _)) => from = id.clone(),
+                None => from = ">".into(),
+            }
         }
+        let mut failed = false;
         for (id, fields) in entries {
             if let Err(e) = on_reading(&conf, &secrets, &store, &audit, &senders, &fields).await {
                 tracing::warn!(destination = "quota", entry = %id, reason = %e, "quota reading not used");
                 if e.starts_with("redis:") {
+                    failed = true;
                     continue; // not acknowledged: read again
                 }
             }
@@ -127,9 +134,38 @@ pub async fn consume(
                 .query(redis::cmd("XACK").arg(stream).arg(group).arg(&id))
                 .await;
             if let Err(e) = acked {
+                failed = true;
                 tracing::warn!(destination = "redis", entry = %id, reason = %e, "XACK failed");
             }
         }
+        if failed {
+            // What was not acknowledged is read again, after a pause.
+            from = PENDING_START.into();
+            backoff.wait().await;
+        } else {
+            backoff.reset();
+        }
+    }
+}
+
+/// The id from which this consumer's unacknowledged entries are read.
+const PENDING_START: &str = "0";
+
+/// The pause after a Redis failure: 100 ms, doubled each time, at most 5 s.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+}
+
+impl Backoff {
+    async fn wait(&mut self) {
+        let ms = 100u64.saturating_mul(1 << self.failures.min(6)).min(5000);
+        self.failures = self.failures.saturating_add(1);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    fn reset(&mut self) {
+        self.failures = 0;
     }
 }
 
@@ -151,10 +187,19 @@ async fn on_reading(
         "{}quota:{}:{}:{}",
         conf.keys.state_prefix, r.tenant, r.quota, r.period
     );
-    let last: Option<u32> = store
+    let stored: Option<String> = store
         .query(redis::cmd("GET").arg(&last_key))
         .await
         .map_err(|e| format!("redis: GET {last_key}: {e}"))?;
+    // A marker that is not a threshold is as good as none: it is replaced
+    // below, so it is logged once.
+    let last: Option<u32> = stored.and_then(|text| {
+        text.parse()
+            .map_err(|_| {
+                tracing::warn!(destination = "quota", marker = %last_key, "a quota marker that is not a threshold: replaced");
+            })
+            .ok()
+    });
     let alert_id = format!("quota:{}:{}:{}:{threshold}", r.tenant, r.quota, r.period);
     let first_time = last.is_none_or(|l| l < threshold);
     if !first_time && last != Some(threshold) {

@@ -325,12 +325,21 @@ pub fn backoff_ms(d: &DeliveryConf, attempts: u32) -> u64 {
         .min(d.backoff_max_ms)
 }
 
-/// Every pending delivery: its id, due time and record (none when the
-/// record is gone).
-pub async fn list(
-    store: &Store,
-    keys: &Keys,
-) -> Result<Vec<(String, i64, Option<Pending>)>, String> {
+/// What is stored for one pending delivery.
+#[derive(Debug, Clone)]
+pub enum Stored {
+    /// Its record.
+    Record(Pending),
+    /// No record (gone, or not a record of this version).
+    Missing,
+    /// The record cannot be read (not a string: Redis refused the read).
+    Unreadable(String),
+}
+
+/// Every pending delivery: its id, due time and what is stored for it.
+/// One whose record cannot be read is listed as such; only a failure of
+/// Redis itself ends the listing.
+pub async fn list(store: &Store, keys: &Keys) -> Result<Vec<(String, i64, Stored)>, String> {
     let due: Vec<(String, i64)> = store
         .query(
             redis::cmd("ZRANGE")
@@ -348,13 +357,19 @@ pub async fn list(
     Ok(out)
 }
 
-async fn load(store: &Store, keys: &Keys, id: &str) -> Result<Option<Pending>, String> {
+/// The record of delivery `id`; an error only when Redis itself failed
+/// (a connection or a timeout), not for a key Redis refuses to read.
+async fn load(store: &Store, keys: &Keys, id: &str) -> Result<Stored, String> {
     let key = keys.record(id);
-    let text: Option<String> = store
-        .query(redis::cmd("GET").arg(&key))
-        .await
-        .map_err(|e| format!("GET {key}: {e}"))?;
-    Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
+    let text: redis::RedisResult<Option<String>> = store.query(redis::cmd("GET").arg(&key)).await;
+    Ok(match text {
+        Ok(Some(t)) => serde_json::from_str(&t).map_or(Stored::Missing, Stored::Record),
+        Ok(None) => Stored::Missing,
+        Err(e) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+            return Err(format!("GET {key}: {e}"));
+        }
+        Err(e) => Stored::Unreadable(format!("GET {key}: {e}")),
+    })
 }
 
 /// The poller: every `delivery.backoff_ms` (at most a second), queues the
@@ -393,10 +408,22 @@ async fn poll_once(
         if senders.in_flight(&id) {
             continue;
         }
-        let Some(rec) = load(store, keys, &id).await? else {
-            tracing::warn!(delivery = %id, "a pending delivery without its record: dropped");
-            remove(store, keys, &id).await?;
-            continue;
+        let rec = match load(store, keys, &id).await? {
+            Stored::Record(rec) => rec,
+            Stored::Missing => {
+                tracing::warn!(delivery = %id, "a pending delivery without its record: dropped");
+                remove(store, keys, &id).await?;
+                continue;
+            }
+            Stored::Unreadable(why) => {
+                // Its key is left as it is, for an operator to look at.
+                tracing::error!(delivery = %id, reason = %why, "a pending delivery whose record cannot be read: dropped from the schedule");
+                store
+                    .query::<i64>(redis::cmd("ZREM").arg(&keys.due).arg(&id))
+                    .await
+                    .map_err(|e| format!("ZREM {}: {e}", keys.due))?;
+                continue;
+            }
         };
         match rebuild(conf, secrets, &rec.source, rec.dest) {
             Ok(mut d) => {

@@ -3,6 +3,7 @@
 //! connections, and the rl commands rlctl uses.
 
 use crate::config::{Config, RedisConf};
+use crate::text::redact_url;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, IntoConnectionInfo, RedisResult};
@@ -49,7 +50,9 @@ impl Target {
 
     /// A direct connection to one node (`redis://host:port`), bounded in time.
     pub async fn node(&self, url: &str) -> Result<MultiplexedConnection, String> {
-        let client = self.client(url).map_err(|e| format!("{url}: {e}"))?;
+        let client = self
+            .client(url)
+            .map_err(|e| format!("{}: {e}", redact_url(url)))?;
         client
             .get_multiplexed_async_connection_with_config(
                 &redis::AsyncConnectionConfig::new()
@@ -57,16 +60,18 @@ impl Target {
                     .set_response_timeout(self.timeout),
             )
             .await
-            .map_err(|e| format!("{url}: {e}"))
+            .map_err(|e| format!("{}: {e}", redact_url(url)))
     }
 
     /// A pub/sub connection to one node, bounded in time.
     pub async fn pubsub(&self, url: &str) -> Result<redis::aio::PubSub, String> {
-        let client = self.client(url).map_err(|e| format!("{url}: {e}"))?;
+        let client = self
+            .client(url)
+            .map_err(|e| format!("{}: {e}", redact_url(url)))?;
         match tokio::time::timeout(self.timeout, client.get_async_pubsub()).await {
             Ok(Ok(p)) => Ok(p),
-            Ok(Err(e)) => Err(format!("{url}: {e}")),
-            Err(_) => Err(format!("{url}: connection timed out")),
+            Ok(Err(e)) => Err(format!("{}: {e}", redact_url(url))),
+            Err(_) => Err(format!("{}: connection timed out", redact_url(url))),
         }
     }
 
@@ -86,7 +91,12 @@ impl Target {
 
     /// The key-routed connection (a connection manager, or a cluster connection).
     pub async fn store(&self) -> Result<Store, String> {
-        let seeds = self.urls.join(", ");
+        let seeds = self
+            .urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(", ");
         if self.cluster {
             let mut builder = redis::cluster::ClusterClientBuilder::new(self.urls.clone())
                 .connection_timeout(self.timeout)
@@ -156,7 +166,7 @@ impl Target {
             {
                 Ok(t) => t,
                 Err(e) => {
-                    errors.push(format!("{url}: CLUSTER NODES: {e}"));
+                    errors.push(format!("{}: CLUSTER NODES: {e}", redact_url(&url)));
                     continue;
                 }
             };
@@ -395,7 +405,7 @@ async fn warn_without_notifications(con: &mut MultiplexedConnection, url: &str) 
     if let Ok((_, flags)) = reply {
         if !flags.contains('E') || !(flags.contains('d') || flags.contains('A')) {
             tracing::warn!(
-                node = %url,
+                node = %redact_url(url),
                 notify_keyspace_events = %flags,
                 "notify-keyspace-events lacks E or d: no rl event will arrive \
                  (set it to include Ed, or set redis.set_notify_config = true)"
@@ -428,7 +438,7 @@ pub async fn subscribe_node(
             .await
             .map_err(|e| format!("SUBSCRIBE {channel}: {e}"))?;
     }
-    tracing::info!(node = %url, "subscribed");
+    tracing::info!(node = %redact_url(url), "subscribed");
     Ok((con, pubsub))
 }
 
@@ -486,7 +496,7 @@ where
         let task = follow(url.clone());
         tokio::spawn(async move {
             if let Err(e) = task.await {
-                tracing::warn!(destination = "redis", node = %url, reason = %e, "subscription ended");
+                tracing::warn!(destination = "redis", node = %redact_url(&url), reason = %e, "subscription ended");
             }
         })
     };
@@ -506,7 +516,7 @@ where
         tasks.retain(|url, task| {
             let keep = primaries.contains(url) && !task.is_finished();
             if !keep {
-                tracing::info!(node = %url, "no longer followed (not a primary, or its subscription ended)");
+                tracing::info!(node = %redact_url(url), "no longer followed (not a primary, or its subscription ended)");
                 task.abort();
             }
             keep

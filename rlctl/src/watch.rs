@@ -179,7 +179,7 @@ async fn follow_node(
     let (mut con, mut pubsub) =
         store::subscribe_node(&target, &url, conf.redis.set_notify_config, &channels).await?;
     let boxes = store::scan_boxes(&mut con, conf.redis.scan_count).await?;
-    tracing::info!(node = %url, boxes = boxes.len(), "reconciled");
+    tracing::info!(node = %crate::text::redact_url(&url), boxes = boxes.len(), "reconciled");
     for (key, _) in boxes {
         tx.send(Observation::Boxed {
             key,

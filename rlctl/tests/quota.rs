@@ -132,3 +132,68 @@ fn quota_thresholds_alert_once_per_period() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(done(web, smtp), "nothing resent: {:#?}", web.all());
 }
+
+fn xreadgroup_calls(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xreadgroup:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_garbage_marker_and_a_pending_entry_do_not_stop_the_stream() {
+    let s = Single::start("quota-garbage", ("", ""));
+    let mut con = s.server.client();
+    let _: () = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("rl:events:quota")
+        .arg("rlctl")
+        .arg("0")
+        .arg("MKSTREAM")
+        .query(&mut con)
+        .expect("XGROUP CREATE");
+    let _: () = redis::cmd("SET")
+        .arg("rlctl:quota:t-grow:requests:2026-12")
+        .arg("garbage")
+        .query(&mut con)
+        .expect("SET");
+    usage(&mut con, "t-grow", "850");
+    // Read by the worker's consumer and not acknowledged: a crash after the read.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("rlctl")
+        .arg("watch")
+        .arg("STREAMS")
+        .arg("rl:events:quota")
+        .arg(">")
+        .query(&mut con)
+        .expect("XREADGROUP");
+    let _worker = s.worker();
+    usage(&mut con, "t-sand", "900");
+    wait_until(Duration::from_secs(20), "both alerts", || {
+        s.web.to("/tenant/t-sand").len() == 1 && s.web.to("/tenant/t-grow").len() == 1
+    });
+    let before = xreadgroup_calls(&mut con);
+    std::thread::sleep(Duration::from_secs(2));
+    let calls = xreadgroup_calls(&mut con) - before;
+    assert!(
+        calls <= 20,
+        "the reader blocks between readings: {calls} reads in 2 s"
+    );
+    let marker: String = redis::cmd("GET")
+        .arg("rlctl:quota:t-grow:requests:2026-12")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(marker, "80");
+    let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+        .arg("rl:events:quota")
+        .arg("rlctl")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(pending.first(), Some(&redis::Value::Int(0)), "{pending:?}");
+}

@@ -227,7 +227,12 @@ async fn resync(
             let page = merge_page(&con, name, local, &keys);
             tokio::time::timeout(limit, page)
                 .await
-                .map_err(|_| format!("{url}: a page of the resync timed out"))??
+                .map_err(|_| {
+                    format!(
+                        "{}: a page of the resync timed out",
+                        crate::text::redact_url(&url)
+                    )
+                })??
                 .add_to(&mut done);
             if next == 0 {
                 break;

@@ -69,7 +69,7 @@ async fn follow_node(
         }
         cursor = next;
     }
-    tracing::info!(node = %url, keys, "reconciled");
+    tracing::info!(node = %crate::text::redact_url(&url), keys, "reconciled");
     let mut messages = pubsub.on_message();
     while let Some(msg) = messages.next().await {
         tx.send(msg.get_payload_bytes().to_vec())

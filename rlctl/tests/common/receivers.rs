@@ -45,6 +45,7 @@ pub struct Webhooks {
     pub base: String,
     requests: Arc<Mutex<Vec<Request>>>,
     fails: Arc<Mutex<HashMap<String, Fail>>>,
+    redirects: Arc<Mutex<HashMap<String, String>>>,
     stop: Arc<AtomicBool>,
 }
 
@@ -55,8 +56,10 @@ impl Webhooks {
         let port = server.server_addr().to_ip().expect("ip addr").port();
         let requests = Arc::new(Mutex::new(Vec::new()));
         let fails: Arc<Mutex<HashMap<String, Fail>>> = Arc::new(Mutex::new(HashMap::new()));
+        let redirects: Arc<Mutex<HashMap<String, String>>> = Arc::new(Mutex::new(HashMap::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (r, f, s) = (requests.clone(), fails.clone(), stop.clone());
+        let to = redirects.clone();
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 let Ok(Some(mut req)) = server.recv_timeout(Duration::from_millis(100)) else {
@@ -92,16 +95,34 @@ impl Webhooks {
                         _ => 200,
                     }
                 };
-                let _ =
-                    req.respond(tiny_http::Response::from_string("ok").with_status_code(status));
+                let location = to.lock().unwrap().get(&path).cloned();
+                let response = match location {
+                    Some(l) => tiny_http::Response::from_string("moved")
+                        .with_status_code(307)
+                        .with_header(
+                            tiny_http::Header::from_bytes("Location", l.as_bytes())
+                                .expect("header"),
+                        ),
+                    None => tiny_http::Response::from_string("ok").with_status_code(status),
+                };
+                let _ = req.respond(response);
             }
         });
         Webhooks {
             base: format!("http://127.0.0.1:{port}"),
             requests,
             fails,
+            redirects,
             stop,
         }
+    }
+
+    /// Makes `path` answer `307 Temporary Redirect` to `location`.
+    pub fn redirect(&self, path: &str, location: &str) {
+        self.redirects
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), location.to_string());
     }
 
     /// Makes `path` answer `fail.status` for the next `fail.times` requests.
