@@ -35,6 +35,9 @@ pub struct Metrics {
     per_limit: Vec<IntCounterVec>,
     /// `ratelimit_service_should_rate_limit_error{err_type}`.
     pub errors: IntCounterVec,
+    /// `ratelimit_service_refund_error`: refusals whose refund of the
+    /// admitting checks failed (the refusal stands).
+    pub refund_errors: IntCounter,
     /// `ratelimit_service_config_load_success`.
     pub config_load_success: IntCounter,
     /// `ratelimit_service_config_load_error`.
@@ -87,6 +90,10 @@ impl Metrics {
             config_load_error: counter(
                 "ratelimit_service_config_load_error",
                 "configuration loads that failed (the previous one stays)",
+            ),
+            refund_errors: counter(
+                "ratelimit_service_refund_error",
+                "refusals whose refund of the admitting checks failed (the refusal stands)",
             ),
             should_rate_limit_requests: total_requests.with_label_values(&["ShouldRateLimit"]),
             registry,

@@ -269,7 +269,7 @@ impl RateLimiter {
             .map_err(Status::invalid_argument)?;
         let now = now_ms();
         let checks = self.checks(req, &applied, now);
-        let outcomes = decide(&self.store, &checks, self.options.redis_timeout)
+        let decided = decide(&self.store, &checks, self.options.redis_timeout)
             .await
             .map_err(|e| {
                 self.metrics
@@ -279,6 +279,11 @@ impl RateLimiter {
                 tracing::warn!(error = %e, domain = %req.domain, "redis failed");
                 Status::unavailable(format!("redis: {e}"))
             })?;
+        if let Some(e) = &decided.refund_error {
+            self.metrics.refund_errors.inc();
+            tracing::warn!(error = %e, domain = %req.domain, "refund after a refusal failed; the refusal stands");
+        }
+        let outcomes = decided.outcomes;
         let response = self.response(&applied, &checks, &outcomes);
         tracing::debug!(
             domain = %req.domain,
