@@ -162,11 +162,20 @@ impl Store {
         }
     }
 
-    /// `PING` (for the health checks).
-    pub async fn ping(&self, timeout: Duration) -> bool {
+    /// Whether Redis answers and has the rl module (for the health checks):
+    /// `COMMAND INFO RL.WINDOW` describes the command, or answers nil
+    /// without the module. `Err` says why not.
+    pub async fn ready(&self, timeout: Duration) -> Result<(), &'static str> {
         let mut pipe = redis::pipe();
-        pipe.cmd("PING");
-        self.run(&pipe, timeout).await.is_ok()
+        pipe.cmd("COMMAND").arg("INFO").arg("RL.WINDOW");
+        let values = self
+            .run(&pipe, timeout)
+            .await
+            .map_err(|_| "redis unavailable")?;
+        match values.first() {
+            Some(Value::Array(info)) if info.iter().any(|i| *i != Value::Nil) => Ok(()),
+            _ => Err("redis lacks the rl module"),
+        }
     }
 
     fn is_cluster(&self) -> bool {

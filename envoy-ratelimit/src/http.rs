@@ -1,5 +1,5 @@
-//! The HTTP side: `/healthcheck` (200 `OK` while Redis answers, 500
-//! otherwise) and `/metrics` (Prometheus text); and the loop that keeps
+//! The HTTP side: `/healthcheck` (200 `OK` while Redis answers and has
+//! the rl module, 500 otherwise) and `/metrics` (Prometheus text); and the loop that keeps
 //! grpc.health.v1's status in step with Redis.
 
 use std::sync::Arc;
@@ -24,10 +24,9 @@ struct Shared {
 }
 
 async fn healthcheck(State(s): State<Shared>) -> (StatusCode, &'static str) {
-    if s.store.ping(s.timeout).await {
-        (StatusCode::OK, "OK")
-    } else {
-        (StatusCode::INTERNAL_SERVER_ERROR, "redis unavailable")
+    match s.store.ready(s.timeout).await {
+        Ok(()) => (StatusCode::OK, "OK"),
+        Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, why),
     }
 }
 
@@ -56,12 +55,12 @@ pub async fn serve(
 }
 
 /// Every second: SERVING (the whole server and the rate-limit service)
-/// while Redis answers PING, NOT_SERVING otherwise.
+/// while Redis answers and has the rl module, NOT_SERVING otherwise.
 pub async fn health_loop(store: Store, reporter: HealthReporter, timeout: Duration) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        if store.ping(timeout).await {
+        if store.ready(timeout).await.is_ok() {
             reporter
                 .set_serving::<RateLimitServiceServer<RateLimiter>>()
                 .await;

@@ -141,6 +141,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let store = connect(&args, timeout)
         .await
         .map_err(|e| format!("cannot connect to Redis: {e}"))?;
+    if let Err(why) = store.ready(timeout).await {
+        tracing::error!(
+            "{why}: every decision fails and the health checks say so until it is fixed"
+        );
+    }
     tokio::spawn(reload::watch(
         args.config_dir.clone(),
         files,

@@ -277,7 +277,8 @@ impl RateLimiter {
                     .with_label_values(&["redis_error"])
                     .inc();
                 tracing::warn!(error = %e, domain = %req.domain, "redis failed");
-                Status::unavailable(format!("redis: {e}"))
+                // the details (they may name keys) go to the log only
+                Status::unavailable("redis unavailable")
             })?;
         if let Some(e) = &decided.refund_error {
             self.metrics.refund_errors.inc();

@@ -1,10 +1,11 @@
 //! Failure paths an attacker or a broken deployment reaches: a refund that
-//! fails after a refusal.
+//! fails after a refusal, a Redis without the rl module.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::time::Duration;
 
 use common::*;
 
@@ -79,5 +80,69 @@ async fn a_failed_refund_keeps_the_refusal() {
             .contains("ratelimit_service_refund_error 1"),
         "{}",
         service.metrics()
+    );
+}
+
+/// Against a Redis without the rl module the health checks fail (every
+/// decision would), and the error a caller gets names no Redis key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_the_module_is_unhealthy() {
+    let dir = tempdir();
+    let conf = config_dir(dir.path(), "rl.yaml", CONFIG);
+    let port = free_port();
+    let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+    let mut redis = std::process::Command::new(bin);
+    redis
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir.path());
+    let _redis = Proc::spawn_logged(redis, dir.path().join("bare-redis.log"));
+    wait_until("bare redis", Duration::from_secs(10), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let (grpc, http) = (free_port(), free_port());
+    let service = Proc::spawn_logged(
+        Service::command(&conf, port, grpc, http),
+        dir.path().join("rl-envoy.log"),
+    );
+    wait_until("/healthcheck 500", Duration::from_secs(20), || {
+        http_get(http, "/healthcheck").is_some_and(|(code, _)| code == 500)
+    });
+    assert!(
+        service.output().contains("lacks the rl module"),
+        "{}",
+        service.output()
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("grpc connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let check = tonic_health::pb::HealthCheckRequest {
+        service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+    };
+    let mut not_serving = false;
+    for _ in 0..60 {
+        if let Ok(r) = health.check(check.clone()).await {
+            if r.into_inner().status == 2 {
+                not_serving = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(not_serving, "grpc health is not NOT_SERVING");
+    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+    let e = c
+        .should_rate_limit(request("rl", vec![desc(&[("tenant", "secret-value")])]))
+        .await
+        .expect_err("no module: an error");
+    assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(
+        !e.message().contains("secret-value") && !e.message().contains("rl-envoy:"),
+        "{}",
+        e.message()
     );
 }
