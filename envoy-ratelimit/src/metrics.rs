@@ -103,7 +103,8 @@ impl Metrics {
     }
 
     /// Adds `n` to `stat` of the limit whose stat key is `stat_key`
-    /// (`domain.key1[.key2...]`).
+    /// (`domain.key1[.key2...]`), stopping at the counter's largest value
+    /// (a request's hits can be as large as 2^64 - 1).
     pub fn add(&self, stat_key: &str, stat: Stat, n: u64) {
         if n == 0 {
             return;
@@ -112,9 +113,8 @@ impl Metrics {
         let domain = parts.next().unwrap_or("");
         let key1 = parts.next().unwrap_or("");
         let key2 = parts.next().unwrap_or("");
-        self.per_limit[stat as usize]
-            .with_label_values(&[domain, key1, key2])
-            .inc_by(n);
+        let counter = self.per_limit[stat as usize].with_label_values(&[domain, key1, key2]);
+        counter.inc_by(n.min(u64::MAX - counter.get()));
     }
 
     /// The text exposition of every metric.
@@ -129,5 +129,20 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Huge hits stop at the counter's largest value, never wrap.
+    #[test]
+    fn counters_saturate() {
+        let m = Metrics::new();
+        m.add("d.k", Stat::TotalHits, u64::MAX);
+        m.add("d.k", Stat::TotalHits, 5);
+        let c = m.per_limit[Stat::TotalHits as usize].with_label_values(&["d", "k", ""]);
+        assert_eq!(c.get(), u64::MAX);
     }
 }
