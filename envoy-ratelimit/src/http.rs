@@ -30,8 +30,12 @@ async fn healthcheck(State(s): State<Shared>) -> (StatusCode, &'static str) {
     }
 }
 
+/// Rendered on a blocking thread: with many series it takes long enough
+/// to hold up the requests of an async worker.
 async fn metrics(State(s): State<Shared>) -> String {
-    s.metrics.render()
+    tokio::task::spawn_blocking(move || s.metrics.render())
+        .await
+        .unwrap_or_default()
 }
 
 /// Serves `/healthcheck` and `/metrics` on `listener`.

@@ -113,14 +113,12 @@ impl RateLimiter {
                     let unit = Unit::from_proto(o.unit).ok_or_else(|| {
                         format!("descriptor limit override has an unknown unit {}", o.unit)
                     })?;
+                    // the entries' keys only: values come from the
+                    // request, and each stat key is a metric series
                     let mut stat_key = req.domain.clone();
-                    for (k, v) in &entries {
+                    for (k, _) in &entries {
                         stat_key.push('.');
                         stat_key.push_str(k);
-                        if !v.is_empty() {
-                            stat_key.push('_');
-                            stat_key.push_str(v);
-                        }
                     }
                     Some(Found {
                         limit: Arc::new(Limit {

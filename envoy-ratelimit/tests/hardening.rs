@@ -1,5 +1,6 @@
 //! Failure paths an attacker or a broken deployment reaches: a refund that
-//! fails after a refusal, a Redis without the rl module.
+//! fails after a refusal, a Redis without the rl module, metric series
+//! made from request content.
 
 mod common;
 
@@ -145,4 +146,29 @@ async fn a_redis_without_the_module_is_unhealthy() {
         "{}",
         e.message()
     );
+}
+
+/// A request's own `limit` counts under its entries' keys, not their
+/// values: values chosen by clients make no new series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn override_stats_ignore_values() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let s = Single::start("rl.yaml", CONFIG, &[]);
+    let mut c = s.service.client().await;
+    for i in 0..20 {
+        let mut d = desc(&[("user", &format!("u{i}")), ("path", &format!("/p{i}"))]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 2, // minute
+        });
+        assert_eq!(ask(&mut c, request("rl", vec![d])).await.overall_code, OK);
+    }
+    let text = s.service.metrics();
+    assert!(
+        text.contains(
+            "ratelimit_service_rate_limit_total_hits{domain=\"rl\",key1=\"user\",key2=\"path\"} 20"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("u1"), "{text}");
 }
