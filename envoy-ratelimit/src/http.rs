@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tonic_health::server::HealthReporter;
 
 use crate::decide::Store;
+use crate::listen;
 use crate::metrics::Metrics;
 use crate::service::RateLimiter;
 
@@ -38,12 +39,26 @@ async fn metrics(State(s): State<Shared>) -> String {
         .unwrap_or_default()
 }
 
+/// How the HTTP port bounds its clients.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// The most connections at once; past that a new one is closed.
+    pub max_connections: usize,
+    /// A request's header must arrive within this (else the connection is
+    /// closed), as must a new connection's first bytes.
+    pub header_timeout: Duration,
+    /// A connection is closed (after its request in flight) this long
+    /// after it was accepted, idle or not.
+    pub max_age: Duration,
+}
+
 /// Serves `/healthcheck` and `/metrics` on `listener`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     store: Store,
     metrics_: Arc<Metrics>,
     timeout: Duration,
+    limits: Limits,
 ) {
     let app = Router::new()
         .route("/healthcheck", get(healthcheck))
@@ -53,8 +68,25 @@ pub async fn serve(
             metrics: metrics_,
             timeout,
         });
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "http server stopped");
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let conn = listen::accept(&listener, &slots, limits.header_timeout).await;
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout);
+            let served = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+            tokio::pin!(served);
+            tokio::select! {
+                _ = &mut served => {}
+                _ = tokio::time::sleep(limits.max_age) => {
+                    served.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(limits.header_timeout, served).await;
+                }
+            }
+        });
     }
 }
 

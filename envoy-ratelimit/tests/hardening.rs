@@ -1,12 +1,13 @@
 //! Failure paths an attacker or a broken deployment reaches: a refund that
 //! fails after a refusal, a Redis without the rl module, metric series
-//! made from request content.
+//! made from request content, slow and idle clients.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::time::Duration;
+use std::time::Instant;
 
 use common::*;
 
@@ -171,4 +172,67 @@ async fn override_stats_ignore_values() {
         "{text}"
     );
     assert!(!text.contains("u1"), "{text}");
+}
+
+/// Whether the server closes `conn` within `within` (a read returns 0 or
+/// a reset); `false` when it is still open then.
+fn closed_within(conn: &mut TcpStream, within: Duration) -> bool {
+    conn.set_read_timeout(Some(within)).expect("read timeout");
+    let mut buf = [0u8; 1024];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => {
+                return !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    }
+}
+
+/// A client that sends half a request header, or nothing, is closed after
+/// the client timeout on both ports; past the HTTP port's connection cap a
+/// new connection is closed at once.
+#[test]
+fn slow_and_idle_clients_are_closed() {
+    let dir = tempdir();
+    let conf = config_dir(dir.path(), "rl.yaml", CONFIG);
+    let redis = Redis::start(dir.path());
+    let (grpc, http) = (free_port(), free_port());
+    let mut cmd = Service::command(&conf, redis.port, grpc, http);
+    // environment variables: a service without these settings still starts
+    cmd.env("RL_ENVOY_CLIENT_TIMEOUT_MS", "1000")
+        .env("RL_ENVOY_HTTP_MAX_CONNECTIONS", "2");
+    let service = Service::launch(dir.path(), cmd, grpc, http);
+    let start = Instant::now();
+    let mut half = TcpStream::connect(("127.0.0.1", http)).expect("http connect");
+    half.write_all(b"GET /healthcheck HTTP/1.1\r\nHost: x\r\n")
+        .expect("half a header");
+    let mut silent = TcpStream::connect(("127.0.0.1", grpc)).expect("grpc connect");
+    let mut idle = TcpStream::connect(("127.0.0.1", http)).expect("http connect");
+    let mut over = TcpStream::connect(("127.0.0.1", http)).expect("http connect");
+    assert!(
+        closed_within(&mut over, Duration::from_millis(500)),
+        "a connection past the cap stays open"
+    );
+    assert!(
+        closed_within(&mut half, Duration::from_secs(3)),
+        "half a header"
+    );
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(3)),
+        "silent gRPC client"
+    );
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(3)),
+        "idle HTTP client"
+    );
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert_eq!(
+        http_get(service.http, "/healthcheck").map(|r| r.0),
+        Some(200)
+    );
 }
