@@ -192,9 +192,29 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     runtime::grpc_server()
         .add_service(health)
         .add_service(RateLimitServiceServer::new(service))
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .serve_with_incoming_shutdown(incoming, stop_signal())
         .await?;
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (what a service manager or
+/// Kubernetes sends): the gRPC server then finishes its calls in flight.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+    }
 }

@@ -1,6 +1,6 @@
 //! Failure paths an attacker or a broken deployment reaches: a refund that
 //! fails after a refusal, a Redis without the rl module, metric series
-//! made from request content, slow and idle clients.
+//! made from request content, slow and idle clients, SIGTERM.
 
 mod common;
 
@@ -235,4 +235,29 @@ fn slow_and_idle_clients_are_closed() {
         http_get(service.http, "/healthcheck").map(|r| r.0),
         Some(200)
     );
+}
+
+/// SIGTERM stops the service cleanly (exit status 0, logged), as Ctrl-C does.
+#[test]
+fn sigterm_stops_cleanly() {
+    let mut s = Single::start("rl.yaml", CONFIG, &[]);
+    let pid = s.service.proc.child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = s.service.proc.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "still running 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}: {}", s.service.proc.output());
+    assert!(s.service.proc.output().contains("SIGTERM"));
 }
