@@ -162,11 +162,20 @@ impl Store {
         }
     }
 
-    /// `PING` (for the health checks).
-    pub async fn ping(&self, timeout: Duration) -> bool {
+    /// Whether Redis answers and has the rl module (for the health checks):
+    /// `COMMAND INFO RL.WINDOW` describes the command, or answers nil
+    /// without the module. `Err` says why not.
+    pub async fn ready(&self, timeout: Duration) -> Result<(), &'static str> {
         let mut pipe = redis::pipe();
-        pipe.cmd("PING");
-        self.run(&pipe, timeout).await.is_ok()
+        pipe.cmd("COMMAND").arg("INFO").arg("RL.WINDOW");
+        let values = self
+            .run(&pipe, timeout)
+            .await
+            .map_err(|_| "redis unavailable")?;
+        match values.first() {
+            Some(Value::Array(info)) if info.iter().any(|i| *i != Value::Nil) => Ok(()),
+            _ => Err("redis lacks the rl module"),
+        }
     }
 
     fn is_cluster(&self) -> bool {
@@ -321,12 +330,20 @@ fn never_fits(c: &Check) -> Outcome {
     }
 }
 
-/// Decides `checks` (see the module's documentation); one outcome per check.
-pub async fn decide(
-    store: &Store,
-    checks: &[Check],
-    timeout: Duration,
-) -> RedisResult<Vec<Outcome>> {
+/// What [`decide`] found.
+#[derive(Debug)]
+pub struct Decided {
+    /// One outcome per check.
+    pub outcomes: Vec<Outcome>,
+    /// Giving the points back after a refusal failed: the refusal stands,
+    /// the admitting groups stay charged until their limits forget it.
+    pub refund_error: Option<RedisError>,
+}
+
+/// Decides `checks` (see the module's documentation). An error is one
+/// before any decision; a refusal stands even when its refund fails
+/// ([`Decided::refund_error`]).
+pub async fn decide(store: &Store, checks: &[Check], timeout: Duration) -> RedisResult<Decided> {
     let mut outcomes: Vec<Option<Outcome>> = vec![None; checks.len()];
     // the checks to send, and their indices in `checks`
     let mut sendable: Vec<&Check> = Vec::with_capacity(checks.len());
@@ -382,6 +399,7 @@ pub async fn decide(
             outcomes[index[m]] = Some(o);
         }
     }
+    let mut refund_error = None;
     if refused && !charged.is_empty() {
         let pipes: Vec<Pipeline> = charged
             .iter()
@@ -391,23 +409,31 @@ pub async fn decide(
                 p
             })
             .collect();
-        run_all(store, &pipes, timeout).await?;
-        for g in &charged {
-            for &m in g.iter() {
-                let c = sendable[m];
-                if let Some(o) = outcomes[index[m]].as_mut() {
-                    o.remaining = (o.remaining + c.cost).min(c.capacity());
+        match run_all(store, &pipes, timeout).await {
+            Ok(_) => {
+                for g in &charged {
+                    for &m in g.iter() {
+                        let c = sendable[m];
+                        if let Some(o) = outcomes[index[m]].as_mut() {
+                            o.remaining = o.remaining.saturating_add(c.cost).min(c.capacity());
+                        }
+                    }
                 }
             }
+            Err(e) => refund_error = Some(e),
         }
     }
-    Ok(outcomes
-        .into_iter()
-        .map(Option::unwrap_or_default)
-        .collect())
+    Ok(Decided {
+        outcomes: outcomes
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect(),
+        refund_error,
+    })
 }
 
-/// Runs the pipelines: as one on a single Redis, concurrently in a cluster.
+/// Runs the pipelines: as one on a single Redis, concurrently in a cluster
+/// (every one runs; the first error is the answer).
 async fn run_all(
     store: &Store,
     pipes: &[Pipeline],

@@ -28,37 +28,47 @@ pub enum HashTag {
 }
 
 /// The hash tag's text for a descriptor (without braces): the domain and,
-/// with [`HashTag::FirstEntry`], the first entry, `}` and `%` escaped so
-/// that the tag is never cut short.
+/// with [`HashTag::FirstEntry`], `|` and the first entry as `key_value`.
+/// `%` and `}` are escaped everywhere (the tag is never cut short), `|` in
+/// the domain and `_` in the value, so that distinct descriptors never
+/// share a tag.
 pub fn tag(mode: HashTag, domain: &str, entries: &[(&str, &str)]) -> String {
     let mut t = String::with_capacity(domain.len() + 32);
-    push_escaped(&mut t, domain);
-    if let (HashTag::FirstEntry, Some((k, v))) = (mode, entries.first()) {
-        t.push('|');
-        push_escaped(&mut t, k);
-        t.push('_');
-        push_escaped(&mut t, v);
+    match (mode, entries.first()) {
+        (HashTag::FirstEntry, Some((k, v))) => {
+            push_escaped(&mut t, domain, &['}', '|']);
+            t.push('|');
+            push_escaped(&mut t, k, &['}']);
+            t.push('_');
+            push_escaped(&mut t, v, &['}', '_']);
+        }
+        _ => push_escaped(&mut t, domain, &['}']),
     }
     t
 }
 
-fn push_escaped(out: &mut String, s: &str) {
-    if !s.contains(['%', '}']) {
+/// Appends `s` with `%` and each of `special` as `%XX` (hexadecimal).
+fn push_escaped(out: &mut String, s: &str, special: &[char]) {
+    if !s.contains(|c| c == '%' || special.contains(&c)) {
         out.push_str(s);
         return;
     }
     for c in s.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '}' => out.push_str("%7D"),
-            _ => out.push(c),
+        if c == '%' || special.contains(&c) {
+            // the special characters are ASCII: one byte, two digits
+            out.push_str(&format!("%{:02X}", u32::from(c)));
+        } else {
+            out.push(c);
         }
     }
 }
 
 /// The key of one rule of a descriptor, before the fixed window's start and
 /// salt: `<prefix>{<tag>}<rest>:<rule>`, `tag` being [`tag`]'s for the
-/// descriptor and `rest` `.key_value` for each entry not in the tag.
+/// descriptor and `rest` `.key_value` for each entry not in the tag (`.key_`
+/// for an empty value). Keys escape `%` and `.`, values `%` and `_`, so that
+/// the entries can be read back from the right: a value runs from its
+/// entry's last `_` and a key from the `.` before it.
 pub fn base_key(
     prefix: &str,
     mode: HashTag,
@@ -74,11 +84,9 @@ pub fn base_key(
     let skip = usize::from(mode == HashTag::FirstEntry);
     for (key, value) in entries.iter().skip(skip) {
         k.push('.');
-        k.push_str(key);
-        if !value.is_empty() {
-            k.push('_');
-            k.push_str(value);
-        }
+        push_escaped(&mut k, key, &['.']);
+        k.push('_');
+        push_escaped(&mut k, value, &['_']);
     }
     k.push(':');
     k.push_str(rule);
@@ -183,6 +191,41 @@ mod tests {
             "rl:{d%25%7D}.remote_address_10.0.0.1:0t1"
         );
         assert_eq!(tag(HashTag::FirstEntry, "d", &[("k", "}")]), "d|k_%7D");
+    }
+
+    /// Distinct descriptors never share a key: an entry's value cannot
+    /// pose as more entries, nor a domain as a first entry.
+    #[test]
+    fn keys_are_unambiguous() {
+        let key = |mode, domain: &str, e: &[(&str, &str)]| {
+            base_key("rl:", mode, &tag(mode, domain, e), e, "0f60")
+        };
+        for mode in [HashTag::FirstEntry, HashTag::Domain] {
+            type Entries<'a> = &'a [(&'a str, &'a str)];
+            let pairs: [(Entries, Entries); 4] = [
+                (
+                    &[("ip", "1"), ("user", "bob.path_/login")],
+                    &[("ip", "1"), ("user", "bob"), ("path", "/login")],
+                ),
+                (&[("ip", "1"), ("a_b", "")], &[("ip", "1"), ("a", "b")]),
+                (
+                    &[("ip", "1"), ("a", "b.c")],
+                    &[("ip", "1"), ("a", "b"), ("c", "")],
+                ),
+                (&[("ip", "1"), ("a", "%2E")], &[("ip", "1"), ("a", ".")]),
+            ];
+            for (a, b) in pairs {
+                assert_ne!(key(mode, "d", a), key(mode, "d", b), "{a:?} {b:?}");
+            }
+        }
+        let f = HashTag::FirstEntry;
+        assert_ne!(key(f, "d", &[("k_x", "y")]), key(f, "d", &[("k", "x_y")]));
+        assert_ne!(key(f, "d|k", &[("x", "y")]), key(f, "d", &[("k|x", "y")]));
+        // keys without those characters keep their names
+        assert_eq!(
+            key(f, "d", &[("remote_address", "10.0.0.1"), ("path", "/a")]),
+            "rl:{d|remote_address_10.0.0.1}.path_/a:0f60"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod decide;
 pub mod headers;
 pub mod http;
 pub mod keys;
+pub mod listen;
 pub mod metrics;
 pub mod reload;
 pub mod runtime;

@@ -11,7 +11,7 @@ use envoy_ratelimit::decide::{SentinelStore, Store};
 use envoy_ratelimit::keys::HashTag;
 use envoy_ratelimit::metrics::Metrics;
 use envoy_ratelimit::service::{Options, RateLimiter};
-use envoy_ratelimit::{http, reload, runtime};
+use envoy_ratelimit::{http, listen, reload, runtime};
 
 /// Envoy's rate-limit service (envoy.service.ratelimit.v3), deciding in
 /// Redis with the rl module; reads envoyproxy/ratelimit's configuration.
@@ -77,6 +77,17 @@ struct Args {
     /// fewest CPU cycles per request: see README.md), 0 one per core.
     #[arg(long, env = "RL_ENVOY_WORKER_THREADS", default_value_t = 0)]
     worker_threads: usize,
+    /// The most connections at once on the gRPC port; past that a new
+    /// one is closed at once.
+    #[arg(long, env = "RL_ENVOY_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
+    /// The most connections at once on the HTTP port.
+    #[arg(long, env = "RL_ENVOY_HTTP_MAX_CONNECTIONS", default_value_t = 64)]
+    http_max_connections: usize,
+    /// How long a new connection (either port) may wait before its first
+    /// bytes, and an HTTP request for its header, in ms; then it is closed.
+    #[arg(long, env = "RL_ENVOY_CLIENT_TIMEOUT_MS", default_value_t = 10_000)]
+    client_timeout_ms: u64,
     /// Logs as JSON lines instead of text.
     #[arg(long, env = "RL_ENVOY_LOG_JSON")]
     log_json: bool,
@@ -141,6 +152,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let store = connect(&args, timeout)
         .await
         .map_err(|e| format!("cannot connect to Redis: {e}"))?;
+    if let Err(why) = store.ready(timeout).await {
+        tracing::error!(
+            "{why}: every decision fails and the health checks say so until it is fixed"
+        );
+    }
     tokio::spawn(reload::watch(
         args.config_dir.clone(),
         files,
@@ -162,15 +178,43 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (reporter, health) = tonic_health::server::health_reporter();
     tokio::spawn(http::health_loop(store.clone(), reporter, timeout));
+    let client_timeout = Duration::from_millis(args.client_timeout_ms);
     let listener = tokio::net::TcpListener::bind(args.http_addr).await?;
-    tokio::spawn(http::serve(listener, store, metrics, timeout));
+    let limits = http::Limits {
+        max_connections: args.http_max_connections.max(1),
+        header_timeout: client_timeout,
+        max_age: Duration::from_secs(60),
+    };
+    tokio::spawn(http::serve(listener, store, metrics, timeout, limits));
+    let grpc = tokio::net::TcpListener::bind(args.grpc_addr).await?;
+    let incoming = listen::incoming(grpc, args.max_connections.max(1), client_timeout);
     tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "serving");
     runtime::grpc_server()
         .add_service(health)
         .add_service(RateLimitServiceServer::new(service))
-        .serve_with_shutdown(args.grpc_addr, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .serve_with_incoming_shutdown(incoming, stop_signal())
         .await?;
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM (what a service manager or
+/// Kubernetes sends): the gRPC server then finishes its calls in flight.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+    }
 }

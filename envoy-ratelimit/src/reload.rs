@@ -1,7 +1,9 @@
 //! The configuration directory: read (`*.yaml` / `*.yml`, sorted by name,
-//! hidden files skipped) and polled for changes; a change that loads
-//! replaces the configuration in force, one that fails is logged and counted
-//! and the previous configuration stays.
+//! hidden files skipped) and polled for changes; a change is loaded once
+//! two polls in a row read the same content (a file being written is not
+//! loaded half-written); one that loads replaces the configuration in
+//! force, one that fails is logged and counted and the previous
+//! configuration stays.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -12,7 +14,7 @@ use crate::metrics::Metrics;
 
 /// The directory's files as `(config.<stem>, text)`, the names the peer
 /// gives them in its errors.
-pub fn read_dir(dir: &Path) -> std::io::Result<Vec<(String, String)>> {
+pub fn read_dir(dir: &Path) -> std::io::Result<Files> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -40,15 +42,52 @@ pub fn read_dir(dir: &Path) -> std::io::Result<Vec<(String, String)>> {
     Ok(files)
 }
 
+/// The directory's files as `(name, text)`.
+pub type Files = Vec<(String, String)>;
+
+/// What the polls saw: the content loaded (or refused) last, and a change
+/// seen once, waiting to be seen again unchanged.
+pub struct Settle {
+    last: Files,
+    pending: Option<Files>,
+}
+
+impl Settle {
+    /// Starts from `loaded`, the content in force.
+    pub fn new(loaded: Files) -> Settle {
+        Settle {
+            last: loaded,
+            pending: None,
+        }
+    }
+
+    /// One poll's content: `Some` when it is a change that the previous
+    /// poll saw too (to load now).
+    pub fn poll(&mut self, files: Files) -> Option<Files> {
+        if files == self.last {
+            self.pending = None;
+            return None;
+        }
+        if self.pending.as_ref() == Some(&files) {
+            self.pending = None;
+            self.last = files.clone();
+            return Some(files);
+        }
+        self.pending = Some(files);
+        None
+    }
+}
+
 /// Polls `dir` every `every`; `last` is what is loaded now.
 pub async fn watch(
     dir: PathBuf,
-    mut last: Vec<(String, String)>,
+    last: Files,
     config: Arc<RwLock<Arc<Config>>>,
     metrics: Arc<Metrics>,
     every: Duration,
 ) {
     let mut tick = tokio::time::interval(every);
+    let mut settle = Settle::new(last);
     loop {
         tick.tick().await;
         let files = match read_dir(&dir) {
@@ -58,9 +97,9 @@ pub async fn watch(
                 continue;
             }
         };
-        if files == last {
+        let Some(files) = settle.poll(files) else {
             continue;
-        }
+        };
         match Config::load(&files) {
             Ok(c) => {
                 if let Ok(mut slot) = config.write() {
@@ -74,7 +113,6 @@ pub async fn watch(
                 tracing::error!(error = %e, "configuration not reloaded; the previous one stays");
             }
         }
-        last = files;
     }
 }
 
@@ -93,5 +131,26 @@ mod tests {
                 panic!("examples/{dir}: {e}");
             }
         }
+    }
+
+    fn files(text: &str) -> Files {
+        vec![("config.rl".to_string(), text.to_string())]
+    }
+
+    /// A file being written (its content changing between polls) is loaded
+    /// only once two polls in a row read it the same.
+    #[test]
+    fn loads_only_settled_content() {
+        let mut s = Settle::new(files("full"));
+        assert_eq!(s.poll(files("full")), None);
+        assert_eq!(s.poll(files("ha")), None, "half-written: not yet");
+        assert_eq!(s.poll(files("half")), None, "still changing");
+        assert_eq!(s.poll(files("half-full")), None);
+        assert_eq!(s.poll(files("half-full")), Some(files("half-full")));
+        assert_eq!(s.poll(files("half-full")), None, "loaded once");
+        // a change undone before it settled loads nothing
+        assert_eq!(s.poll(files("x")), None);
+        assert_eq!(s.poll(files("half-full")), None);
+        assert_eq!(s.poll(files("x")), None);
     }
 }

@@ -2,6 +2,8 @@
 //! benchmark's floor service (examples/floor.rs) share, so that the floor
 //! differs from the service only by not deciding.
 
+use std::time::Duration;
+
 use tokio::runtime::{Builder, Runtime};
 
 /// A runtime of `worker_threads` threads. `1` runs every task on the
@@ -22,7 +24,13 @@ pub fn build(worker_threads: usize) -> std::io::Result<Runtime> {
     builder.enable_all().build()
 }
 
-/// The gRPC server with the service's settings (tonic's builder: TCP_NODELAY on).
+/// The gRPC server with the service's settings: TCP_NODELAY on (tonic's
+/// default), an HTTP/2 ping every 30 s on each connection, closed when
+/// unanswered for 10 s, and a call that runs longer than 30 s answered with
+/// an error.
 pub fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .timeout(Duration::from_secs(30))
 }

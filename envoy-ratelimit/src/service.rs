@@ -113,14 +113,12 @@ impl RateLimiter {
                     let unit = Unit::from_proto(o.unit).ok_or_else(|| {
                         format!("descriptor limit override has an unknown unit {}", o.unit)
                     })?;
+                    // the entries' keys only: values come from the
+                    // request, and each stat key is a metric series
                     let mut stat_key = req.domain.clone();
-                    for (k, v) in &entries {
+                    for (k, _) in &entries {
                         stat_key.push('.');
                         stat_key.push_str(k);
-                        if !v.is_empty() {
-                            stat_key.push('_');
-                            stat_key.push_str(v);
-                        }
                     }
                     Some(Found {
                         limit: Arc::new(Limit {
@@ -269,7 +267,7 @@ impl RateLimiter {
             .map_err(Status::invalid_argument)?;
         let now = now_ms();
         let checks = self.checks(req, &applied, now);
-        let outcomes = decide(&self.store, &checks, self.options.redis_timeout)
+        let decided = decide(&self.store, &checks, self.options.redis_timeout)
             .await
             .map_err(|e| {
                 self.metrics
@@ -277,8 +275,14 @@ impl RateLimiter {
                     .with_label_values(&["redis_error"])
                     .inc();
                 tracing::warn!(error = %e, domain = %req.domain, "redis failed");
-                Status::unavailable(format!("redis: {e}"))
+                // the details (they may name keys) go to the log only
+                Status::unavailable("redis unavailable")
             })?;
+        if let Some(e) = &decided.refund_error {
+            self.metrics.refund_errors.inc();
+            tracing::warn!(error = %e, domain = %req.domain, "refund after a refusal failed; the refusal stands");
+        }
+        let outcomes = decided.outcomes;
         let response = self.response(&applied, &checks, &outcomes);
         tracing::debug!(
             domain = %req.domain,
