@@ -133,6 +133,11 @@ do
     local major, minor, patch = tostring(ngx_base.version):match("^(%d+)%.(%d+)%.(%d+)")
     major, minor, patch = tonumber(major), tonumber(minor), tonumber(patch)
     ffi_headers = major ~= nil and (major > 0 or minor > 1 or minor == 1 and patch >= 24)
+    if not ffi_headers then
+        -- said once, when the module loads: the same values, at a cost
+        ngx.log(ngx.WARN, "rl: resty.core ", tostring(ngx_base.version), " is older than",
+            " 0.1.24: request headers are read through ngx.req.get_headers (slower)")
+    end
 end
 
 -- The values of request header `key` (lower case): a string, a list for
