@@ -9,7 +9,8 @@ Nothing here raises on a malformed header: an unreadable field is absent.
 from __future__ import annotations
 
 import datetime
-import email.utils
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -22,24 +23,65 @@ HeaderGetter = Callable[[str], Optional[str]]
 Number = Union[int, float]
 
 
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_LONG_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_TIME = r"(\d{2}):(\d{2}):(\d{2})"
+_MON = "(" + "|".join(_MONTHS) + ")"
+# RFC 9110 section 5.6.7: the three forms, exactly (no comments, no zones but GMT)
+_IMF_FIXDATE = re.compile(
+    r"(?:" + "|".join(_DAYS) + r"), (\d{2}) " + _MON + r" (\d{4}) " + _TIME + r" GMT")
+_RFC850 = re.compile(
+    r"(?:" + "|".join(_LONG_DAYS) + r"), (\d{2})-" + _MON + r"-(\d{2}) " + _TIME + r" GMT")
+_ASCTIME = re.compile(
+    r"(?:" + "|".join(_DAYS) + r") " + _MON + r" ( \d|\d{2}) " + _TIME + r" (\d{4})")
+
+#: Integer fields with more digits than this are treated as absent.
+MAX_INT_DIGITS = 18
+
+
 def _http_date(value: str) -> Optional[float]:
-    """The Unix time of an HTTP-date (IMF-fixdate, RFC 850 or asctime), or None."""
+    """The Unix time of an HTTP-date in strict IMF-fixdate, RFC 850 or
+    asctime form (RFC 9110), or None."""
+    value = value.strip()
+    fields: Optional[Tuple[str, str, str, str, str, str]] = None  # day, month, year, h, m, s
+    m = _IMF_FIXDATE.fullmatch(value)
+    if m is not None:
+        fields = (m[1], m[2], m[3], m[4], m[5], m[6])
+    elif (m := _RFC850.fullmatch(value)) is not None:
+        two = int(m[3])
+        # a two-digit year: the closest century (RFC 9110's 50-year rule, simplified)
+        fields = (m[1], m[2], str(two + (2000 if two < 70 else 1900)), m[4], m[5], m[6])
+    elif (m := _ASCTIME.fullmatch(value)) is not None:
+        fields = (m[2].strip(), m[1], m[6], m[3], m[4], m[5])
+    if fields is None:
+        return None
+    day, month, year, hour, minute, second = fields
     try:
-        parsed = email.utils.parsedate_to_datetime(value.strip())
-    except (TypeError, ValueError, IndexError):
+        parsed = datetime.datetime(int(year), _MONTHS.index(month) + 1, int(day), int(hour),
+                                   int(minute), int(second), tzinfo=datetime.timezone.utc)
+    except ValueError:  # e.g. 31 Feb, hour 25
         return None
-    if parsed is None:
-        return None
-    if parsed.tzinfo is None:  # asctime and "-0000" forms carry no zone: HTTP-dates are UTC
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
     return parsed.timestamp()
+
+
+def _delta_seconds(raw: str) -> Optional[float]:
+    """A delta-seconds value (digits only), infinity when it is too long to
+    be a real wait, or None when ``raw`` is not delta-seconds."""
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    return float(int(raw)) if len(raw) <= MAX_INT_DIGITS else math.inf
 
 
 def retry_after_seconds(get: HeaderGetter, wall_now: Callable[[], float]) -> Optional[float]:
     """The wait a response's ``Retry-After`` asks for, in seconds (>= 0), or None.
 
-    Delta-seconds are taken as they are. An HTTP-date is taken relative to
-    the response's own ``Date`` header (the server's clock), never the local
+    Delta-seconds (digits only) are taken as they are; more than
+    ``MAX_INT_DIGITS`` digits give ``math.inf`` (the engine refuses such a
+    wait). Several values (a repeated header, joined with ``", "``) give
+    their maximum when every one is delta-seconds, else None. An HTTP-date
+    (strictly one of RFC 9110's three forms) is taken relative to the
+    response's own ``Date`` header (the server's clock), never the local
     clock; only a response without a readable ``Date`` falls back to
     ``wall_now()`` (Unix seconds), since there is nothing else to compare with.
     """
@@ -47,8 +89,13 @@ def retry_after_seconds(get: HeaderGetter, wall_now: Callable[[], float]) -> Opt
     if raw is None:
         return None
     raw = raw.strip()
-    if raw.isascii() and raw.isdigit():
-        return float(int(raw))
+    delta = _delta_seconds(raw)
+    if delta is not None:
+        return delta
+    if "," in raw:
+        parts = [_delta_seconds(part.strip()) for part in raw.split(",")]
+        if all(part is not None for part in parts):
+            return max(part for part in parts if part is not None)
     target = _http_date(raw)
     if target is None:
         return None
@@ -208,7 +255,9 @@ def _int_header(get: HeaderGetter, name: str) -> Optional[int]:
     if raw is None:
         return None
     raw = raw.strip()
-    return int(raw) if raw.isascii() and raw.isdigit() else None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > MAX_INT_DIGITS:
+        return None
+    return int(raw)
 
 
 def _legacy_item(get: HeaderGetter) -> Optional[RateLimitItem]:
