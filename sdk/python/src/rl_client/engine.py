@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 import uuid
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 from typing import (Any, Callable, Dict, FrozenSet, Mapping, MutableMapping, Optional, Tuple,
                     TypeVar)
 
@@ -48,7 +50,16 @@ class RetryPolicy:
       one a generated key (also per request: ``idempotency_key=True``).
     - ``deadline``: default time budget of a call in seconds (None: none).
     - ``lockout_key_headers``: the request headers whose first present
-      value identifies the API key for penalty-box lockouts.
+      value identifies the API key for penalty-box lockouts. A lockout is
+      recorded only for a request with such a key, keyed by (origin of the
+      request URL, key), and only when the answer came from that origin (not
+      after a redirect to another one). The clients also drop these headers
+      when a redirect leaves the request's origin.
+    - ``max_retry_after``: the longest single wait (seconds) the SDK accepts
+      from ``Retry-After`` or the pacer; a longer (or infinite) one raises
+      :class:`RateLimitError` with reason ``retry_after_too_long`` instead.
+    - ``max_lockout``: the longest a lockout is remembered (seconds), whatever
+      the boxed answer's ``Retry-After``.
     """
 
     base: float = 0.5
@@ -63,12 +74,16 @@ class RetryPolicy:
     auto_idempotency_key: bool = False
     deadline: Optional[float] = None
     lockout_key_headers: Tuple[str, ...] = ("X-Api-Key", "Authorization")
+    max_retry_after: float = 300.0
+    max_lockout: float = 86400.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         if self.base < 0 or self.cap < 0 or self.jitter_ratio < 0 or self.token_max_retries < 0:
             raise ValueError("base, cap, jitter_ratio and token_max_retries must be >= 0")
+        if not (self.max_retry_after >= 0 and self.max_lockout >= 0):  # NaN fails too
+            raise ValueError("max_retry_after and max_lockout must be >= 0")
 
     def replace(self, **changes: Any) -> "RetryPolicy":
         """A copy with ``changes`` applied."""
@@ -81,16 +96,37 @@ class _Lockout:
     error: LockoutError
 
 
+#: A lockout's key: (origin of the request URL, API key).
+LockoutKey = Tuple[str, str]
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` of a URL (lower case, default port filled in),
+    "" when it has no host."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return ""
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if not host:
+        return ""
+    if port is None:
+        port = {"http": 80, "https": 443}.get(scheme)
+    return f"{scheme}://{host}:{port}" if port is not None else f"{scheme}://{host}"
+
+
 class LockoutRegistry:
-    """API keys in the penalty box, until when (monotonic clock). Share one
-    between clients that use the same keys; thread-safe."""
+    """API keys in the penalty box, by (origin, key), until when (monotonic
+    clock). Share one between clients that use the same keys; thread-safe."""
 
     def __init__(self, clock: Optional[Clock] = None) -> None:
         self._clock = clock or SystemClock()
-        self._locked: Dict[str, _Lockout] = {}
+        self._locked: Dict[LockoutKey, _Lockout] = {}
         self._mutex = threading.Lock()
 
-    def lock(self, key: str, seconds: float, error: LockoutError) -> None:
+    def lock(self, key: LockoutKey, seconds: float, error: LockoutError) -> None:
         """Locks ``key`` for ``seconds`` from now (a longer lock already held stays)."""
         until = self._clock.monotonic() + seconds
         with self._mutex:
@@ -98,7 +134,7 @@ class LockoutRegistry:
             if held is None or held.until < until:
                 self._locked[key] = _Lockout(until, error)
 
-    def remaining(self, key: str) -> Optional[Tuple[float, LockoutError]]:
+    def remaining(self, key: LockoutKey) -> Optional[Tuple[float, LockoutError]]:
         """(seconds left, the boxed answer's error) while ``key`` is locked, else None."""
         now = self._clock.monotonic()
         with self._mutex:
@@ -111,22 +147,38 @@ class LockoutRegistry:
             return held.until - now, held.error
 
 
-class ResponseView:
-    """What the engine reads of a response: status, headers, problem body."""
+#: Problem bodies larger than this (bytes) are not parsed.
+MAX_PROBLEM_BYTES = 64 * 1024
 
-    def __init__(self, status: int, get_header: HeaderGetter, body: Callable[[], bytes]) -> None:
+
+class ResponseView:
+    """What the engine reads of a response: status, headers, problem body,
+    and the origin of the URL that answered (``url``; None: the request's)."""
+
+    def __init__(self, status: int, get_header: HeaderGetter, body: Callable[[], bytes],
+                 url: Optional[str] = None) -> None:
         self.status = status
         self.header = get_header
         self._body = body
+        self.origin = origin_of(url) if url is not None else None
 
     def problem(self) -> Optional[Mapping[str, Any]]:
-        """The JSON body (problem+json or JSON) as a dict, or None."""
+        """The JSON body (problem+json or JSON) as a dict, or None: also when
+        it is larger than ``MAX_PROBLEM_BYTES`` (by ``Content-Length`` or
+        bytes read) or fails to parse in any way (e.g. too deeply nested)."""
         ctype = (self.header("Content-Type") or "").lower()
         if "json" not in ctype:
             return None
+        length = (self.header("Content-Length") or "").strip()
+        if length.isascii() and length.isdigit() and (
+                len(length) > 18 or int(length) > MAX_PROBLEM_BYTES):
+            return None
         try:
-            parsed = json.loads(self._body())
-        except (ValueError, UnicodeDecodeError):
+            body = self._body()
+            if len(body) > MAX_PROBLEM_BYTES:
+                return None
+            parsed = json.loads(body)
+        except Exception:  # any parse failure (RecursionError included) means no body
             return None
         return parsed if isinstance(parsed, dict) else None
 
@@ -178,11 +230,13 @@ class RetryEngine:
         idempotency_key: "str | bool | None" = None,
         has_conflict_hook: bool = False,
         cost: float = 1.0,
+        origin: str = "",
     ) -> "Call":
         """Starts a call; sets the Idempotency-Key in ``headers`` (a
-        case-insensitive mapping) when asked for or generated."""
+        case-insensitive mapping) when asked for or generated. ``origin``:
+        the request URL's (see :func:`origin_of`), half of its lockout key."""
         return Call(self, method.upper(), path, headers, deadline, idempotency_key,
-                    has_conflict_hook, cost)
+                    has_conflict_hook, cost, origin)
 
     def observe(self, info: Optional[RateLimitInfo]) -> None:
         """Records a response's ``RateLimit`` fields (and tells the pacer)."""
@@ -206,6 +260,7 @@ class Call:
         idempotency_key: "str | bool | None",
         has_conflict_hook: bool,
         cost: float,
+        origin: str = "",
     ) -> None:
         policy = engine.policy
         self.engine = engine
@@ -214,9 +269,10 @@ class Call:
         self.has_conflict_hook = has_conflict_hook
         budget = deadline if deadline is not None else policy.deadline
         self.deadline_at = None if budget is None else engine.clock.monotonic() + budget
-        self.lockout_key = next(
-            (headers[h] for h in policy.lockout_key_headers if headers.get(h)), ""
-        )
+        self.origin = origin
+        key = next((headers[h] for h in policy.lockout_key_headers if headers.get(h)), "")
+        #: (origin, API key), or None for a request without a key (never locked).
+        self.lockout_key: Optional[LockoutKey] = (origin, key) if key else None
         mutating = method not in policy.idempotent_methods
         if isinstance(idempotency_key, str):
             headers[policy.idempotency_header] = idempotency_key
@@ -231,11 +287,30 @@ class Call:
             max_retries = min(max_retries, policy.token_max_retries)
         self.max_retries = max_retries
 
+    def remaining(self) -> Optional[float]:
+        """Seconds left before the deadline (>= 0), None without one."""
+        if self.deadline_at is None:
+            return None
+        return max(0.0, self.deadline_at - self.engine.clock.monotonic())
+
+    def attempt_timeout(self) -> Optional[float]:
+        """The timeout for the next attempt: the seconds left before the
+        deadline (None without one). Raises :class:`RateLimitError`
+        (``DEADLINE``, status None) when none is left."""
+        left = self.remaining()
+        if left is not None and left <= 0:
+            raise RateLimitError(errors.DEADLINE, status=None, request_id=None, retry_after=None,
+                                 problem=None, rate_limit=self.engine.rate_limit,
+                                 attempts=self.attempts)
+        return left
+
     def before_attempt(self) -> float:
         """Raises :class:`LockoutError` while the key is in the penalty box;
         else returns the seconds to wait first (the pacer's advice, 0 without
-        a pacer)."""
-        held = self.engine.lockouts.remaining(self.lockout_key)
+        a pacer). Raises :class:`RateLimitError` (status None) when that wait
+        would pass the deadline (``DEADLINE``) or is above the policy's
+        ``max_retry_after`` (``RETRY_AFTER_TOO_LONG``)."""
+        held = self.engine.lockouts.remaining(self.lockout_key) if self.lockout_key else None
         if held is not None:
             left, boxed = held
             raise LockoutError(
@@ -243,7 +318,21 @@ class Call:
                 retry_after=left, problem=boxed.problem, rate_limit=boxed.rate_limit,
                 attempts=0, response=boxed.response)
         pacer = self.engine.pacer
-        return pacer.delay(self.cost) if pacer is not None else 0.0
+        delay = pacer.delay(self.cost) if pacer is not None else 0.0
+        if delay <= 0:
+            return 0.0
+
+        def refuse(reason: str) -> RateLimitError:
+            return RateLimitError(reason, status=None, request_id=None, retry_after=delay,
+                                  problem=None, rate_limit=self.engine.rate_limit,
+                                  attempts=self.attempts)
+
+        if not math.isfinite(delay) or delay > self.engine.policy.max_retry_after:
+            raise refuse(errors.RETRY_AFTER_TOO_LONG)
+        time_left = self.remaining()
+        if time_left is not None and delay > time_left:
+            raise refuse(errors.DEADLINE)
+        return delay
 
     def after_response(self, resp: ResponseView, raw: Any = None) -> Step:
         """Decides what follows a response (``raw`` is the library's own
@@ -273,14 +362,17 @@ class Call:
         if boxed:
             err = fail(errors.LOCKOUT, LockoutError)
             assert isinstance(err, LockoutError)
-            if retry_after is not None:
-                engine.lockouts.lock(self.lockout_key, retry_after, err)
+            same_origin = resp.origin is None or resp.origin == self.origin
+            if retry_after is not None and self.lockout_key is not None and same_origin:
+                engine.lockouts.lock(self.lockout_key, min(retry_after, policy.max_lockout), err)
             raise err
         if not self.retryable:
             raise fail(errors.NOT_RETRYABLE)
         retry = self.attempts - 1
         if retry >= self.max_retries:
             raise fail(errors.ATTEMPTS_EXHAUSTED)
+        if retry_after is not None and not (retry_after <= policy.max_retry_after):
+            raise fail(errors.RETRY_AFTER_TOO_LONG)
         backoff = engine.rng.uniform(0.0, min(policy.cap, policy.base * (2.0 ** min(retry, 64))))
         wait = max(retry_after or 0.0, backoff)
         wait += engine.rng.uniform(0.0, policy.jitter_ratio * wait)

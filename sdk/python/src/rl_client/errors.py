@@ -11,12 +11,18 @@ NOT_RETRYABLE = "not_retryable"  # not idempotent and no Idempotency-Key
 ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # max_attempts (or the token endpoint's 2 retries) used
 DEADLINE = "deadline"  # the next wait would pass the caller's deadline
 LOCKOUT = "lockout"  # X-Penalty-Box-Status: Active-Lockout
+#: Retry-After (or the pacer's delay) above RetryPolicy.max_retry_after, or not finite
+RETRY_AFTER_TOO_LONG = "retry_after_too_long"
 
 
 class RateLimitError(Exception):
     """A throttled answer (429, or another status of ``RetryPolicy.retry_statuses``
     such as the gateway's fail-closed 503) that the SDK did not retry, or no
     longer retries.
+
+    Also raised before a request is sent when the pacer's delay would pass
+    the deadline (``DEADLINE``) or exceed ``RetryPolicy.max_retry_after``
+    (``RETRY_AFTER_TOO_LONG``); ``status`` is then None.
 
     Attributes: ``status``; ``request_id`` (the problem body's ``request_id``,
     else the ``X-Request-Id`` header); ``retry_after`` (seconds, or None);

@@ -4,17 +4,24 @@
 an :class:`httpx.AsyncClient`. Each request is built once and sent again
 as it is (same body, same credentials, same Idempotency-Key); a request
 whose body is a one-shot stream cannot be sent twice (httpx raises).
+
+A ``deadline`` also bounds each attempt: every timeout of the request
+(connect, read, write, pool) becomes at most the time left (httpx then
+raises its own ``TimeoutException``). With ``follow_redirects``, a redirect
+to another origin drops the policy's ``lockout_key_headers`` (the API key),
+not only ``Authorization``: the clients add a request event hook for it.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, Optional, Union
 
 import httpx
 
 from .clock import Clock, Random
-from .engine import Call, LockoutRegistry, ResponseView, RetryEngine, RetryPolicy, run_sync
+from .engine import (Call, LockoutRegistry, ResponseView, RetryEngine, RetryPolicy, origin_of,
+                     run_sync)
 from .headers import RateLimitInfo
 from .pacing import Pacer
 
@@ -25,8 +32,23 @@ ConflictHook = Callable[[httpx.Response], httpx.Response]
 AsyncConflictHook = Callable[[httpx.Response], Union[httpx.Response, Awaitable[httpx.Response]]]
 
 
+#: The request extension that carries the origin a call started at.
+_ORIGIN_EXTENSION = "rl_client.origin"
+
+
 def _view(resp: httpx.Response, read: Callable[[], bytes]) -> ResponseView:
-    return ResponseView(resp.status_code, resp.headers.get, read)
+    return ResponseView(resp.status_code, resp.headers.get, read, str(resp.url))
+
+
+def _bound_timeouts(request: httpx.Request, timeouts: Dict[str, Optional[float]],
+                    call: Call) -> None:
+    """Sets the request's timeouts for the next attempt: ``timeouts`` (as
+    built), each at most the time left before the call's deadline."""
+    left = call.attempt_timeout()
+    if left is None:
+        return
+    bounded = {k: left if v is None else min(v, left) for k, v in timeouts.items()}
+    request.extensions = {**request.extensions, "timeout": bounded}
 
 
 class _Base:
@@ -45,16 +67,33 @@ class _Base:
         self.engine = RetryEngine(policy, clock=clock, rng=rng, lockouts=lockouts, pacer=pacer,
                                   **extra)
 
+    def _drop_keys_cross_origin(self, request: httpx.Request) -> None:
+        """The request event hook: a request (a redirect) that left the
+        call's origin goes without the lockout key headers."""
+        origin = request.extensions.get(_ORIGIN_EXTENSION)
+        if origin is not None and origin_of(str(request.url)) != origin:
+            for name in self.engine.policy.lockout_key_headers:
+                request.headers.pop(name, None)
+
+    def _install_hook(self, client: Union[httpx.Client, httpx.AsyncClient], hook: Any) -> None:
+        hooks = client.event_hooks
+        client.event_hooks = {**hooks, "request": [*hooks.get("request", []), hook]}
+
     @property
     def rate_limit(self) -> Optional[RateLimitInfo]:
         """The ``RateLimit`` / ``RateLimit-Policy`` fields of the latest response."""
         return self.engine.rate_limit
 
     def _begin(self, request: httpx.Request, deadline: Optional[float],
-               idempotency_key: "str | bool | None", hook: Any, cost: float) -> Call:
-        return self.engine.begin(request.method, request.url.path, request.headers,
+               idempotency_key: "str | bool | None", hook: Any,
+               cost: float) -> "tuple[Call, Dict[str, Optional[float]]]":
+        """The call, and the request's timeouts as built."""
+        origin = origin_of(str(request.url))
+        request.extensions = {**request.extensions, _ORIGIN_EXTENSION: origin}
+        call = self.engine.begin(request.method, request.url.path, request.headers,
                                  deadline=deadline, idempotency_key=idempotency_key,
-                                 has_conflict_hook=hook is not None, cost=cost)
+                                 has_conflict_hook=hook is not None, cost=cost, origin=origin)
+        return call, dict(request.extensions.get("timeout") or {})
 
 
 class RetryingClient(_Base):
@@ -81,6 +120,7 @@ class RetryingClient(_Base):
     ) -> None:
         super().__init__(policy, clock, rng, lockouts, pacer, new_idempotency_key)
         self.client = client if client is not None else httpx.Client(**client_kwargs)
+        self._install_hook(self.client, self._drop_keys_cross_origin)
         self.on_conflict = on_conflict
 
     def request(
@@ -102,9 +142,13 @@ class RetryingClient(_Base):
         gives up on."""
         request = self.client.build_request(method, url, **kwargs)
         hook = on_conflict or self.on_conflict
-        call = self._begin(request, deadline, idempotency_key, hook, cost)
-        return run_sync(call, lambda: self.client.send(request), lambda r: _view(r, r.read),
-                        httpx.Response.close, hook)
+        call, timeouts = self._begin(request, deadline, idempotency_key, hook, cost)
+
+        def attempt() -> httpx.Response:
+            _bound_timeouts(request, timeouts, call)
+            return self.client.send(request)
+
+        return run_sync(call, attempt, lambda r: _view(r, r.read), httpx.Response.close, hook)
 
     def get(self, url: Union[httpx.URL, str], **kwargs: Any) -> httpx.Response:
         """``request("GET", url, ...)``."""
@@ -160,7 +204,11 @@ class AsyncRetryingClient(_Base):
     ) -> None:
         super().__init__(policy, clock, rng, lockouts, pacer, new_idempotency_key)
         self.client = client if client is not None else httpx.AsyncClient(**client_kwargs)
+        self._install_hook(self.client, self._adrop_keys_cross_origin)
         self.on_conflict = on_conflict
+
+    async def _adrop_keys_cross_origin(self, request: httpx.Request) -> None:
+        self._drop_keys_cross_origin(request)
 
     async def request(
         self,
@@ -176,10 +224,11 @@ class AsyncRetryingClient(_Base):
         """As :meth:`RetryingClient.request`."""
         request = self.client.build_request(method, url, **kwargs)
         hook = on_conflict or self.on_conflict
-        call = self._begin(request, deadline, idempotency_key, hook, cost)
+        call, timeouts = self._begin(request, deadline, idempotency_key, hook, cost)
         clock = self.engine.clock
         while True:
             await clock.asleep(call.before_attempt())
+            _bound_timeouts(request, timeouts, call)
             resp = await self.client.send(request)
             await resp.aread()
             step = call.after_response(_view(resp, lambda: resp.content), resp)

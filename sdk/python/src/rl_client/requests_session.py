@@ -9,7 +9,8 @@ import requests
 from requests.structures import CaseInsensitiveDict
 
 from .clock import Clock, Random
-from .engine import LockoutRegistry, ResponseView, RetryEngine, RetryPolicy, run_sync
+from .engine import (Call, LockoutRegistry, ResponseView, RetryEngine, RetryPolicy, origin_of,
+                     run_sync)
 from .headers import RateLimitInfo
 from .pacing import Pacer
 
@@ -26,6 +27,11 @@ class RetryingSession(requests.Session):
     ``idempotency_key``, ``on_conflict``, ``cost`` (see
     :meth:`rl_client.RetryingClient.request`). Raises
     :class:`rl_client.RateLimitError` for a throttled answer it gives up on.
+
+    A ``deadline`` also bounds each attempt: its ``timeout`` becomes at most
+    the time left (requests then raises its own ``Timeout``). A redirect to
+    another host drops the policy's ``lockout_key_headers`` (the API key),
+    not only ``Authorization``.
     """
 
     def __init__(
@@ -70,9 +76,38 @@ class RetryingSession(requests.Session):
         hook = on_conflict or self.on_conflict
         call = self.engine.begin(method, urlsplit(url).path, merged, deadline=deadline,
                                  idempotency_key=idempotency_key,
-                                 has_conflict_hook=hook is not None, cost=cost)
+                                 has_conflict_hook=hook is not None, cost=cost,
+                                 origin=origin_of(url))
         kwargs["headers"] = dict(merged)
         send = super().request
-        return run_sync(call, lambda: send(method, url, **kwargs),
-                        lambda r: ResponseView(r.status_code, r.headers.get, lambda: r.content),
+        given = kwargs.pop("timeout", None)
+
+        def attempt() -> requests.Response:
+            return send(method, url, timeout=_bounded_timeout(given, call), **kwargs)
+
+        return run_sync(call, attempt,
+                        lambda r: ResponseView(r.status_code, r.headers.get, lambda: r.content,
+                                               r.url),
                         requests.Response.close, hook)
+
+    def rebuild_auth(self, prepared_request: requests.PreparedRequest,
+                     response: requests.Response) -> None:
+        """Also drops the policy's ``lockout_key_headers`` (e.g. ``X-Api-Key``)
+        when a redirect goes where requests drops ``Authorization``."""
+        old = response.request.url if response.request is not None else None
+        if old and prepared_request.url and self.should_strip_auth(  # type: ignore[no-untyped-call]
+                old, prepared_request.url):
+            for name in self.engine.policy.lockout_key_headers:
+                prepared_request.headers.pop(name, None)
+        super().rebuild_auth(prepared_request, response)  # type: ignore[no-untyped-call]
+
+
+def _bounded_timeout(given: Any, call: Call) -> Any:
+    """requests' ``timeout`` (None, seconds or a (connect, read) pair) with
+    each part at most the time left before the call's deadline."""
+    left = call.attempt_timeout()
+    if left is None:
+        return given
+    if isinstance(given, tuple):
+        return tuple(left if part is None else min(part, left) for part in given)
+    return left if given is None else min(given, left)

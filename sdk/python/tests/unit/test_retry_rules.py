@@ -186,9 +186,9 @@ def test_a_retry_waiting_meets_a_lockout_taken_meanwhile() -> None:
     def sleep_and_get_boxed(seconds: float) -> None:
         original_sleep(seconds)
         # another call on the same key was boxed while this one waited
-        shared.lock("key-a", 60, LockoutError(LOCKOUT, status=429, request_id="other",
-                                              retry_after=60, problem=None, rate_limit=None,
-                                              attempts=1))
+        shared.lock(("http://api.test:80", "key-a"), 60, LockoutError(
+            LOCKOUT, status=429, request_id="other", retry_after=60, problem=None,
+            rate_limit=None, attempts=1))
     clock.sleep = sleep_and_get_boxed  # type: ignore[method-assign]
     err = d.call("GET", "/v1/ledgers")
     assert isinstance(err, LockoutError) and err.request_id == "other"
