@@ -34,7 +34,8 @@ from .headers import QuotaPolicy, RateLimitInfo, RateLimitItem, retry_after_seco
 from .pacing import Pacer
 
 __all__ = [
-    "ATTEMPTS_EXHAUSTED", "DEADLINE", "LOCKOUT", "NOT_RETRYABLE", "RETRY_AFTER_TOO_LONG", "IDEMPOTENT_METHODS",
+    "ATTEMPTS_EXHAUSTED", "DEADLINE", "LOCKOUT", "NOT_RETRYABLE", "RETRY_AFTER_TOO_LONG",
+    "IDEMPOTENT_METHODS",
     "Call", "Clock", "LockoutError", "LockoutRegistry", "Pacer", "QuotaPolicy", "Random",
     "RateLimitError", "RateLimitInfo", "RateLimitItem", "ResponseView", "RetryEngine",
     "RetryPolicy", "Step", "SystemClock", "origin_of", "retry_after_seconds",
