@@ -45,14 +45,49 @@ export interface RetryingInit extends RequestInit {
   cost?: number;
 }
 
-function view(resp: Response): ResponseView {
+/** Problem bodies larger than this (bytes) are not parsed. */
+const MAX_PROBLEM_BYTES = 64 * 1024;
+
+/** The body of a clone of `resp`, or null when it is larger than {@link MAX_PROBLEM_BYTES} (then no more is read). */
+async function boundedText(resp: Response): Promise<string | null> {
+  const declared = resp.headers.get("Content-Length");
+  if (declared !== null && !(Number(declared) <= MAX_PROBLEM_BYTES)) return null;
+  const body = resp.clone().body;
+  if (body === null) return "";
+  const reader = body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > MAX_PROBLEM_BYTES) {
+      // not awaited: a branch of a teed body settles its cancel only once the other branch is cancelled too
+      reader.cancel().catch(() => undefined);
+      return null;
+    }
+    chunks.push(value);
+  }
+  const all = new Uint8Array(size);
+  let at = 0;
+  for (const c of chunks) {
+    all.set(c, at);
+    at += c.byteLength;
+  }
+  return new TextDecoder("utf-8", { fatal: true }).decode(all);
+}
+
+function view(resp: Response, sameOrigin: boolean): ResponseView {
   return {
     status: resp.status,
     header: (name) => resp.headers.get(name),
+    sameOrigin,
     problem: async () => {
       if (!(resp.headers.get("Content-Type") ?? "").toLowerCase().includes("json")) return null;
       try {
-        const body: unknown = await resp.clone().json();
+        const text = await boundedText(resp);
+        if (text === null) return null;
+        const body: unknown = JSON.parse(text);
         return typeof body === "object" && body !== null && !Array.isArray(body)
           ? (body as Record<string, unknown>)
           : null;
@@ -61,6 +96,29 @@ function view(resp: Response): ResponseView {
       }
     },
   };
+}
+
+/** A signal aborted when any of `signals` is (`AbortSignal.any` where the runtime has it). */
+function anySignal(signals: AbortSignal[]): AbortSignal {
+  if (typeof AbortSignal.any === "function") return AbortSignal.any(signals);
+  const controller = new AbortController();
+  for (const s of signals) {
+    if (s.aborted) {
+      controller.abort(s.reason);
+      break;
+    }
+    s.addEventListener("abort", () => controller.abort(s.reason), { once: true, signal: controller.signal });
+  }
+  return controller.signal;
+}
+
+/** The origin of `url`, or "" when it has none. */
+function originOf(url: string): string {
+  try {
+    return new URL(url).origin;
+  } catch {
+    return "";
+  }
 }
 
 /**
@@ -105,26 +163,40 @@ export class RetryingFetch {
   readonly fetch = async (input: RequestInfo | URL, init: RetryingInit = {}): Promise<Response> => {
     const { deadlineSeconds, idempotencyKey, onConflict, cost, ...requestInit } = init;
     const url = typeof input === "string" && this.baseUrl !== undefined ? new URL(input, this.baseUrl) : input;
-    const base = new Request(url, requestInit);
+    let base = new Request(url, requestInit);
     this.defaults.forEach((value, name) => {
       if (!base.headers.has(name)) base.headers.set(name, value);
     });
+    const { policy, clock } = this.engine;
+    // fetch would send the API key on to another host; without the caller's say-so, redirects are not followed
+    if (requestInit.redirect === undefined && policy.lockoutKeyHeaders.some((h) => base.headers.has(h))) {
+      base = new Request(base, { redirect: "manual" });
+    }
+    const origin = originOf(base.url);
     const hook = onConflict ?? this.onConflict;
     const call = new Call(this.engine, base.method, new URL(base.url).pathname, base.headers, {
       deadlineSeconds: deadlineSeconds ?? null,
       hasConflictHook: hook !== undefined,
+      origin,
       ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
       ...(cost !== undefined ? { cost } : {}),
     });
-    const clock = this.engine.clock;
+    const signal = base.signal;
     for (;;) {
-      await clock.sleep(call.beforeAttempt());
-      const resp = await this.send(base.clone());
-      const step = await call.afterResponse(view(resp), resp);
+      signal.throwIfAborted();
+      await clock.sleep(call.beforeAttempt(), signal);
+      signal.throwIfAborted();
+      const left = call.remainingSeconds();
+      const attempt = left === null
+        ? base.clone()
+        : new Request(base.clone(), { signal: anySignal([signal, AbortSignal.timeout(Math.ceil(Math.max(0, left) * 1000))]) });
+      const resp = await this.send(attempt);
+      const sameOrigin = resp.url === "" || originOf(resp.url) === origin;
+      const step = await call.afterResponse(view(resp, sameOrigin), resp);
       if (step.action === "done") return resp;
       if (step.action === "conflict" && hook !== undefined) return hook(resp);
       await resp.body?.cancel();
-      await clock.sleep(step.action === "wait" ? step.seconds : 0);
+      await clock.sleep(step.action === "wait" ? step.seconds : 0, signal);
     }
   };
 }

@@ -37,6 +37,10 @@ export interface RetryPolicy {
   deadlineSeconds: number | null;
   /** Request headers whose first present value identifies the API key for lockouts. */
   lockoutKeyHeaders: readonly string[];
+  /** Longest wait (seconds, default 300) for one `Retry-After` or pacer delay; a longer one throws `retry_after_too_long`. */
+  maxRetryAfterSeconds: number;
+  /** Longest lockout recorded (seconds, default 86400), whatever the boxed answer's `Retry-After`. */
+  maxLockoutSeconds: number;
 }
 
 /** The defaults of the design's SDK guidelines. */
@@ -53,6 +57,8 @@ export const DEFAULT_POLICY: Readonly<RetryPolicy> = Object.freeze({
   autoIdempotencyKey: false,
   deadlineSeconds: null,
   lockoutKeyHeaders: ["X-Api-Key", "Authorization"],
+  maxRetryAfterSeconds: 300,
+  maxLockoutSeconds: 86400,
 });
 
 /** A full policy from the defaults and `changes`; throws on nonsense values. */
@@ -63,6 +69,9 @@ export function retryPolicy(changes: Partial<RetryPolicy> = {}): RetryPolicy {
   }
   if (p.baseSeconds < 0 || p.capSeconds < 0 || p.jitterRatio < 0 || p.tokenMaxRetries < 0) {
     throw new RangeError("baseSeconds, capSeconds, jitterRatio and tokenMaxRetries must be >= 0");
+  }
+  if (!(p.maxRetryAfterSeconds >= 0) || !(p.maxLockoutSeconds >= 0)) {
+    throw new RangeError("maxRetryAfterSeconds and maxLockoutSeconds must be >= 0");
   }
   return p;
 }
@@ -99,6 +108,8 @@ export interface ResponseView {
   header: HeaderGetter;
   /** The JSON body as an object, or null. */
   problem(): Promise<Record<string, unknown> | null>;
+  /** False when the response came from another origin than the request's (a followed redirect); default true. */
+  sameOrigin?: boolean;
 }
 
 /** What follows a response: return it, hand it to the 409 hook, or wait and send again. */
@@ -125,6 +136,8 @@ export interface CallOptions {
   hasConflictHook: boolean;
   /** Points of the request, for the pacer (default 1). */
   cost?: number;
+  /** Origin of the request URL: lockouts are kept per origin and API key (default ""). */
+  origin?: string;
 }
 
 /** One request through the engine, over all its attempts. */
@@ -132,7 +145,8 @@ export class Call {
   attempts = 0;
   readonly retryable: boolean;
   readonly maxRetries: number;
-  readonly lockoutKey: string;
+  /** Origin and API key the lockouts of this call are kept under; null without an API key (never locked). */
+  readonly lockoutKey: string | null;
   private readonly deadlineAt: number | null;
 
   /** Sets the Idempotency-Key in `headers` when asked for or generated. */
@@ -146,7 +160,8 @@ export class Call {
     const policy = engine.policy;
     const budget = options.deadlineSeconds ?? policy.deadlineSeconds;
     this.deadlineAt = budget === null ? null : engine.clock.monotonic() + budget;
-    this.lockoutKey = policy.lockoutKeyHeaders.map((h) => headers.get(h)).find((v) => v) ?? "";
+    const apiKey = policy.lockoutKeyHeaders.map((h) => headers.get(h)).find((v) => v);
+    this.lockoutKey = apiKey ? `${options.origin ?? ""} ${apiKey}` : null;
     const upper = method.toUpperCase();
     const mutating = !policy.idempotentMethods.includes(upper);
     const key = options.idempotencyKey;
@@ -163,14 +178,34 @@ export class Call {
       : policy.maxAttempts - 1;
   }
 
-  /** Throws {@link LockoutError} while the key is boxed; else the seconds the pacer asks to wait first. */
+  /** Seconds left before the deadline, or null without one. */
+  remainingSeconds(): number | null {
+    return this.deadlineAt === null ? null : this.deadlineAt - this.engine.clock.monotonic();
+  }
+
+  /**
+   * Throws {@link LockoutError} while the key is boxed; else the seconds the
+   * pacer asks to wait first. Throws {@link RateLimitError} instead of
+   * waiting when that wait is above `maxRetryAfterSeconds` (or not finite:
+   * `retry_after_too_long`) or would pass the deadline (`deadline`).
+   */
   beforeAttempt(): number {
-    const held = this.engine.lockouts.remaining(this.lockoutKey);
+    const held = this.lockoutKey === null ? null : this.engine.lockouts.remaining(this.lockoutKey);
     if (held !== null) {
       const [left, boxed] = held;
       throw new LockoutError("lockout", { ...boxed, retryAfter: left, attempts: 0 });
     }
-    return this.engine.pacer?.delay(this.options.cost ?? 1) ?? 0;
+    const delay = this.engine.pacer?.delay(this.options.cost ?? 1) ?? 0;
+    if (!(delay > 0)) return 0;
+    const { policy, clock } = this.engine;
+    const refuse = (reason: GiveUpReason): RateLimitError =>
+      new RateLimitError(reason, {
+        status: null, requestId: null, retryAfter: delay, problem: null, rateLimit: null,
+        attempts: this.attempts, response: null,
+      });
+    if (!Number.isFinite(delay) || delay > policy.maxRetryAfterSeconds) throw refuse("retry_after_too_long");
+    if (this.deadlineAt !== null && clock.monotonic() + delay > this.deadlineAt) throw refuse("deadline");
+    return delay;
   }
 
   /** Decides what follows a response; throws {@link RateLimitError} when it goes back to the caller. */
@@ -200,12 +235,15 @@ export class Call {
     };
     if (boxed) {
       const err = (await fail("lockout")) as LockoutError;
-      if (retryAfter !== null) this.engine.lockouts.lock(this.lockoutKey, retryAfter, err);
+      if (retryAfter !== null && this.lockoutKey !== null && resp.sameOrigin !== false) {
+        this.engine.lockouts.lock(this.lockoutKey, Math.min(retryAfter, policy.maxLockoutSeconds), err);
+      }
       throw err;
     }
     if (!this.retryable) throw await fail("not_retryable");
     const retry = this.attempts - 1;
     if (retry >= this.maxRetries) throw await fail("attempts_exhausted");
+    if (retryAfter !== null && !(retryAfter <= policy.maxRetryAfterSeconds)) throw await fail("retry_after_too_long");
     const backoff = uniform(random, 0, Math.min(policy.capSeconds, policy.baseSeconds * 2 ** Math.min(retry, 64)));
     let wait = Math.max(retryAfter ?? 0, backoff);
     wait += uniform(random, 0, policy.jitterRatio * wait);

@@ -10,7 +10,9 @@ export type GiveUpReason =
   /** the next wait would pass the caller's deadline */
   | "deadline"
   /** `X-Penalty-Box-Status: Active-Lockout` */
-  | "lockout";
+  | "lockout"
+  /** the `Retry-After` (or the pacer's delay) is above `maxRetryAfterSeconds`, or not finite */
+  | "retry_after_too_long";
 
 /** What a {@link RateLimitError} carries. */
 export interface RateLimitErrorDetails {

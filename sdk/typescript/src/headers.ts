@@ -11,29 +11,62 @@ import { parseList, Token, type BareItem, type List, type Parameters } from "str
 /** Reads one response header by name (case-insensitive), `null` if absent. */
 export type HeaderGetter = (name: string) => string | null;
 
-/** An HTTP-date (IMF-fixdate, RFC 850 or asctime) as Unix seconds, or null. HTTP-dates are UTC: one without a zone (asctime) is read as UTC, not local time. */
-function httpDate(value: string): number | null {
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const MONTH = "(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)";
+const TIME = "(\\d{2}):(\\d{2}):(\\d{2})";
+const IMF_FIXDATE = new RegExp(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), (\\d{2}) ${MONTH} (\\d{4}) ${TIME} GMT$`);
+const RFC850 = new RegExp(
+  `^(?:Monday|Tuesday|Wednesday|Thursday|Friday|Saturday|Sunday), (\\d{2})-${MONTH}-(\\d{2}) ${TIME} GMT$`,
+);
+const ASCTIME = new RegExp(`^(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ${MONTH} ( \\d|\\d{2}) ${TIME} (\\d{4})$`);
+
+/** Unix seconds of a UTC date, or null when a field is out of range. */
+function utc(year: number, month: string, day: string, h: string, m: string, s: string): number | null {
+  const [d, hh, mm, ss] = [Number(day), Number(h), Number(m), Number(s)];
+  if (d < 1 || d > 31 || hh > 23 || mm > 59 || ss > 60) return null;
+  return Date.UTC(year, MONTHS.indexOf(month), d, hh, mm, ss) / 1000;
+}
+
+/**
+ * An HTTP-date as Unix seconds, or null. Only the three forms of RFC 9110
+ * are read, exactly: IMF-fixdate, RFC 850 (a two-digit year more than 50
+ * years ahead of the time `now` is taken in the previous century) and
+ * asctime (no zone: UTC, as every HTTP-date).
+ */
+function httpDate(value: string, now: number): number | null {
   const v = value.trim();
-  const ms = Date.parse(/(GMT|UTC|Z|[+-]\d{4})$/i.test(v) ? v : `${v} GMT`);
-  return Number.isNaN(ms) ? null : ms / 1000;
+  let m = IMF_FIXDATE.exec(v);
+  if (m !== null) return utc(Number(m[3]), m[2]!, m[1]!, m[4]!, m[5]!, m[6]!);
+  m = RFC850.exec(v);
+  if (m !== null) {
+    let year = 2000 + Number(m[3]);
+    if (year > new Date(now * 1000).getUTCFullYear() + 50) year -= 100;
+    return utc(year, m[2]!, m[1]!, m[4]!, m[5]!, m[6]!);
+  }
+  m = ASCTIME.exec(v);
+  if (m !== null) return utc(Number(m[6]), m[1]!, m[2]!.trim(), m[3]!, m[4]!, m[5]!);
+  return null;
 }
 
 /**
  * The wait a response's `Retry-After` asks for, in seconds (>= 0), or null.
- * Delta-seconds are taken as they are. An HTTP-date is taken relative to the
- * response's own `Date` header (the server's clock), never the local clock;
- * only a response without a readable `Date` falls back to `wallNow()`.
+ * Delta-seconds (digits only) are taken as they are; a value too large for a
+ * number is `Infinity` (the engine refuses to wait for it). Several values
+ * (a repeated header, joined with ", ") give the largest when every one is
+ * delta-seconds, else null. An HTTP-date is taken relative to the response's
+ * own `Date` header (the server's clock), never the local clock; only a
+ * response without a readable `Date` falls back to `wallNow()`.
  */
 export function retryAfterSeconds(get: HeaderGetter, wallNow: () => number): number | null {
   const raw = get("Retry-After")?.trim();
   if (raw === undefined) return null;
-  if (/^[0-9]+$/.test(raw)) return Number(raw);
-  // a bare number that is not delta-seconds (negative, decimal) is no date either
-  if (/^[-+0-9.]+$/.test(raw)) return null;
-  const target = httpDate(raw);
-  if (target === null) return null;
+  if (/^[0-9]+(\s*,\s*[0-9]+)*$/.test(raw)) {
+    return raw.split(",").reduce((most, part) => Math.max(most, Number(part.trim())), 0);
+  }
   const dateHeader = get("Date");
-  const reference = (dateHeader !== null ? httpDate(dateHeader) : null) ?? wallNow();
+  const reference = (dateHeader !== null ? httpDate(dateHeader, wallNow()) : null) ?? wallNow();
+  const target = httpDate(raw, reference);
+  if (target === null) return null;
   return Math.max(0, target - reference);
 }
 
@@ -157,9 +190,10 @@ function parseLimits(raw: string | null): RateLimitItem[] {
   }));
 }
 
+/** A non-negative integer field of at most 18 digits, else null. */
 function intHeader(get: HeaderGetter, name: string): number | null {
   const raw = get(name)?.trim();
-  return raw !== undefined && /^[0-9]+$/.test(raw) ? Number(raw) : null;
+  return raw !== undefined && /^[0-9]{1,18}$/.test(raw) ? Number(raw) : null;
 }
 
 function legacyItem(get: HeaderGetter): RateLimitItem | null {

@@ -125,3 +125,23 @@ test("a paced client slows before the bucket empties", async () => {
   assert.deepEqual(clock.sleeps, [1]);
   assert.equal(d.server.sent.length, 5);
 });
+
+test("Retry-After: repeated values, strict HTTP-dates, huge values", () => {
+  const cases: Array<[string, number | null]> = [
+    ["5, 10", 10], ["10,5", 10], ["5, x", null], ["5, -1", null], ["x 9999", null], ["Sat 1 Jan 2050", null],
+    ["1 2 3", null], ["Jan 99999", null], ["Tue, 01 Dec 2026 08:01:00 UTC", null], ["Tue, 1 Dec 2026 08:01:00 GMT", null],
+    ["Tue, 01 Dec 2026 08:01:00 GMT, 5", null], ["Tue, 32 Dec 2026 08:01:00 GMT", null],
+    ["9".repeat(400), Infinity], ["Tue, 01 Dec 2026 08:01:30 GMT", 90],
+  ];
+  for (const [value, expected] of cases) {
+    const h = new Headers({ "Retry-After": value, Date: "Tue, 01 Dec 2026 08:00:00 GMT" });
+    assert.equal(retryAfterSeconds((n) => h.get(n), () => 0), expected, value);
+  }
+});
+
+test("integer fields of more than 18 digits are absent", () => {
+  const h = new Headers({ "RateLimit-Remaining": "9".repeat(5000) });
+  assert.equal(RateLimitInfo.fromHeaders((n) => h.get(n)), null);
+  const ok = new Headers({ "RateLimit-Remaining": "9".repeat(18) });
+  assert.equal(RateLimitInfo.fromHeaders((n) => ok.get(n))?.remaining, 999999999999999999);
+});
