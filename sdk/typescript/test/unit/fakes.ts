@@ -1,6 +1,8 @@
 /** Test doubles: a fake clock, a scripted random source, a scripted server behind a fake `fetch`. */
+import assert from "node:assert/strict";
+
 import type { Clock } from "../../src/index.js";
-import { RetryingFetch, type RetryingFetchOptions } from "../../src/index.js";
+import { RateLimitError, RetryingFetch, type RetryingFetchOptions } from "../../src/index.js";
 
 /** Monotonic and wall time that only move when something sleeps (or `advance`); records sleeps. */
 export class FakeClock implements Clock {
@@ -104,4 +106,16 @@ export function driver(replies: Reply[], options: RetryingFetchOptions & { fract
     }
   };
   return { server, clock, client, call };
+}
+
+/** `r` as the RateLimitError it must be. */
+export function rateLimitError(r: Response | Error): RateLimitError {
+  assert.ok(r instanceof RateLimitError, `expected a RateLimitError, got ${String(r)}`);
+  return r;
+}
+
+/** The status of `r`, which must be a response. */
+export function status(r: Response | Error): number {
+  assert.ok(r instanceof Response, `expected a response, got ${String(r)}`);
+  return r.status;
 }

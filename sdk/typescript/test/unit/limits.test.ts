@@ -2,18 +2,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LockoutError, LockoutRegistry, Pacer, RateLimitError, RateLimitInfo, retryPolicy } from "../../src/index.js";
-import { driver, FakeClock, OK, throttled, type Reply } from "./fakes.js";
-
-function rateLimitError(r: Response | Error): RateLimitError {
-  assert.ok(r instanceof RateLimitError, `expected a RateLimitError, got ${String(r)}`);
-  return r;
-}
-
-function status(r: Response | Error): number {
-  assert.ok(r instanceof Response, `expected a response, got ${String(r)}`);
-  return r.status;
-}
+import { LockoutError, LockoutRegistry, Pacer, RateLimitInfo, retryPolicy } from "../../src/index.js";
+import { driver, FakeClock, OK, rateLimitError, status, throttled, type Reply } from "./fakes.js";
 
 test("a Retry-After above maxRetryAfterSeconds, or not finite, is not waited for", async () => {
   for (const ra of ["2200000", "99999999999", "9".repeat(400), "301"]) {

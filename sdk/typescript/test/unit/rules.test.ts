@@ -2,22 +2,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LockoutError, LockoutRegistry, RateLimitError, retryPolicy } from "../../src/index.js";
-import { driver, FakeClock, OK, throttled, type Reply } from "./fakes.js";
+import { LockoutError, LockoutRegistry, retryPolicy } from "../../src/index.js";
+import { driver, FakeClock, OK, rateLimitError, status, throttled, type Reply } from "./fakes.js";
 
 function near(actual: number[], expected: number[]): void {
   assert.equal(actual.length, expected.length, `${actual} vs ${expected}`);
   actual.forEach((a, i) => assert.ok(Math.abs(a - expected[i]!) < 1e-9, `${actual} vs ${expected}`));
-}
-
-function rateLimitError(r: Response | Error): RateLimitError {
-  assert.ok(r instanceof RateLimitError, `expected a RateLimitError, got ${String(r)}`);
-  return r;
-}
-
-function status(r: Response | Error): number {
-  assert.ok(r instanceof Response, `expected a response, got ${String(r)}`);
-  return r.status;
 }
 
 // 1. full-jitter exponential backoff
