@@ -232,11 +232,9 @@ export class RlExpressStore {
       return;
     }
     if (r) this.refused.delete(key);
-    if (this.refused.size >= MAX_REFUSED_KEYS) {
-      const now = Date.now();
-      for (const [k, v] of this.refused) if (v.until <= now) this.refused.delete(k);
-      if (this.refused.size >= MAX_REFUSED_KEYS) this.refused.delete(this.refused.keys().next().value!);
-    }
+    // full: the key remembered first goes (a Map keeps insertion order), so
+    // a refusal costs the same however many keys are remembered
+    if (this.refused.size >= MAX_REFUSED_KEYS) this.refused.delete(this.refused.keys().next().value!);
     this.refused.set(key, { n: 1, until });
   }
 
