@@ -74,11 +74,12 @@ fn algorithm_letter(a: Algorithm) -> char {
     }
 }
 
-/// The policy name of rule `i` of a limit: its `name` (else its stat key),
-/// `#i` appended after the first rule.
+/// The policy name of rule `i` of a limit: its `name` (else its key in the
+/// configuration, which holds no value the request chose, unlike a
+/// `detailed_metric` stat key), `#i` appended after the first rule.
 fn policy_name(a: &Applied, i: usize) -> String {
     let base = if a.limit.name.is_empty() {
-        &a.stat_key
+        &a.limit.full_key
     } else {
         &a.limit.name
     };

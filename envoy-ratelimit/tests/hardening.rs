@@ -1,6 +1,7 @@
 //! Failure paths an attacker or a broken deployment reaches: a refund that
 //! fails after a refusal, a Redis without the rl module, metric series
-//! made from request content, slow and idle clients, SIGTERM.
+//! made from request content, request values in response fields, slow
+//! and idle clients, SIGTERM.
 
 mod common;
 
@@ -18,6 +19,9 @@ descriptors:
     rate_limit: {unit: year, requests_per_unit: 1000}
   - key: one
     rate_limit: {unit: hour, requests_per_unit: 1, algorithm: token_bucket}
+  - key: account
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
 "#;
 
 /// A loopback proxy to `port` that drops a connection (both ways) when
@@ -172,6 +176,28 @@ async fn override_stats_ignore_values() {
         "{text}"
     );
     assert!(!text.contains("u1"), "{text}");
+}
+
+/// A `detailed_metric` limit without a `name` is named in
+/// `RateLimit-Policy` by its configured key: the request's value (an
+/// account number Envoy took from a token, say) stays in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_names_hold_no_request_values() {
+    let s = Single::start("rl.yaml", CONFIG, &[]);
+    let mut c = s.service.client().await;
+    let r = ask(
+        &mut c,
+        request("rl", vec![desc(&[("account", "acct-8841")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, OK);
+    assert_eq!(
+        header(&r, "RateLimit-Policy"),
+        Some(r#""rl.account";q=5;w=60"#)
+    );
+    let rl = header(&r, "RateLimit").unwrap_or_default();
+    assert!(rl.starts_with(r#""rl.account";r=4;t="#), "{rl}");
+    assert!(s.service.metrics().contains("key1=\"account_acct-8841\""));
 }
 
 /// Whether the server closes `conn` within `within` (a read returns 0 or
