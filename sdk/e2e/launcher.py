@@ -13,8 +13,7 @@ As a library (the Python tests' fixture)::
         gw.redis("RL.BOX", "STATUS", "rl:{t:t-honour}:key:honour")
 
 As a program (the TypeScript tests): ``python3 launcher.py`` prints one JSON
-line ``{"url", "upstream_url", "redis_port", "dir", "strike_rule"}`` (see
-:func:`probe_strike_rule`) once everything
+line ``{"url", "upstream_url", "redis_port", "dir"}`` once everything
 answers, and stops everything when its standard input closes (or on
 SIGTERM/SIGINT). Environment: ``RL_MODULE`` (default
 ``target/release/librl.so`` of the repository), ``REDIS_SERVER``
@@ -99,23 +98,6 @@ def redis_call(port: int, *args: Union[str, int], timeout: float = 5.0) -> objec
         s.sendall(_encode(list(args)))
         with s.makefile("rb") as f:
             return _read_reply(f)  # type: ignore[arg-type]
-
-
-def probe_strike_rule(port: int) -> str:
-    """Which strike rule the module on ``port`` follows: ``"early-retry"``
-    (a refusal is a strike only when it arrives before the
-    retry time the previous refusal announced) or ``"every-refusal"`` (the
-    older rule: every refusal is a strike). Probes a scratch key: one
-    allowed call, then one refusal that follows no earlier refusal."""
-    key = "sdk-test:strike-rule-probe"
-    redis_call(port, "DEL", key)
-    args = ("RL.TAKE", key, 1, 1, 3600, "STRIKES", 100, 60)
-    redis_call(port, *args)
-    reply = redis_call(port, *args)
-    redis_call(port, "DEL", key)
-    if not isinstance(reply, list) or reply[0] != 0:
-        raise RuntimeError(f"strike probe: expected a refusal, got {reply!r}")
-    return "early-retry" if reply[6] == 100 else "every-refusal"
 
 
 def policy_file() -> Path:
@@ -339,8 +321,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         print(json.dumps({"url": gw.url, "upstream_url": gw.upstream_url,
-                          "redis_port": gw.redis_port, "dir": str(gw.dir),
-                          "strike_rule": probe_strike_rule(gw.redis_port)}), flush=True)
+                          "redis_port": gw.redis_port, "dir": str(gw.dir)}), flush=True)
         sys.stdin.read()
     finally:
         gw.stop()

@@ -24,12 +24,6 @@ def gateway() -> Iterator[launcher.Gateway]:
         gw.stop()
 
 
-@pytest.fixture(scope="session")
-def strike_rule(gateway: launcher.Gateway) -> str:
-    """``"early-retry"`` (current module) or ``"every-refusal"`` (older module)."""
-    return launcher.probe_strike_rule(gateway.redis_port)
-
-
 @pytest.fixture(autouse=True)
 def no_lua_errors(request: pytest.FixtureRequest) -> Iterator[None]:
     """Every e2e test also fails on a Lua error in nginx's error.log."""

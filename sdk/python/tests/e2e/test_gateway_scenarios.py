@@ -129,12 +129,10 @@ def drain(gw: launcher.Gateway, name: str, limit: int = 60) -> List[int]:
 
 
 def test_a_client_honouring_the_waits_for_60_s_of_full_use_is_never_struck_nor_boxed(
-        gateway: launcher.Gateway, strike_rule: str) -> None:
-    """Depends on the module's early-retry strike rule (a refusal is a
-    strike only when it arrives before the retry time the previous refusal
-    announced). Under the older rule (every refusal is a strike) this client
-    is boxed after 20 refusals however well it waits: the test is then an
-    expected failure, reported as such, until the module has the new rule."""
+        gateway: launcher.Gateway) -> None:
+    """A refusal is a strike only when it arrives before the retry time the
+    previous refusal announced: a client that waits as told is never
+    struck, however often it is refused."""
     rec = Recorder()
     client = client_for(gateway, "honour", rec)
     allowed, gave_up = 0, None
@@ -150,23 +148,16 @@ def test_a_client_honouring_the_waits_for_60_s_of_full_use_is_never_struck_nor_b
             break
     elapsed = time.monotonic() - start
     client.close()
-    # the SDK side, whatever the module: every retry came after its Retry-After
+    # every retry came after its Retry-After
     for i, s in enumerate(rec.seen[:-1]):
         if s.status == 429 and s.retry_after is not None:
             assert rec.sent_at[i + 1] - s.at >= float(s.retry_after), (i, s)
     throttled = rec.throttled()
     assert len(throttled) >= 10, "the client never ran into the limit: nothing was tested"
-    try:
-        assert gave_up is None, f"the SDK gave up: {gave_up!r}"
-        assert [s for s in rec.seen if s.box_status == "Active-Lockout"] == []
-        assert {s.strikes_remaining for s in throttled} == {THRESHOLD}, "strikes were counted"
-        assert box_status(gateway, "honour") == [0, 0, 0, 0]
-    except AssertionError:
-        if strike_rule == "every-refusal":
-            pytest.xfail("the module counts every refusal as a strike (the older rule): "
-                         "a client that waits Retry-After is still struck")
-        raise
-    assert strike_rule == "early-retry"
+    assert gave_up is None, f"the SDK gave up: {gave_up!r}"
+    assert [s for s in rec.seen if s.box_status == "Active-Lockout"] == []
+    assert {s.strikes_remaining for s in throttled} == {THRESHOLD}, "strikes were counted"
+    assert box_status(gateway, "honour") == [0, 0, 0, 0]
     # full use: at least half of what the bucket could give in the time
     assert allowed >= 0.5 * (BURST + elapsed * RATE), (allowed, elapsed)
 
