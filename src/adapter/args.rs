@@ -56,9 +56,13 @@ impl<'a, A: AsRef<[u8]>> Cursor<'a, A> {
         }
     }
 
-    /// A key: returns its position in the argument list.
+    /// A key: returns its position in the argument list (its bytes are
+    /// not read here: reading a Redis string's costs a call into Redis).
     pub fn key(&mut self, what: &'static str) -> Result<usize, ArgError> {
-        self.next(what)?;
+        if self.pos >= self.args.len() {
+            return Err(self.missing(what));
+        }
+        self.pos += 1;
         Ok(self.pos - 1)
     }
 

@@ -35,26 +35,118 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
         return false;
     }
     let parts = Record::parts_in(PLAIN_PAYLOAD_VERSION);
-    // The version byte, a fixed array of the parts (fewer than 16), at most
-    // 9 bytes per integer.
-    out.reserve(2 + parts + 48);
-    out.push(PLAIN_PAYLOAD_VERSION);
-    out.push(Marker::FixArray(parts as u8).to_u8());
+    // Written on the stack, then appended at once: the version byte, a
+    // fixed array of the parts (fewer than 16), a bucket (5 markers, 4
+    // integers of at most 9 bytes), a window (6 markers, 4 integers).
+    let mut buf = Bytes::default();
+    buf.push(PLAIN_PAYLOAD_VERSION);
+    buf.push(Marker::FixArray(parts as u8).to_u8());
     // In encoding order: nil for each part absent, the bucket before the
     // window.
     const { assert!(Record::BUCKET_INDEX < Record::WINDOW_INDEX) };
-    nils(out, Record::BUCKET_INDEX);
+    buf.nils(Record::BUCKET_INDEX);
     match &record.bucket {
-        Some(bucket) => write_bucket(out, bucket),
-        None => nil(out),
+        Some(bucket) => write_bucket(&mut buf, bucket),
+        None => buf.push(Marker::Null.to_u8()),
     }
-    nils(out, Record::WINDOW_INDEX - Record::BUCKET_INDEX - 1);
+    buf.nils(Record::WINDOW_INDEX - Record::BUCKET_INDEX - 1);
     match window {
-        Some(w) => write_window(out, w),
-        None => nil(out),
+        Some(w) => write_window(&mut buf, w),
+        None => buf.push(Marker::Null.to_u8()),
     }
-    nils(out, parts.saturating_sub(Record::WINDOW_INDEX + 1));
+    buf.nils(parts.saturating_sub(Record::WINDOW_INDEX + 1));
+    out.extend_from_slice(buf.bytes());
     true
+}
+
+/// The bytes of one plain record, written in place: room for the version
+/// byte, the parts array of at most 15 parts, a bucket (41 bytes at most)
+/// and a window (42), with a margin. A write past the end is dropped
+/// (never reached with the shapes written here).
+struct Bytes {
+    buf: [u8; 128],
+    len: usize,
+}
+
+impl Default for Bytes {
+    #[inline(always)]
+    fn default() -> Self {
+        Bytes {
+            buf: [0; 128],
+            len: 0,
+        }
+    }
+}
+
+impl Bytes {
+    #[inline(always)]
+    fn push(&mut self, b: u8) {
+        if let Some(slot) = self.buf.get_mut(self.len) {
+            *slot = b;
+            self.len += 1;
+        }
+    }
+
+    #[inline(always)]
+    fn extend(&mut self, bytes: &[u8]) {
+        if let Some(slots) = self.buf.get_mut(self.len..self.len + bytes.len()) {
+            slots.copy_from_slice(bytes);
+            self.len += bytes.len();
+        }
+    }
+
+    #[inline(always)]
+    fn nils(&mut self, n: usize) {
+        for _ in 0..n {
+            self.push(Marker::Null.to_u8());
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.buf.get(..self.len).unwrap_or_default()
+    }
+
+    /// An unsigned integer in its shortest form, as `rmp::encode::write_uint`.
+    #[inline(always)]
+    fn uint(&mut self, v: u64) {
+        if v < 128 {
+            self.push(v as u8);
+        } else if v < 1 << 8 {
+            self.extend(&[Marker::U8.to_u8(), v as u8]);
+        } else if v < 1 << 16 {
+            self.push(Marker::U16.to_u8());
+            self.extend(&(v as u16).to_be_bytes());
+        } else if v < 1 << 32 {
+            self.push(Marker::U32.to_u8());
+            self.extend(&(v as u32).to_be_bytes());
+        } else {
+            self.push(Marker::U64.to_u8());
+            self.extend(&v.to_be_bytes());
+        }
+    }
+
+    /// A signed integer in its shortest form, as `rmp::encode::write_sint`
+    /// (a non-negative one as [`Bytes::uint`]).
+    #[inline(always)]
+    fn sint(&mut self, v: i64) {
+        match u64::try_from(v) {
+            Ok(v) => self.uint(v),
+            Err(_) if v >= -32 => self.push(v as u8),
+            Err(_) if v >= -128 => self.extend(&[Marker::I8.to_u8(), v as u8]),
+            Err(_) if v >= -32_768 => {
+                self.push(Marker::I16.to_u8());
+                self.extend(&(v as i16).to_be_bytes());
+            }
+            Err(_) if v >= -2_147_483_648 => {
+                self.push(Marker::I32.to_u8());
+                self.extend(&(v as i32).to_be_bytes());
+            }
+            Err(_) => {
+                self.push(Marker::I64.to_u8());
+                self.extend(&v.to_be_bytes());
+            }
+        }
+    }
 }
 
 /// A record holding regional counts alone.
@@ -80,26 +172,21 @@ fn append_regions(counts: &RegionCounts, out: &mut Vec<u8>) {
     nils(out, parts.saturating_sub(Record::REGIONS_INDEX + 1));
 }
 
-fn nil(out: &mut Vec<u8>) {
-    out.push(Marker::Null.to_u8());
-}
-
 fn nils(out: &mut Vec<u8>, n: usize) {
     out.resize(out.len() + n, Marker::Null.to_u8());
 }
 
-/// Writing into a Vec cannot fail, so the writers' results are dropped.
-fn write_bucket(out: &mut Vec<u8>, b: &Bucket) {
+fn write_bucket(out: &mut Bytes, b: &Bucket) {
     out.push(Marker::FixArray(4).to_u8());
-    let _ = write_sint(out, b.tat_ms);
-    let _ = write_uint(out, b.tat_frac);
-    let _ = write_uint(out, b.tokens.get());
-    let _ = write_uint(out, b.period_ms);
+    out.sint(b.tat_ms);
+    out.uint(b.tat_frac);
+    out.uint(b.tokens.get());
+    out.uint(b.period_ms);
 }
 
 /// A `Sliding` or `Fixed` state as serde writes an enum: a one-key map
 /// from the variant's name to its fields as an array.
-fn write_window(out: &mut Vec<u8>, w: &WindowState) {
+fn write_window(out: &mut Bytes, w: &WindowState) {
     out.push(Marker::FixMap(1).to_u8());
     match w {
         WindowState::Sliding {
@@ -108,21 +195,19 @@ fn write_window(out: &mut Vec<u8>, w: &WindowState) {
             curr,
             window_ms,
         } => {
-            out.extend_from_slice(&[Marker::FixStr(1).to_u8(), b's']);
-            out.push(Marker::FixArray(4).to_u8());
-            let _ = write_sint(out, *start);
-            let _ = write_uint(out, *prev);
-            let _ = write_uint(out, *curr);
-            let _ = write_uint(out, *window_ms);
+            out.extend(&[Marker::FixStr(1).to_u8(), b's', Marker::FixArray(4).to_u8()]);
+            out.sint(*start);
+            out.uint(*prev);
+            out.uint(*curr);
+            out.uint(*window_ms);
         }
         WindowState::Fixed { end, count } => {
-            out.extend_from_slice(&[Marker::FixStr(1).to_u8(), b'f']);
-            out.push(Marker::FixArray(2).to_u8());
-            let _ = write_sint(out, *end);
-            let _ = write_uint(out, *count);
+            out.extend(&[Marker::FixStr(1).to_u8(), b'f', Marker::FixArray(2).to_u8()]);
+            out.sint(*end);
+            out.uint(*count);
         }
         // Never reached: `try_append` leaves logs to serde.
-        WindowState::Exact { .. } => nil(out),
+        WindowState::Exact { .. } => out.push(Marker::Null.to_u8()),
     }
 }
 
@@ -180,6 +265,31 @@ mod tests {
             prop_assert!(try_append(&record, &mut direct));
             prop_assert_eq!(&direct, &encode_with_serde(&record));
             prop_assert_eq!(crate::core::codec::decode(&direct), Ok(record));
+        }
+    }
+
+    #[test]
+    fn integers_take_rmps_shortest_forms() {
+        let mut edges: Vec<i128> = vec![0, i128::from(i64::MIN), i128::from(u64::MAX)];
+        for bits in [5u32, 7, 8, 15, 16, 31, 32, 63] {
+            let p = 1i128 << bits;
+            edges.extend([p - 1, p, p + 1, -p - 1, -p, -p + 1]);
+        }
+        for v in edges {
+            if let Ok(u) = u64::try_from(v) {
+                let mut ours = Bytes::default();
+                ours.uint(u);
+                let mut theirs = Vec::new();
+                let _ = write_uint(&mut theirs, u);
+                assert_eq!(ours.bytes(), &theirs[..], "{u}");
+            }
+            if let Ok(i) = i64::try_from(v) {
+                let mut ours = Bytes::default();
+                ours.sint(i);
+                let mut theirs = Vec::new();
+                let _ = write_sint(&mut theirs, i);
+                assert_eq!(ours.bytes(), &theirs[..], "{i}");
+            }
         }
     }
 

@@ -395,16 +395,20 @@ pub unsafe fn held_by(key: &KeyHandle) -> Holding {
     if key.is_null() {
         return Holding::Nothing;
     }
+    // The module type first: null for an empty key or one of another
+    // type, which the key's type then tells apart (one call into Redis for
+    // a key of ours, the common case).
+    let ours = rtype::rl_type();
     // SAFETY: `key` is an open, non-null handle (a `KeyHandle`'s).
-    let kind = unsafe { api!(RedisModule_KeyType)(key) } as isize;
-    if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
-        return Holding::Nothing;
-    }
-    if kind != raw::REDISMODULE_KEYTYPE_MODULE
-        // SAFETY: as above, a key holding a module value.
-        || unsafe { api!(RedisModule_ModuleTypeGetType)(key) } != rtype::rl_type()
-    {
-        return Holding::Other;
+    let module_type = unsafe { api!(RedisModule_ModuleTypeGetType)(key) };
+    if ours.is_null() || module_type != ours {
+        // SAFETY: as above.
+        let kind = unsafe { api!(RedisModule_KeyType)(key) } as isize;
+        return if kind == raw::REDISMODULE_KEYTYPE_EMPTY {
+            Holding::Nothing
+        } else {
+            Holding::Other
+        };
     }
     // SAFETY: as above, a key holding a value of our type: every path that
     // puts one in Redis made it with `Value::into_raw` (`set`, `replace`,
