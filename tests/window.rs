@@ -99,30 +99,42 @@ fn fixed_windows_of_two_keys_reset_at_different_instants() {
 }
 
 /// A window key expires at the end of what it counts: the same instant
-/// call after call within a window, and back to it on the next call when
-/// its TTL was removed or moved by hand.
+/// call after call within a window. A TTL removed or moved by hand stays
+/// as it was left while the window lasts; the next window's end is set.
 #[test]
-fn a_window_key_expires_at_its_end_whatever_its_ttl_was_set_to() {
-    let server = Server::start(&[]);
+fn a_window_key_expires_at_its_end_and_a_ttl_set_by_hand_lasts_its_window() {
+    let clock = TimeShift::new();
+    let server = Server::start_with(&clock.prefix(), &[]);
     let mut con = server.client();
     for mode in ["FIXED", ""] {
-        let key = format!("w:ttl:{mode}");
-        let line = format!("RL.WINDOW {key} 100 3600 {mode}");
-        let expiry = |con: &mut redis::Connection| int(con, &format!("PEXPIRETIME {key}"));
-        decide(&mut con, &line);
-        let end = expiry(&mut con);
-        assert!(end > 0, "{mode}: {end}");
-        decide(&mut con, &line);
-        assert_eq!(expiry(&mut con), end, "{mode}: the same end");
         for change in [
             "PERSIST {key}",
             "PEXPIRE {key} 99999999",
             "PEXPIRE {key} 5000",
         ] {
-            int(&mut con, &change.replace("{key}", &key));
-            assert_ne!(expiry(&mut con), end, "{mode}: {change}");
+            let key = format!("w:ttl:{mode}:{}", change.len());
+            // 1 s into a window of the key: the next 59 min fall in it.
+            clock.start_window(&key, 3_600_000, 1_000);
+            let line = format!("RL.WINDOW {key} 100 3600 {mode}");
+            let expiry = |con: &mut redis::Connection| int(con, &format!("PEXPIRETIME {key}"));
             decide(&mut con, &line);
-            assert_eq!(expiry(&mut con), end, "{mode}: after {change}");
+            let end = expiry(&mut con);
+            assert!(end > 0, "{mode}: {end}");
+            clock.advance_ms(1_000);
+            decide(&mut con, &line);
+            assert_eq!(expiry(&mut con), end, "{mode}: the same end");
+            int(&mut con, &change.replace("{key}", &key));
+            let by_hand = expiry(&mut con);
+            assert_ne!(by_hand, end, "{mode}: {change}");
+            clock.advance_ms(1_000);
+            let d = decide(&mut con, &line);
+            assert_eq!(d.remaining, 97, "{mode}: {change}: the same window");
+            assert_eq!(expiry(&mut con), by_hand, "{mode}: after {change}");
+            // the sliding window's end moves one window later
+            clock.advance_ms(3_600_000);
+            decide(&mut con, &line);
+            let next = expiry(&mut con);
+            assert!(next > end && next != by_hand, "{mode}: {change}: {next}");
         }
     }
 }

@@ -48,6 +48,11 @@ pub struct RlKey {
     /// core reads and changes it here, and [`RlKey::write_back`] puts it in
     /// Redis.
     local: Record,
+    /// The expiry the call that stored the key's record left it with,
+    /// where the record tells it for certain ([`Record::steady_until`],
+    /// noted by [`RlKey::note_steady_until`] before this call changes the
+    /// record); `None` when unknown, and after any [`RlKey::store`].
+    steady_until: Option<Millis>,
 }
 
 /// What an open key holds.
@@ -79,7 +84,23 @@ impl RlKey {
             created: false,
             held,
             local,
+            steady_until: None,
         }
+    }
+
+    /// Note the expiry the key holds from the call that stored its record,
+    /// when the record tells it ([`Record::steady_until`]): read before
+    /// this call changes the record.
+    pub(super) fn note_steady_until(&mut self, now: Millis) {
+        self.steady_until = match self.record() {
+            Ok(Some(record)) => record.steady_until(now),
+            _ => None,
+        };
+    }
+
+    /// The expiry noted by [`RlKey::note_steady_until`], if still known.
+    pub(super) fn steady_until(&self) -> Option<Millis> {
+        self.steady_until
     }
 
     /// Replace `local`, keeping its penalty's allocation for the next key.
@@ -152,6 +173,8 @@ impl RlKey {
     /// type too). Nothing is replicated: [`super::store::Call::commit`]
     /// the key before the command ends.
     pub fn store(&mut self, record: Record) {
+        // A value put anew may drop the key's expiry.
+        self.steady_until = None;
         let record = match &mut self.held {
             Held::Value(lent) => match lent.write(record) {
                 Ok(kept) => {

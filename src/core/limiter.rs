@@ -39,9 +39,11 @@ pub trait Limiter {
 
     /// Whether the expiry a call gives the key usually stays where the
     /// previous call set it (the end of a period or of a sub-window, not a
-    /// time that moves with every call): the adapter then reads the key's
-    /// expiry first and sets it only when it moved (on Redis 7.4 a read
-    /// costs about 60% of a write; on 7.0 about the same).
+    /// time that moves with every call): the adapter then sets it only
+    /// when it moved, knowing where it was from the record
+    /// ([`Record::steady_until`](crate::core::record::Record::steady_until))
+    /// or else by reading it (on Redis 7.4 a read costs about 60% of a
+    /// write; on 7.0 about the same).
     fn steady_expiry(&self) -> bool {
         false
     }

@@ -444,6 +444,30 @@ impl Record {
         }
     }
 
+    /// The instant [`Record::prune`] keeps the record until, when that is a
+    /// function of its state alone: it holds nothing but a window that is
+    /// not a log, a quota count and regional counts (a bucket's, a
+    /// penalty's, a log's or a lease's retention moves with the clock).
+    /// Such a record read at any time before that instant gives the same
+    /// answer, so when a call leaves it unchanged, the expiry set by the
+    /// call that stored the record still stands.
+    pub fn steady_until(&self, now: Millis) -> Option<Millis> {
+        let o = self.others.as_deref()?;
+        let steady = self.bucket.is_none()
+            && self.penalty.is_none()
+            && o.leases.is_none()
+            && o.distinct.is_none()
+            && !matches!(o.window, Some(WindowState::Exact { .. }));
+        if !steady {
+            return None;
+        }
+        let window = o.window.as_ref().and_then(|w| w.counts_until(now));
+        let quota = o.quota.as_ref().and_then(|q| q.counts_until(now));
+        let regions = o.regions.as_ref().and_then(|r| (now < r.end).then_some(r.end));
+        let until = window.max(quota).max(regions)?;
+        Some(until.min(MANUAL - 1))
+    }
+
     /// The bucket and the penalty, when the record holds both and nothing
     /// else (see [`super::packed::BucketWithPenalty`]).
     pub fn bucket_and_penalty(&self) -> Option<(Bucket, &Penalty)> {

@@ -99,3 +99,65 @@ fn heap_bytes_counts_each_allocation_once() {
     r.set_part::<Box<Leases>>(None);
     assert_eq!(r.heap_bytes(class), 64, "no empty allocation is kept");
 }
+
+/// `steady_until` is what `prune` keeps a steady record until, read at
+/// any time before that instant; a record holding a part whose retention
+/// moves with the clock has none.
+#[test]
+fn steady_until_is_the_retention_of_a_steady_record_at_any_time() {
+    use crate::core::quota::{Period, QuotaState};
+    use crate::core::region::RegionCounts;
+    use crate::core::window::WindowState;
+    let fixed = WindowState::Fixed {
+        end: NOW + 60_000,
+        count: 3,
+    };
+    let sliding = WindowState::Sliding {
+        start: NOW - 30_000,
+        prev: 2,
+        curr: 5,
+        window_ms: 60_000,
+    };
+    let quota = QuotaState {
+        end: NOW + 90_000,
+        count: 7,
+    };
+    let mut steady = Vec::new();
+    for window in [None, Some(fixed.clone()), Some(sliding.clone())] {
+        for q in [None, Some(quota)] {
+            for regions in [None, Some(Box::new(RegionCounts::new(Period::Day, NOW + 45_000)))] {
+                let mut r = Record::default();
+                r.set_part(window.clone());
+                r.set_part(q);
+                r.set_part(regions);
+                steady.push(r);
+            }
+        }
+    }
+    for r in &steady {
+        let first = r.steady_until(NOW);
+        for later in [NOW, NOW + 1, NOW + 29_999, NOW + 44_999, NOW + 59_998, NOW + 89_999] {
+            let mut pruned = r.clone();
+            let kept = match pruned.prune(later) {
+                Retention::Until(at) => Some(at),
+                _ => None,
+            };
+            assert_eq!(r.steady_until(later), kept, "{r:?} at {later}");
+            if kept.is_some() {
+                assert_eq!(kept, first, "{r:?}: the same at {later}");
+            }
+        }
+    }
+    let mut moving = steady[steady.len() - 1].clone();
+    moving.set_penalty(one_strike(), NOW);
+    assert_eq!(moving.steady_until(NOW), None, "a penalty");
+    let mut with_bucket = steady[1].clone();
+    with_bucket.bucket = Some(charge(0, 5, &RATE, NOW).0);
+    assert_eq!(with_bucket.steady_until(NOW), None, "a bucket");
+    let mut log = Record::default();
+    log.set_part(Some(WindowState::Exact {
+        log: Default::default(),
+        window_ms: 60_000,
+    }));
+    assert_eq!(log.steady_until(NOW), None, "a log");
+}

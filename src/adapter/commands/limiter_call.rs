@@ -257,6 +257,10 @@ where
     for _ in 0..n {
         fresh.push(None);
     }
+    // Before any record changes (the expiries its records tell).
+    if writes && req.limits.iter().all(L::steady_expiry) {
+        call.expect_steady_expiry();
+    }
     let (decision, effects) = if writes || req.cost == 0 {
         // A probe changes nothing: it reads in place too.
         let mut slots: ArrayVec<&mut Option<L::State>, MAX_BUCKETS> = ArrayVec::new();
@@ -295,9 +299,6 @@ where
     let event = effects.tripped.map(|active| Event::Boxed {
         level: active.level,
     });
-    if req.limits.iter().all(L::steady_expiry) {
-        call.expect_steady_expiry();
-    }
     call.commit(written, event);
     if let Some(change) = L::CHANGE_EVENT {
         call.announce(effects.states, change);
