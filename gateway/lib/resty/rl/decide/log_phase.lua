@@ -136,20 +136,22 @@ local QUIET = { allowed = true, degraded_allowed = true }
 -- The log phase's first part: the decision counters (resty.rl.observe.metrics,
 -- resty.rl.observe.usage_counts) and, for a refused (or, in shadow mode, would-be
 -- refused) request, one `rl_event` JSON line with the fields
--- `event(req, state, status)` gives. Returns the state and the response
--- status, or nil when the request has no state (an internal redirect).
+-- `event(req, state, status)` gives. Returns the state, or nil when the
+-- request has no state (an internal redirect). (The response status is
+-- read only where it is needed: not on the allowed path, whose log phase
+-- ends after the counters.)
 local function count_and_log(conf, req, event)
     local state = req.ctx().rl
     if not state then
         return nil
     end
-    local status = req.status()
     metrics.decision(conf, state.decision, state.route.name, state.tier_name)
     usage_counts.count(conf, state)
     if not QUIET[state.decision] then
-        req.warn("rl_event " .. (cjson.encode(event(req, state, status)) or "{}"):gsub("\\/", "/"))
+        req.warn("rl_event " .. (cjson.encode(event(req, state, req.status())) or "{}")
+            :gsub("\\/", "/"))
     end
-    return state, status
+    return state
 end
 
 --- Does `rule` work in the log phase (count failures or response bytes,
@@ -165,13 +167,14 @@ end
 --- state.steps.log), a request without leases or boxes has nothing more
 --- to do once counted: its state is then returned (no timer holds it).
 function _M.log(conf, req)
-    local state, status = count_and_log(conf, req, event)
+    local state = count_and_log(conf, req, event)
     if not state then
         return nil
     end
     if not (state.steps and state.steps.log) and state.leases[1] == nil and not state.boxed then
         return state
     end
+    local status = req.status()
     local cmds, egress = {}, {}
     local settles
     if state.admitted then

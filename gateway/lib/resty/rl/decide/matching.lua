@@ -230,18 +230,16 @@ end
 -- spent from an allowance (its fetch timer may hold it), and with nothing
 -- its request left on it (a cached box, an allowance's fetch, the local
 -- fallback's bucket, a settlement's actual cost).
--- True when `e` is kept.
-local function give_back(e)
+-- True when `e` is kept. Either way it leaves its request's `list` (the
+-- list is given back empty, or dropped), in the same walk.
+local function give_back(e, i, list)
+    list[i] = nil
     if not e.rule.allowance and not e.known_box and not e.degraded_bucket
         and not e.actual and not e.fetch and give_entry(e) then
         limiters.give_back(e.outcome)
         return nil
     end
     return true
-end
-
-local function clear(_, i, list)
-    list[i] = nil
 end
 
 -- Entry lists given back (emptied), as the entries.
@@ -259,9 +257,8 @@ end
 function _M.release(state)
     local entries = state.entries
     if entries and not state.redis_error and not state.degraded
-        and not hotpath.each(entries, give_back) then
-        -- emptied first: a list the full pool does not keep is dropped
-        hotpath.each(entries, clear, entries)
+        and not hotpath.each(entries, give_back, entries) then
+        -- (emptied by give_back: a list the full pool does not keep is dropped)
         give_list(entries)
     end
 end
