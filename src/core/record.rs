@@ -463,7 +463,10 @@ impl Record {
         }
         let window = o.window.as_ref().and_then(|w| w.counts_until(now));
         let quota = o.quota.as_ref().and_then(|q| q.counts_until(now));
-        let regions = o.regions.as_ref().and_then(|r| (now < r.end).then_some(r.end));
+        let regions = o
+            .regions
+            .as_ref()
+            .and_then(|r| (now < r.end).then_some(r.end));
         let until = window.max(quota).max(regions)?;
         Some(until.min(MANUAL - 1))
     }

@@ -125,7 +125,10 @@ fn steady_until_is_the_retention_of_a_steady_record_at_any_time() {
     let mut steady = Vec::new();
     for window in [None, Some(fixed.clone()), Some(sliding.clone())] {
         for q in [None, Some(quota)] {
-            for regions in [None, Some(Box::new(RegionCounts::new(Period::Day, NOW + 45_000)))] {
+            for regions in [
+                None,
+                Some(Box::new(RegionCounts::new(Period::Day, NOW + 45_000))),
+            ] {
                 let mut r = Record::default();
                 r.set_part(window.clone());
                 r.set_part(q);
@@ -136,7 +139,14 @@ fn steady_until_is_the_retention_of_a_steady_record_at_any_time() {
     }
     for r in &steady {
         let first = r.steady_until(NOW);
-        for later in [NOW, NOW + 1, NOW + 29_999, NOW + 44_999, NOW + 59_998, NOW + 89_999] {
+        for later in [
+            NOW,
+            NOW + 1,
+            NOW + 29_999,
+            NOW + 44_999,
+            NOW + 59_998,
+            NOW + 89_999,
+        ] {
             let mut pruned = r.clone();
             let kept = match pruned.prune(later) {
                 Retention::Until(at) => Some(at),
