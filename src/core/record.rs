@@ -451,6 +451,7 @@ impl Record {
     /// Such a record read at any time before that instant gives the same
     /// answer, so when a call leaves it unchanged, the expiry set by the
     /// call that stored the record still stands.
+    #[inline]
     pub fn steady_until(&self, now: Millis) -> Option<Millis> {
         let o = self.others.as_deref()?;
         let steady = self.bucket.is_none()

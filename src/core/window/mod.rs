@@ -279,6 +279,7 @@ impl WindowState {
     /// The last instant anything in it still counts (the key's TTL can end
     /// one millisecond later), `None` if nothing counts at `now`. Read under
     /// the parameters it was written with: the state alone says it.
+    #[inline]
     pub fn counts_until(&self, now: Millis) -> Option<Millis> {
         if let WindowState::Fixed { end, count } = self {
             // `now < end`, so `end - 1` does not overflow.
