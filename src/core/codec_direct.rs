@@ -55,17 +55,24 @@ pub(super) fn try_append(record: &Record, out: &mut Vec<u8>) -> bool {
         None => buf.push(Marker::Null.to_u8()),
     }
     buf.nils(parts.saturating_sub(Record::WINDOW_INDEX + 1));
-    out.extend_from_slice(buf.bytes());
-    true
+    match buf.bytes() {
+        Some(bytes) => {
+            out.extend_from_slice(bytes);
+            true
+        }
+        // past the room (no shape written here comes near): serde's path
+        None => false,
+    }
 }
 
 /// The bytes of one plain record, written in place: room for the version
 /// byte, the parts array of at most 15 parts, a bucket (41 bytes at most)
-/// and a window (42), with a margin. A write past the end is dropped
-/// (never reached with the shapes written here).
+/// and a window (42), with a margin. A write past the end is dropped and
+/// remembered: [`Bytes::bytes`] then gives nothing, never a cut payload.
 struct Bytes {
     buf: [u8; 128],
     len: usize,
+    overflowed: bool,
 }
 
 impl Default for Bytes {
@@ -74,6 +81,7 @@ impl Default for Bytes {
         Bytes {
             buf: [0; 128],
             len: 0,
+            overflowed: false,
         }
     }
 }
@@ -81,17 +89,23 @@ impl Default for Bytes {
 impl Bytes {
     #[inline(always)]
     fn push(&mut self, b: u8) {
-        if let Some(slot) = self.buf.get_mut(self.len) {
-            *slot = b;
-            self.len += 1;
+        match self.buf.get_mut(self.len) {
+            Some(slot) => {
+                *slot = b;
+                self.len += 1;
+            }
+            None => self.overflowed = true,
         }
     }
 
     #[inline(always)]
     fn extend(&mut self, bytes: &[u8]) {
-        if let Some(slots) = self.buf.get_mut(self.len..self.len + bytes.len()) {
-            slots.copy_from_slice(bytes);
-            self.len += bytes.len();
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(slots) => {
+                slots.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => self.overflowed = true,
         }
     }
 
@@ -102,8 +116,12 @@ impl Bytes {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
-        self.buf.get(..self.len).unwrap_or_default()
+    /// The bytes written; `None` when a write did not fit.
+    fn bytes(&self) -> Option<&[u8]> {
+        if self.overflowed {
+            return None;
+        }
+        self.buf.get(..self.len)
     }
 
     /// An unsigned integer in its shortest form, as `rmp::encode::write_uint`.
@@ -281,16 +299,29 @@ mod tests {
                 ours.uint(u);
                 let mut theirs = Vec::new();
                 let _ = write_uint(&mut theirs, u);
-                assert_eq!(ours.bytes(), &theirs[..], "{u}");
+                assert_eq!(ours.bytes(), Some(&theirs[..]), "{u}");
             }
             if let Ok(i) = i64::try_from(v) {
                 let mut ours = Bytes::default();
                 ours.sint(i);
                 let mut theirs = Vec::new();
                 let _ = write_sint(&mut theirs, i);
-                assert_eq!(ours.bytes(), &theirs[..], "{i}");
+                assert_eq!(ours.bytes(), Some(&theirs[..]), "{i}");
             }
         }
+    }
+
+    #[test]
+    fn bytes_past_the_room_give_nothing() {
+        let mut full = Bytes::default();
+        full.nils(128);
+        assert_eq!(full.bytes().map(<[u8]>::len), Some(128));
+        full.push(0);
+        assert_eq!(full.bytes(), None, "one byte more");
+        let mut near = Bytes::default();
+        near.nils(125);
+        near.uint(u64::MAX);
+        assert_eq!(near.bytes(), None, "a 9-byte integer past the end");
     }
 
     #[test]
