@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from redis.cluster import RedisCluster
 
 from rl_server import RL, AsyncRL, Bucket, Penalty, Quota, Status, Window
-from rl_server import commands
+from rl_server import commands, decisions
 from servers import RedisServer
 
 
@@ -175,3 +175,20 @@ def test_cluster_routes_by_key(cluster: List[RedisServer]) -> None:
         await arc.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("raw, message", [
+    ([1, 2, 3], "expected 8 or 9 integers"),
+    ([1, 5, 4, 0, 0, 0, -1, True], "expected integers"),
+    ([1, 5, 4, 0, 0, 0, -1, b"0"], "expected integers"),
+    ([7, 5, 4, 0, 0, 0, -1, 0], "unknown status 7"),
+    (b"OK", "expected 8 or 9 integers"),
+])
+def test_replies_of_another_shape_are_refused(raw: object, message: str) -> None:
+    # the Decision and the limits storage's counter read check a reply alike
+    for read in (decisions.decision, decisions.remaining):
+        with pytest.raises(decisions.ReplyError, match=message):
+            read(raw)
+    assert decisions.remaining([1, 5, 4, 0, 0, 0, -1, 0]) == 4
+    assert decisions.remaining((0, 5, 0, 9, 9, 0, 2, 1, 0)) == 0
+    assert decisions.decision([1, 5, 4, 0, 0, 0, -1, 0]).remaining == 4

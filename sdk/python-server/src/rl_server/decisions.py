@@ -101,7 +101,13 @@ class Throttle:
     reset_after_s: int
 
 
+_INT_ONLY = {int}
+
+
 def _ints(raw: object, counts: Tuple[int, ...], what: str) -> Sequence[int]:
+    # the usual reply first, in one pass (``type(True)`` is ``bool``, not ``int``)
+    if type(raw) is list and len(raw) in counts and set(map(type, raw)) == _INT_ONLY:
+        return raw
     if not isinstance(raw, (list, tuple)) or len(raw) not in counts:
         raise ReplyError(f"{what}: expected {' or '.join(map(str, counts))} integers, got {raw!r}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
@@ -111,12 +117,22 @@ def _ints(raw: object, counts: Tuple[int, ...], what: str) -> Sequence[int]:
 
 def decision(raw: object) -> Decision:
     """A ``Decision`` from an 8-integer reply (9 with PARTIAL's ``granted``)."""
-    v = _ints(raw, (8, 9), "limiter reply")
-    status = _STATUS.get(v[0])
-    if status is None:
-        raise ReplyError(f"limiter reply: unknown status {v[0]}")
-    return Decision(status, v[1], v[2], v[3], v[4], v[5], None if v[6] < 0 else v[6], v[7],
+    v = _limiter_ints(raw)
+    return Decision(_STATUS[v[0]], v[1], v[2], v[3], v[4], v[5], None if v[6] < 0 else v[6], v[7],
                     v[8] if len(v) == 9 else None)
+
+
+def remaining(raw: object) -> int:
+    """``decision(raw).remaining``, checked the same way, without building the
+    ``Decision`` (the limits storage reads only this, once per hit)."""
+    return _limiter_ints(raw)[2]
+
+
+def _limiter_ints(raw: object) -> Sequence[int]:
+    v = _ints(raw, (8, 9), "limiter reply")
+    if v[0] not in _STATUS:
+        raise ReplyError(f"limiter reply: unknown status {v[0]}")
+    return v
 
 
 def _text(v: object) -> str:

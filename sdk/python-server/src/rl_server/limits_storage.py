@@ -26,6 +26,7 @@ own earlier hits on the key.
 
 from __future__ import annotations
 
+import functools
 import time
 import urllib.parse
 from collections import OrderedDict
@@ -56,6 +57,7 @@ EXACT_MAX = 10000
 _KNOWN_MAX = 10000
 
 
+@functools.lru_cache(maxsize=4096)
 def _window_in_key(key: str) -> Optional[int]:
     """The window (seconds) a key made by limits says (``.../<multiples>/<granularity>``)."""
     parts = key.rsplit("/", 2)
@@ -181,7 +183,8 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
         return decisions.decision(send_once(self.client, args, args[1]))
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
-        return COUNTER - self._decide(self.windows.fixed(key, expiry, amount)).remaining
+        args = self.windows.fixed(key, expiry, amount)
+        return COUNTER - decisions.remaining(send_once(self.client, args, args[1]))
 
     def get(self, key: str) -> int:
         return COUNTER - self._decide(self.windows.fixed(key, self.windows.expiry_of(key), 0)).remaining
@@ -254,7 +257,8 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
         return decisions.decision(await send_once_async(self.client, args, args[1]))
 
     async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
-        return COUNTER - (await self._decide(self.windows.fixed(key, expiry, amount))).remaining
+        args = self.windows.fixed(key, expiry, amount)
+        return COUNTER - decisions.remaining(await send_once_async(self.client, args, args[1]))
 
     async def get(self, key: str) -> int:
         d = await self._decide(self.windows.fixed(key, self.windows.expiry_of(key), 0))
