@@ -186,9 +186,11 @@ def test_cluster_routes_by_key(cluster: List[RedisServer]) -> None:
 ])
 def test_replies_of_another_shape_are_refused(raw: object, message: str) -> None:
     # the Decision and the limits storage's counter read check a reply alike
-    for read in (decisions.decision, decisions.remaining):
+    for read in (decisions.decision, decisions.remaining, decisions.admitted):
         with pytest.raises(decisions.ReplyError, match=message):
             read(raw)
     assert decisions.remaining([1, 5, 4, 0, 0, 0, -1, 0]) == 4
     assert decisions.remaining((0, 5, 0, 9, 9, 0, 2, 1, 0)) == 0
     assert decisions.decision([1, 5, 4, 0, 0, 0, -1, 0]).remaining == 4
+    for status, admitted in ((1, True), (2, True), (0, False), (-1, False)):
+        assert decisions.admitted([status, 5, 4, 0, 0, 0, -1, 0]) is admitted

@@ -124,8 +124,17 @@ def decision(raw: object) -> Decision:
 
 def remaining(raw: object) -> int:
     """``decision(raw).remaining``, checked the same way, without building the
-    ``Decision`` (the limits storage reads only this, once per hit)."""
+    ``Decision`` (the limits storage's fixed-window hit reads only this)."""
     return _limiter_ints(raw)[2]
+
+
+def admitted(raw: object) -> bool:
+    """``decision(raw).allowed``, checked the same way, without building the
+    ``Decision`` (the limits storage's moving and sliding windows' hit)."""
+    return _limiter_ints(raw)[0] in _ADMITTED
+
+
+_ADMITTED = (1, 2)
 
 
 def _limiter_ints(raw: object) -> Sequence[int]:

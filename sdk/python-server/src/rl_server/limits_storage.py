@@ -179,15 +179,17 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return redis.RedisError
 
+    def _send(self, args: Tuple[Arg, ...]) -> object:
+        return send_once(self.client, args, args[1])
+
     def _decide(self, args: Tuple[Arg, ...]) -> decisions.Decision:
-        return decisions.decision(send_once(self.client, args, args[1]))
+        return decisions.decision(self._send(args))
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
-        args = self.windows.fixed(key, expiry, amount)
-        return COUNTER - decisions.remaining(send_once(self.client, args, args[1]))
+        return COUNTER - decisions.remaining(self._send(self.windows.fixed(key, expiry, amount)))
 
     def get(self, key: str) -> int:
-        return COUNTER - self._decide(self.windows.fixed(key, self.windows.expiry_of(key), 0)).remaining
+        return COUNTER - decisions.remaining(self._send(self.windows.fixed(key, self.windows.expiry_of(key), 0)))
 
     def get_expiry(self, key: str) -> float:
         d = self._decide(self.windows.fixed(key, self.windows.expiry_of(key), 0))
@@ -211,7 +213,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
     def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
         if amount > limit:
             return False
-        return self._decide(self.windows.exact(key, limit, expiry, amount)).allowed
+        return decisions.admitted(self._send(self.windows.exact(key, limit, expiry, amount)))
 
     def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         d = self._decide(self.windows.exact(key, EXACT_MAX, expiry, 0))
@@ -226,7 +228,7 @@ class RLStorage(Storage, MovingWindowSupport, SlidingWindowCounterSupport):
     def acquire_sliding_window_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
         if amount > limit:
             return False
-        return self._decide(self.windows.sliding(key, limit, expiry, amount)).allowed
+        return decisions.admitted(self._send(self.windows.sliding(key, limit, expiry, amount)))
 
     def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
         d = self._decide(self.windows.sliding(key, COUNTER, expiry, 0))
@@ -253,16 +255,17 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
     def base_exceptions(self) -> type[Exception] | tuple[type[Exception], ...]:
         return redis.RedisError
 
+    async def _send(self, args: Tuple[Arg, ...]) -> object:
+        return await send_once_async(self.client, args, args[1])
+
     async def _decide(self, args: Tuple[Arg, ...]) -> decisions.Decision:
-        return decisions.decision(await send_once_async(self.client, args, args[1]))
+        return decisions.decision(await self._send(args))
 
     async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
-        args = self.windows.fixed(key, expiry, amount)
-        return COUNTER - decisions.remaining(await send_once_async(self.client, args, args[1]))
+        return COUNTER - decisions.remaining(await self._send(self.windows.fixed(key, expiry, amount)))
 
     async def get(self, key: str) -> int:
-        d = await self._decide(self.windows.fixed(key, self.windows.expiry_of(key), 0))
-        return COUNTER - d.remaining
+        return COUNTER - decisions.remaining(await self._send(self.windows.fixed(key, self.windows.expiry_of(key), 0)))
 
     async def get_expiry(self, key: str) -> float:
         d = await self._decide(self.windows.fixed(key, self.windows.expiry_of(key), 0))
@@ -286,7 +289,7 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
     async def acquire_entry(self, key: str, limit: int, expiry: int, amount: int = 1) -> bool:
         if amount > limit:
             return False
-        return (await self._decide(self.windows.exact(key, limit, expiry, amount))).allowed
+        return decisions.admitted(await self._send(self.windows.exact(key, limit, expiry, amount)))
 
     async def get_moving_window(self, key: str, limit: int, expiry: int) -> tuple[float, int]:
         d = await self._decide(self.windows.exact(key, EXACT_MAX, expiry, 0))
@@ -302,7 +305,7 @@ class AsyncRLStorage(AsyncStorage, AsyncMovingWindowSupport, AsyncSlidingWindowC
                                            amount: int = 1) -> bool:
         if amount > limit:
             return False
-        return (await self._decide(self.windows.sliding(key, limit, expiry, amount))).allowed
+        return decisions.admitted(await self._send(self.windows.sliding(key, limit, expiry, amount)))
 
     async def get_sliding_window(self, key: str, expiry: int) -> tuple[int, float, int, float]:
         d = await self._decide(self.windows.sliding(key, COUNTER, expiry, 0))
