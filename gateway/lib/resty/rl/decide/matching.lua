@@ -263,11 +263,100 @@ function _M.release(state)
     end
 end
 
+-- The cost of `rule`'s entry for the request: a number, or nil when its
+-- cost argument is missing (the rule does not apply), or nil, the error
+-- and the argument's name.
+local function entry_cost(rule, state, req)
+    local cost = rule.cost
+    if cost == "route" then
+        return request.cost(state.route, req)
+    elseif type(cost) ~= "table" then
+        return cost
+    end
+    local v, err = request.arg(req, cost.arg)
+    if err then
+        return nil, err, cost.arg
+    end
+    if v == nil then
+        return nil
+    end
+    local n = tonumber(v)
+    if not n or n < 0 or n ~= n or n == math.huge then
+        return nil, "invalid", cost.arg
+    end
+    -- + 0: a "-0" argument makes -0, which would be sent as "-0"
+    return math.ceil(n * (cost.scale or 1)) + 0
+end
+
+-- A new entry of `rule` with the cost `cost` (and the day's key of a
+-- calendar quota) and the fields that do not depend on the cost: its
+-- limiter `params` (`static`: every caller's, or its tier's), names, keys.
+local function filled(conf, rule, cost, params, static, name, tier, anames, akeys, member, key,
+                      keys_id)
+    -- failures and response bytes are probed now, charged after the response;
+    -- the outcome is decided later (false until then: a field given here
+    -- is not added to the table later, see resty.rl.decide.phases.start)
+    local e = new_entry()
+    e.rule, e.params, e.cost, e.probe = rule, params, cost, rule.count ~= "requests"
+    e.name, e.tier, e.static, e.also_names, e.also_keys = name, tier, static, anames, akeys
+    e.member, e.key, e.day_key, e.outcome, e.keys_id = member, key, false, false, keys_id
+    -- a calendar quota counts each day's points too, for the usage dashboard
+    -- (an ALSO key of the same command: resty.rl.limit.limiters)
+    if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
+        e.day_key = limiters.day_key(key, today_at(ngx.time()))
+    end
+    return e
+end
+
+-- The fields of `rule`'s entries for a shared caller (a static API key's:
+-- its attributes are never written) when none depends on the request
+-- (the scope its tag attribute alone, given by the caller; the limiter
+-- every caller's, or its tier's; keys of the caller's record), else
+-- false: made once per rule and caller (fixed_fields), not per request.
+local fixed_fields = memo.new(10000, true)
+local function fixed_of(rule, ident, conf)
+    local attrs, kt = ident.attrs, rule.key_template
+    local tag_value, tier = attrs[rule.tag], attrs.tier
+    if not rule.tag_only or tag_value == nil or kt and not (kt.from_record and ident.record)
+        or not (rule.static_limiter or rule.tier_limiter and ident.overrides.tenant == nil
+            and tier) then
+        return false
+    end
+    local params = rule.static_limiter and rule.limiter
+        or tier_limiters:peek(rule, tier) or tier_limiters:get(rule, tier, tier_limiter, ident)
+    local keys = kt and (record_keys:peek(rule, ident.record)
+        or record_keys:get(rule, ident.record, record_template_keys, conf, ident))
+    if kt and not keys or params.also and not keys then
+        -- a key attribute missing, or ALSO keys of scopes read per request
+        return false
+    end
+    tier = tier or "none"
+    return { params = params, name = tier_name(rule.name, tier), tier = tier,
+             also_names = params.also and (also_names:peek(rule, tier)
+                 or also_names:get(rule, tier, names_of_also)) or NONE,
+             also_keys = keys and keys[2] or NONE,
+             key = keys and keys[1] or memo_rule_key(conf, rule, tag_value, nil, rule_key),
+             keys_id = keys or false }
+end
+
 --- One entry (a rule applied to this request), nil when the rule does
 --- not apply (an attribute of its scope, its distinct member or its cost
 --- argument missing), or nil, "ambiguous" (or "invalid", "too_large"),
 --- argument name.
 function _M.entry(conf, req, state, rule, ident)
+    local f = ident.shared and rule.tag_only and fixed_fields:peek(rule, ident)
+    if f == nil then
+        -- (false, kept too: the rule's entries depend on the request)
+        f = fixed_fields:get(rule, ident, fixed_of, conf)
+    end
+    if f then
+        local cost, err, arg = entry_cost(rule, state, req)
+        if cost == nil then
+            return nil, err, arg
+        end
+        return filled(conf, rule, cost, f.params, true, f.name, f.tier, f.also_names,
+            f.also_keys, false, f.key, f.keys_id)
+    end
     local tag_value, values
     if rule.tag_only then
         -- one attribute: its value, without a table of values
@@ -303,23 +392,9 @@ function _M.entry(conf, req, state, rule, ident)
     else
         params = resolve_deep(rule.limiter, ident)
     end
-    local cost = rule.cost
-    if cost == "route" then
-        cost = request.cost(state.route, req)
-    elseif type(cost) == "table" then
-        local v, err = request.arg(req, cost.arg)
-        if err then
-            return nil, err, cost.arg
-        end
-        if v == nil then
-            return nil
-        end
-        local n = tonumber(v)
-        if not n or n < 0 or n ~= n or n == math.huge then
-            return nil, "invalid", cost.arg
-        end
-        -- + 0: a "-0" argument makes -0, which would be sent as "-0"
-        cost = math.ceil(n * (rule.cost.scale or 1)) + 0
+    local cost, cerr, carg = entry_cost(rule, state, req)
+    if cost == nil then
+        return nil, cerr, carg
     end
     local tier = ident.attrs.tier or "none"
     local keys
@@ -336,26 +411,14 @@ function _M.entry(conf, req, state, rule, ident)
             return nil, kerr, karg
         end
     end
-    -- failures and response bytes are probed now, charged after the response;
-    -- the outcome is decided later (false until then: a field given here
-    -- is not added to the table later, see resty.rl.decide.phases.start)
-    local e = new_entry()
-    e.rule, e.params, e.cost, e.probe = rule, params, cost, rule.count ~= "requests"
-    e.name, e.tier, e.static = tier_name(rule.name, tier), tier, static
     -- (with a key template: the names of the rule and tier, shared, never written)
-    e.also_names = params.also and (keys and (also_names:peek(rule, tier)
-        or also_names:get(rule, tier, names_of_also)) or {})
-        or NONE
-    e.also_keys = keys and keys[2] or params.also and {} or NONE
-    e.member = values and values[rule.limiter.member] or false
-    e.key = keys and keys[1] or memo_rule_key(conf, rule, tag_value, values, rule_key)
-    e.day_key, e.outcome = false, false
-    e.keys_id = kt and kt.from_record and ident.record and keys or false
-    -- a calendar quota counts each day's points too, for the usage dashboard
-    -- (an ALSO key of the same command: resty.rl.limit.limiters)
-    if params.kind == "quota" and params.period ~= "DAY" and conf.usage and not e.probe then
-        e.day_key = limiters.day_key(e.key, today_at(ngx.time()))
-    end
+    local e = filled(conf, rule, cost, params, static, tier_name(rule.name, tier), tier,
+        params.also and (keys and (also_names:peek(rule, tier)
+            or also_names:get(rule, tier, names_of_also)) or {}) or NONE,
+        keys and keys[2] or params.also and {} or NONE,
+        values and values[rule.limiter.member] or false,
+        keys and keys[1] or memo_rule_key(conf, rule, tag_value, values, rule_key),
+        kt and kt.from_record and ident.record and keys or false)
     if params.also and not keys then
         for i, a in ipairs(params.also) do
             local avals = { [rule.tag] = tag_value }
