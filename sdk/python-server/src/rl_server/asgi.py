@@ -138,21 +138,23 @@ class RateLimitMiddleware:
         compiled, params = found
         route = compiled.route
         request = Request({**scope, "path_params": params})
-        rid = responses.request_id(next((v.decode("latin-1") for k, v in scope["headers"]
-                                         if k == self.request_id_header), None))
+        # the request's own id, if any: a refusal's body carries it (or a new one)
+        given_rid = next((v.decode("latin-1") for k, v in scope["headers"]
+                          if k == self.request_id_header), None)
         if route.idempotency_key and not request.headers.get("idempotency-key"):
             # a client error, not a limit: answered in shadow mode too (as the Node SDK)
-            answer = responses.idempotency_required(self.conf, scope["path"], rid)
+            answer = responses.idempotency_required(self.conf, scope["path"],
+                                                    responses.request_id(given_rid))
             assert answer.body is not None
             return await self._answer(send, answer.status, answer.headers, answer.body)
         shadow = self.shadow or route.shadow
         #: the request's cost once computed: the cost function runs once
         cost: List[int] = []
         try:
-            out = await self._decide(route, request, params, rid, cost)
+            out = await self._decide(route, request, params, given_rid, cost)
         except REDIS_FAILURES as err:
             log.warning("rl: Redis failed on %s (%s): %s", compiled.name, route.on_redis_failure, err)
-            out = await self._redis_failed(route, request, params, rid, cost)
+            out = await self._redis_failed(route, request, params, given_rid, cost)
         if out.status is not None:
             if not shadow:
                 await self._release(out)
@@ -193,12 +195,11 @@ class RateLimitMiddleware:
         return None if command is None else self.rl.run(command)
 
     async def _decide(self, route: Route, request: Request, params: Mapping[str, str],
-                      rid: str, costs: List[int]) -> _Outcome:
+                      given_rid: Optional[str], costs: List[int]) -> _Outcome:
         """The decision of Redis; the request's cost is appended to ``costs``
         once computed."""
         out = _Outcome()
         policies = route_policies(route)
-        path = request.url.path
         # the groups charged so far, given back if a later one refuses or fails
         refunds: List[Charge] = []
         cost = 0
@@ -214,7 +215,8 @@ class RateLimitMiddleware:
                     await self._release(out)
                     return _refused(responses.lease_refusal(
                         self.conf, policies, lease.name, lease.max, float(lease.ttl),
-                        float(lease.expected), lease.status, got.retry_after_ms, path, rid, route.tier))
+                        float(lease.expected), lease.status, got.retry_after_ms, request.url.path,
+                        responses.request_id(given_rid), route.tier))
             cost = await cost_of(route.cost, request)
             costs.append(cost)
             bindings: List[Binding] = []
@@ -245,7 +247,8 @@ class RateLimitMiddleware:
                     await self._release(out)
                     return _refused(responses.limiter_refusal(
                         self.conf, policies, _limiter_view(route, b, cost), binding, d.box_level,
-                        d.retry_after_ms, d.strikes_remaining, path, rid, route.tier))
+                        d.retry_after_ms, d.strikes_remaining, request.url.path,
+                        responses.request_id(given_rid), route.tier))
                 bindings.append(binding)
         except BaseException:
             if refunds:  # in the background: the request is answered without waiting for Redis
@@ -267,12 +270,13 @@ class RateLimitMiddleware:
                 log.warning("rl: refund failed: %s", err)
 
     async def _redis_failed(self, route: Route, request: Request, params: Mapping[str, str],
-                            rid: str, costs: List[int]) -> _Outcome:
+                            given_rid: Optional[str], costs: List[int]) -> _Outcome:
         """Redis failed: 503 for a route that fails closed; else the local
         limiter, charging the request's cost (``costs``: the one computed
         before Redis failed, if any)."""
         if route.on_redis_failure == "closed":
-            return _refused(responses.fail_closed(self.conf, request.url.path, rid, route.tier))
+            return _refused(responses.fail_closed(self.conf, request.url.path,
+                                                  responses.request_id(given_rid), route.tier))
         local: List[Any] = [*route.rates, *route.windows]
         # before the local leases: a cost function that raises holds none
         cost = (costs[0] if costs else await cost_of(route.cost, request)) if local else 0
@@ -282,7 +286,7 @@ class RateLimitMiddleware:
                 for k in out.local_leases:
                     self.local.release(k)
                 out.local_leases = []
-                self._local_refusal(out, route, request, rid, lease.name + "-degraded", lease.status,
+                self._local_refusal(out, route, request, given_rid, lease.name + "-degraded", lease.status,
                                     "concurrency-limit-exceeded", 1000, concurrency=lease.max)
                 return out
             out.local_leases.append(key)
@@ -302,19 +306,19 @@ class RateLimitMiddleware:
                 out.local_leases = []
                 out.headers["RateLimit"] = responses.ratelimit_fields(
                     Binding(names[i], ds[i].limit, ds[i].remaining, ds[i].reset_ms))["RateLimit"]
-                self._local_refusal(out, route, request, rid, names[i], 429, "rate-limit-exceeded",
+                self._local_refusal(out, route, request, given_rid, names[i], 429, "rate-limit-exceeded",
                                     ds[i].retry_after_ms)
                 return out
         return out
 
-    def _local_refusal(self, out: _Outcome, route: Route, request: Request, rid: str, name: str,
+    def _local_refusal(self, out: _Outcome, route: Route, request: Request, given_rid: Optional[str], name: str,
                        status: int, kind: str, retry_ms: int, concurrency: Optional[int] = None) -> None:
         secs = responses.seconds(retry_ms)
         out.headers["Retry-After"] = str(secs)
         out.status = status
         out.body = responses.problem(
             self.conf.problem_base, status, kind, f"{name}: the rate limiter answers locally while it is "
-            f"unavailable; retry in {secs} s.", instance=request.url.path, request_id=rid,
+            f"unavailable; retry in {secs} s.", instance=request.url.path, request_id=responses.request_id(given_rid),
             retry_after_s=secs, tier=route.tier, policy=name, concurrency_limit=concurrency,
             degraded=responses.DEGRADED_VALUE)
 
