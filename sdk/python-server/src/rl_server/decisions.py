@@ -23,6 +23,8 @@ class Status(str, enum.Enum):
 
 
 _STATUS = {1: Status.ALLOWED, 0: Status.THROTTLED, -1: Status.BOXED, 2: Status.DELAYED}
+#: the statuses that let the caller proceed (now, or after a DELAY's wait)
+_ADMITTED = frozenset({Status.ALLOWED, Status.DELAYED})
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Decision:
     @property
     def allowed(self) -> bool:
         """True when the caller may proceed (now, or after the wait of a DELAY)."""
-        return self.status in (Status.ALLOWED, Status.DELAYED)
+        return self.status in _ADMITTED
 
     @property
     def manual_box(self) -> bool:
@@ -131,10 +133,7 @@ def remaining(raw: object) -> int:
 def admitted(raw: object) -> bool:
     """``decision(raw).allowed``, checked the same way, without building the
     ``Decision`` (the limits storage's moving and sliding windows' hit)."""
-    return _limiter_ints(raw)[0] in _ADMITTED
-
-
-_ADMITTED = (1, 2)
+    return _STATUS[_limiter_ints(raw)[0]] in _ADMITTED
 
 
 def _limiter_ints(raw: object) -> Sequence[int]:
