@@ -308,6 +308,27 @@ local function filled(conf, rule, cost, params, static, name, tier, anames, akey
     return e
 end
 
+-- The limiter parameters of `rule` that are not the caller's own: every
+-- caller's (a limiter without reference), or every caller's of its tier
+-- (one naming only the tier, without a tenant override from the identity
+-- store); nil when they are the caller's (resolved per request).
+local function shared_params(rule, ident)
+    if rule.static_limiter then
+        return rule.limiter
+    end
+    local tier = ident.attrs.tier
+    if rule.tier_limiter and ident.overrides.tenant == nil and tier then
+        return tier_limiters:peek(rule, tier) or tier_limiters:get(rule, tier, tier_limiter, ident)
+    end
+end
+
+-- The keys of `rule` made from the caller's key record (a key template
+-- `from_record`): {key, also keys}, or nil when an attribute is missing.
+local function keys_of_record(conf, rule, ident)
+    return record_keys:peek(rule, ident.record)
+        or record_keys:get(rule, ident.record, record_template_keys, conf, ident)
+end
+
 -- The fields of `rule`'s entries for a shared caller (a static API key's:
 -- its attributes are never written) when none depends on the request
 -- (the scope its tag attribute alone, given by the caller; the limiter
@@ -315,22 +336,20 @@ end
 -- false: made once per rule and caller (fixed_fields), not per request.
 local fixed_fields = memo.new(10000, true)
 local function fixed_of(rule, ident, conf)
-    local attrs, kt = ident.attrs, rule.key_template
-    local tag_value, tier = attrs[rule.tag], attrs.tier
-    if not rule.tag_only or tag_value == nil or kt and not (kt.from_record and ident.record)
-        or not (rule.static_limiter or rule.tier_limiter and ident.overrides.tenant == nil
-            and tier) then
+    local kt, tag_value = rule.key_template, ident.attrs[rule.tag]
+    if not rule.tag_only or tag_value == nil or kt and not (kt.from_record and ident.record) then
         return false
     end
-    local params = rule.static_limiter and rule.limiter
-        or tier_limiters:peek(rule, tier) or tier_limiters:get(rule, tier, tier_limiter, ident)
-    local keys = kt and (record_keys:peek(rule, ident.record)
-        or record_keys:get(rule, ident.record, record_template_keys, conf, ident))
+    local params = shared_params(rule, ident)
+    if not params then
+        return false
+    end
+    local keys = kt and keys_of_record(conf, rule, ident)
     if kt and not keys or params.also and not keys then
         -- a key attribute missing, or ALSO keys of scopes read per request
         return false
     end
-    tier = tier or "none"
+    local tier = ident.attrs.tier or "none"
     return { params = params, name = tier_name(rule.name, tier), tier = tier,
              also_names = params.also and (also_names:peek(rule, tier)
                  or also_names:get(rule, tier, names_of_also)) or NONE,
@@ -377,19 +396,10 @@ function _M.entry(conf, req, state, rule, ident)
         end
         tag_value = values[rule.tag]
     end
-    -- a limiter without reference is every caller's (entries only read it);
-    -- one naming only the tier is every caller's of that tier (without a
-    -- tenant override from the identity store)
-    local static = rule.static_limiter
-    local params
-    if static then
-        params = rule.limiter
-    elseif rule.tier_limiter and ident.overrides.tenant == nil and ident.attrs.tier then
-        static = true
-        local tier = ident.attrs.tier
-        params = tier_limiters:peek(rule, tier)
-            or tier_limiters:get(rule, tier, tier_limiter, ident)
-    else
+    -- shared parameters are only read by the entries (`static`)
+    local params = shared_params(rule, ident)
+    local static = params ~= nil
+    if not static then
         params = resolve_deep(rule.limiter, ident)
     end
     local cost, cerr, carg = entry_cost(rule, state, req)
@@ -402,8 +412,7 @@ function _M.entry(conf, req, state, rule, ident)
     if kt then
         local kerr, karg
         if kt.from_record and ident.record then
-            keys = record_keys:peek(rule, ident.record)
-                or record_keys:get(rule, ident.record, record_template_keys, conf, ident)
+            keys = keys_of_record(conf, rule, ident)
         else
             keys, kerr, karg = template_keys(conf, rule, req, ident, state.route)
         end
